@@ -1,0 +1,52 @@
+# packsim: the two commands a newcomer needs are `make lab` (the course) and `make test`.
+#
+# Environment: the active virtualenv or conda env if there is one, else a local .venv.
+# TORCH_SPEC picks the torch build pip installs first (e.g. TORCH_SPEC="torch==2.13.0" for a
+# CPU wheel your pip can see); the default lets pip choose.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+TORCH_SPEC ?= torch>=2.6
+LAB_ARGS ?=
+PYTEST_ARGS ?=
+
+ifneq ($(VIRTUAL_ENV)$(CONDA_DEFAULT_ENV),)
+  PY := python
+  ENV_DIR := $(shell python -c 'import sys; print(sys.prefix)')
+else
+  PY := .venv/bin/python
+  ENV_DIR := .venv
+endif
+STAMP := $(ENV_DIR)/.packsim-setup.stamp
+
+.PHONY: setup lab test check html clean help
+
+help:
+	@echo "make lab    set up (first run only) and open the course in JupyterLab"
+	@echo "make test   set up (first run only) and run the whole test suite"
+	@echo "make check  lint (ruff) and check notebooks carry no outputs"
+
+.venv/bin/python:
+	$(PYTHON) -m venv .venv
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install "$(TORCH_SPEC)"
+	$(PY) -m pip install -e ".[dev]"
+	$(PY) -m packsim.check_env --quiet
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+lab: setup
+	$(PY) -m jupyter lab --ServerApp.root_dir=notebooks $(LAB_ARGS)
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+check: setup
+	$(PY) -m ruff check packsim tests benchmarks
+	$(PY) -m packsim.notebook_tools check-clean notebooks
+
+clean:
+	rm -rf .venv .pytest_cache .ruff_cache .hypothesis site runs

@@ -1,0 +1,13 @@
+"""The one exception type packsim raises for bad input.
+
+Every message says what was wrong and how to fix it. It subclasses ``ValueError`` so code that
+already catches ``ValueError`` keeps working.
+"""
+
+from __future__ import annotations
+
+__all__ = ["PacksimError"]
+
+
+class PacksimError(ValueError):
+    """Bad input to packsim: the message names the problem and the fix."""
