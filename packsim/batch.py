@@ -327,7 +327,7 @@ def _boundaries_from_features(features: dict, N: int) -> torch.Tensor:
         starts = torch.nonzero(torch.diff(ids, prepend=ids[:1] - 1) != 0).flatten()
     elif features.get("position_ids") is not None:
         pos = torch.as_tensor(features["position_ids"]).reshape(-1)
-        starts = torch.nonzero(torch.diff(pos, prepend=pos[:1] - 1) != 1).flatten()
+        starts = torch.nonzero(torch.diff(pos, prepend=pos[:1]) != 1).flatten()  # index 0 always starts
     else:
         raise PacksimError(
             "the batch carries no boundary information: pass cu_seq_lens_q, seq_idx or "

@@ -119,19 +119,21 @@ def _check_ids(model, batch: PackedBatch) -> None:
         )
 
 
-def forward(model, batch: PackedBatch, backend: str = "auto") -> torch.Tensor:
+def forward(model, batch: PackedBatch, backend: str = "auto", inputs_embeds=None) -> torch.Tensor:
     """Logits (B, T, V) of ``batch`` under its setup (use ``batch.with_setup(...)`` to switch).
 
     The setup decides the attention segments (causal over the row, or block-diagonal) and the
     positions; its loss mode lives in ``batch.labels``. See the module doc for backends.
+    ``inputs_embeds`` (B, T, d) replaces the token embeddings (gradient probes use it).
     """
     _check_ids(model, batch)
+    inputs = {"input_ids": batch.input_ids} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
     if backend == "transformers":
-        return _forward_dense_mask(model, batch)
+        return _forward_dense_mask(model, batch, inputs)
     cu, max_len = batch.attention_segments()
     with _attn_implementation(model, ATTN_NAME):
         return model(
-            input_ids=batch.input_ids,
+            **inputs,
             position_ids=batch.position_ids,
             use_cache=False,
             cu_seq_lens_q=cu.to(batch.input_ids.device),
@@ -157,7 +159,7 @@ def _attn_implementation(model, name: str):
         model.set_attn_implementation(previous)
 
 
-def _forward_dense_mask(model, batch: PackedBatch) -> torch.Tensor:
+def _forward_dense_mask(model, batch: PackedBatch, inputs: dict) -> torch.Tensor:
     """The reference path: the model's own attention with a dense 4D additive mask (O(T^2))."""
     if model.config._attn_implementation == ATTN_NAME:
         raise PacksimError(
@@ -168,5 +170,4 @@ def _forward_dense_mask(model, batch: PackedBatch) -> torch.Tensor:
     B, T = batch.shape
     seg = seq_ids_from_cu_seqlens(cu).view(B, T)  # (B, T): segment id per token
     mask = to_additive_4d(block_diagonal_mask(seg), dtype=model.dtype)  # (B, 1, T, T)
-    return model(input_ids=batch.input_ids, attention_mask=mask, position_ids=batch.position_ids,
-                 use_cache=False).logits
+    return model(**inputs, attention_mask=mask, position_ids=batch.position_ids, use_cache=False).logits

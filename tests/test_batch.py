@@ -1,0 +1,176 @@
+"""PackedBatch: layout invariants (property-based), setups, the collator format, bad input."""
+
+import pytest
+import torch
+from conftest import VOCAB, ToyExample, toy_examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers import DataCollatorWithFlattening
+
+from packsim.batch import PackedBatch
+from packsim.errors import PacksimError
+from packsim.loss import IGNORE_INDEX, Role
+from packsim.masks import seq_ids_from_cu_seqlens
+
+SHAPES = st.lists(st.tuples(st.integers(0, 12), st.integers(0, 12)), min_size=1, max_size=12)
+
+
+def _batch_from(shapes, seed, capacity, setup, strategy, overflow="split"):
+    return toy_examples(shapes, seed), PackedBatch.from_examples(
+        toy_examples(shapes, seed), capacity, setup, strategy=strategy, overflow=overflow)
+
+
+def _check_invariants(examples, b: PackedBatch):
+    B, T = b.shape
+    seen = {i: [] for i in range(len(examples))}
+    for s in b.segments:
+        ids = b.input_ids[s.row, s.start:s.stop].tolist()
+        pos = b.example_positions[s.row, s.start:s.stop].tolist()
+        assert ids == list(examples[s.example].tokens[pos[0]:pos[-1] + 1]), "tokens land in order"
+        assert pos == list(range(pos[0], pos[0] + len(pos))), "positions count inside the example"
+        assert (b.seq_ids[s.row, s.start:s.stop] == s.example).all()
+        seen[s.example].append((pos[0], pos[-1] + 1))
+    for i, ex in enumerate(examples):  # every token once (overflow="split" loses none)
+        assert sorted(seen[i])[0][0] == 0 and sum(b - a for a, b in seen[i]) == len(ex.tokens)
+    assert int(b.real_mask.sum()) == sum(len(e.tokens) for e in examples)
+    assert (b.input_ids[~b.real_mask] == 0).all() and (b.roles[~b.real_mask] == Role.PAD).all()
+    # cu_seqlens: int32, one entry per segment over the real tokens, agrees with seq ids
+    assert b.cu_seqlens.dtype == torch.int32 and int(b.cu_seqlens[-1]) == b.n_real_tokens
+    lens = (b.cu_seqlens[1:] - b.cu_seqlens[:-1]).tolist()
+    assert lens == [s.stop - s.start for s in b.segments] and b.max_seqlen == max(lens)
+    flat_ids = b.seq_ids.reshape(-1)[b.real_mask.reshape(-1)]
+    seg_of_token = seq_ids_from_cu_seqlens(b.cu_seqlens)
+    assert (flat_ids == torch.tensor([b.segments[k].example for k in seg_of_token.tolist()])).all()
+    # attention segments cover all B*T tokens; block-diagonal ones never mix two examples
+    cu, max_len = b.attention_segments()
+    assert cu.dtype == torch.int32 and int(cu[0]) == 0 and int(cu[-1]) == B * T
+    flat_seq = b.seq_ids.reshape(-1)
+    for a, z in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        assert z > a and z - a <= max_len and a // T == (z - 1) // T, "segments stay inside a row"
+        if b.setup.mask == "block_diagonal":
+            assert len(set(flat_seq[a:z].tolist())) == 1
+    # positions follow the setup
+    if b.setup.positions == "reset":
+        assert torch.equal(b.position_ids, b.example_positions)
+    else:
+        assert torch.equal(b.position_ids, torch.arange(T).expand(B, T))
+
+
+@settings(max_examples=300, deadline=None)
+@given(shapes=SHAPES, seed=st.integers(0, 10**6), capacity=st.integers(2, 40),
+       strategy=st.sampled_from(["wrapped", "ffd", "bfd"]),
+       setup=st.sampled_from(["buggy", "correct", "mask_fix", "loss_fix", "positions_only", "padded"]))
+def test_packed_batch_invariants(shapes, seed, capacity, strategy, setup):
+    examples, b = _batch_from(shapes, seed, capacity, setup, strategy)
+    _check_invariants(examples, b)
+
+
+@settings(max_examples=200, deadline=None)
+@given(shapes=SHAPES, seed=st.integers(0, 10**6), capacity=st.integers(2, 40),
+       strategy=st.sampled_from(["wrapped", "ffd", "bfd"]))
+def test_labels_follow_the_loss_mode(shapes, seed, capacity, strategy):
+    _, b = _batch_from(shapes, seed, capacity, "correct", strategy)
+    counted = b.labels != IGNORE_INDEX
+    assert torch.equal(counted, b.response_mask), "completion loss counts exactly response + EOS"
+    assert not (counted & (b.roles == Role.BOUNDARY)).any()
+    everything = b.with_setup("buggy")
+    assert torch.equal(everything.labels, b.input_ids), "the 'all' loss counts every token"
+    assert torch.equal(everything.input_ids, b.input_ids) and everything.segments == b.segments
+
+
+def test_roles_mark_first_boundary_prompt_response_eos(examples):
+    b = PackedBatch.from_examples(examples[:2], capacity=32, setup="correct")
+    first, second = b.segments
+    assert (first.row, second.row, first.start, second.start) == (0, 0, 0, first.stop)
+    roles = b.roles[0].tolist()
+    assert roles[0] == Role.FIRST and roles[second.start] == Role.BOUNDARY
+    ex = examples[first.example]
+    assert roles[first.start + 1:first.start + ex.n_prompt] == [Role.PROMPT] * (ex.n_prompt - 1)
+    assert roles[first.stop - 1] == Role.EOS and roles[first.stop - 2] == Role.RESPONSE
+    assert roles[second.stop:] == [Role.PAD] * (32 - second.stop)
+
+
+def test_padded_setup_puts_one_example_per_row(examples):
+    b = PackedBatch.from_examples(examples, capacity=64, setup="padded")
+    assert b.shape == (5, max(len(e.tokens) for e in examples))
+    assert [s.row for s in b.segments] == [0, 1, 2, 3, 4] and all(s.start == 0 for s in b.segments)
+
+
+def test_stats_report_fill(examples):
+    b = PackedBatch.from_examples(examples, capacity=32, setup="correct")
+    st_ = b.stats()
+    total = sum(len(e.tokens) for e in examples)
+    assert st_.total_tokens == total and st_.n_packs == b.shape[0]
+    assert st_.fill_ratio == pytest.approx(total / (b.shape[0] * 32))
+
+
+def _collator_features(b: PackedBatch):
+    """The same examples, in the batch's order, as a transformers collator receives them."""
+    return [{"input_ids": b.input_ids[s.row, s.start:s.stop].tolist(),
+             "labels": b.labels[s.row, s.start:s.stop].tolist()} for s in b.segments]
+
+
+@pytest.mark.parametrize("setup", ["correct", "buggy"])
+@pytest.mark.parametrize("strategy", ["bfd", "wrapped"])
+def test_to_flattening_equals_transformers_collator(examples, setup, strategy):
+    b = PackedBatch.from_examples(examples, capacity=32, setup=setup, strategy=strategy)
+    ours = b.to_flattening()
+    theirs = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)(
+        _collator_features(b), return_tensors="pt")
+    assert set(theirs) <= set(ours)
+    for key, value in theirs.items():
+        if isinstance(value, torch.Tensor):
+            assert value.dtype == ours[key].dtype, key
+            assert torch.equal(value.reshape(ours[key].shape), ours[key]), key
+        else:
+            assert value == ours[key], key
+
+
+def test_from_flattening_roundtrips(examples):
+    b = PackedBatch.from_examples(examples, capacity=32, setup="correct")
+    features = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)(
+        _collator_features(b), return_tensors="pt")
+    back = PackedBatch.from_flattening(features)
+    assert back.shape == (1, b.n_real_tokens)
+    flat = back.to_flattening()
+    for key in ("input_ids", "labels", "position_ids", "cu_seq_lens_q", "seq_idx"):
+        assert torch.equal(flat[key].reshape(-1), features[key].reshape(-1)), key
+    # boundaries can come from seq_idx or position_ids alone, with the same result
+    for only in ("seq_idx", "position_ids"):
+        slim = {k: features[k] for k in ("input_ids", "labels", only)}
+        assert torch.equal(PackedBatch.from_flattening(slim).cu_seqlens, back.cu_seqlens), only
+
+
+def test_with_setup_switches_positions_and_labels(examples):
+    b = PackedBatch.from_examples(examples, capacity=32, setup="correct")
+    buggy = b.with_setup("buggy")
+    assert torch.equal(buggy.position_ids[0], torch.arange(32))
+    assert torch.equal(buggy.with_setup("correct").labels, b.labels)
+
+
+# ---- bad input: a clear message and nothing half-built --------------------------------------------
+
+BAD_CASES = [
+    ("no examples", lambda ex: PackedBatch.from_examples([], 32), "no examples"),
+    ("empty example", lambda ex: PackedBatch.from_examples([ToyExample((), 0)], 32), "example 0 is empty"),
+    ("empty response", lambda ex: PackedBatch.from_examples([ToyExample((1, 5), 2)], 32), "no response tokens"),
+    ("zero capacity", lambda ex: PackedBatch.from_examples(ex, 0), "capacity must be a positive int"),
+    ("float capacity", lambda ex: PackedBatch.from_examples(ex, 32.0), "capacity must be a positive int"),
+    ("too long", lambda ex: PackedBatch.from_examples(ex, 10, overflow="error"), "longer than|exceeds|capacity"),
+    ("outside vocab", lambda ex: PackedBatch.from_examples([ToyExample((1, 99, 2), 2)], 32, vocab_size=VOCAB),
+     "token id 99 outside the vocabulary"),
+    ("unknown setup", lambda ex: PackedBatch.from_examples(ex, 32, setup="fixed"), "unknown setup"),
+    ("unknown strategy", lambda ex: PackedBatch.from_examples(ex, 32, strategy="greedy"), "greedy"),
+    ("not an example", lambda ex: PackedBatch.from_examples([[1, 2, 3]], 32), "pass packsim.data.Example"),
+    ("layout switch", lambda ex: PackedBatch.from_examples(ex, 32).with_setup("padded"), "different row"),
+    ("no boundaries", lambda ex: PackedBatch.from_flattening({"input_ids": torch.ones(1, 5, dtype=torch.long)}),
+     "no boundary information"),
+    ("bad cu_seqlens", lambda ex: PackedBatch.from_flattening(
+        {"input_ids": torch.ones(1, 5, dtype=torch.long), "cu_seq_lens_q": torch.tensor([0, 3, 6])}), "int32|end"),
+]
+
+
+@pytest.mark.parametrize("name,call,message", BAD_CASES, ids=[c[0] for c in BAD_CASES])
+def test_bad_input_is_explained(examples, name, call, message):
+    with pytest.raises(PacksimError, match=message):
+        call(examples)

@@ -1,0 +1,54 @@
+import pytest
+import torch
+
+from packsim.errors import PacksimError
+from packsim.loss import IGNORE_INDEX, Role, count_targets, make_labels, packed_cross_entropy, token_losses
+
+ROLES = torch.tensor([[Role.FIRST, Role.PROMPT, Role.RESPONSE, Role.EOS, Role.BOUNDARY, Role.PROMPT,
+                       Role.RESPONSE, Role.EOS, Role.PAD, Role.PAD]], dtype=torch.uint8)
+IDS = torch.tensor([[1, 5, 6, 2, 1, 7, 8, 2, 0, 0]])
+
+
+def test_completion_labels_keep_response_and_eos_only():
+    labels = make_labels(IDS, ROLES, "completion")
+    assert labels.tolist() == [[-100, -100, 6, 2, -100, -100, 8, 2, -100, -100]]
+
+
+def test_all_labels_count_prompt_padding_and_boundary():
+    labels = make_labels(IDS, ROLES, "all")
+    assert labels.tolist() == IDS.tolist()
+    assert count_targets(labels) == 9  # every token but the first of the row
+
+
+def test_token_losses_zero_where_ignored():
+    torch.manual_seed(0)
+    logits = torch.randn(1, 10, 12)
+    labels = make_labels(IDS, ROLES, "completion")
+    per_tok = token_losses(logits, labels)  # (1, 9): position t predicts labels[t+1]
+    counted = labels[:, 1:] != IGNORE_INDEX
+    assert (per_tok[~counted] == 0).all() and (per_tok[counted] > 0).all()
+
+
+def test_per_token_normalisation_across_packs_and_accumulation():
+    """Summing micro-batch losses normalised by the step's total targets == one big batch."""
+    torch.manual_seed(0)
+    logits = torch.randn(2, 10, 12)
+    full = torch.tensor([[-100, -100, 3, 4, 5, 6, 7, 8, 9, 10]])  # 8 targets: a full pack
+    sparse = torch.tensor([[-100, -100, 3, -100, -100, -100, -100, -100, -100, -100]])  # 1 target
+    labels = torch.cat([full, sparse])
+    whole = packed_cross_entropy(logits, labels)
+    n = count_targets(labels)
+    accumulated = packed_cross_entropy(logits[:1], full, num_items=n) + packed_cross_entropy(
+        logits[1:], sparse, num_items=n)
+    assert torch.allclose(whole, accumulated, atol=1e-6)
+    mean_of_means = (packed_cross_entropy(logits[:1], full) + packed_cross_entropy(logits[1:], sparse)) / 2
+    assert not torch.allclose(whole, mean_of_means, atol=1e-3), "per-micro-batch means over-weight sparse packs"
+
+
+def test_bad_loss_inputs_are_explained():
+    with pytest.raises(PacksimError, match="unknown loss mode"):
+        make_labels(IDS, ROLES, "response")
+    with pytest.raises(PacksimError, match="no label is counted"):
+        packed_cross_entropy(torch.randn(1, 3, 5), torch.full((1, 3), IGNORE_INDEX))
+    with pytest.raises(PacksimError, match="disagree on"):
+        packed_cross_entropy(torch.randn(1, 3, 5), torch.zeros(1, 4, dtype=torch.long))

@@ -1,0 +1,119 @@
+"""The packed forward through the tiny model: correct == each example alone, on every backend."""
+
+import pytest
+import torch
+from conftest import VOCAB, ToyExample
+
+from packsim.attention import available_backends
+from packsim.batch import PackedBatch
+from packsim.errors import PacksimError
+from packsim.loss import token_losses
+from packsim.model import build_model, forward
+
+TOL = 1e-5
+
+
+def _cpu_backends(trains: bool = False):
+    status = available_backends(torch.device("cpu"), torch.float32)
+    return [name for name, s in status.items() if s.available and (s.trains or not trains)]
+
+
+@pytest.fixture(scope="module")
+def reference_model(tiny_model):
+    """The same weights with transformers' own sdpa attention: an independent reference."""
+    ref = build_model("tiny", vocab_size=VOCAB, attn_implementation="sdpa")
+    ref.load_state_dict(tiny_model.state_dict())
+    return ref
+
+
+def _alone(ref, example) -> torch.Tensor:
+    ids = torch.tensor([example.tokens])
+    with torch.no_grad():
+        return ref(input_ids=ids, use_cache=False).logits[0]  # (L, V)
+
+
+def _max_diff_per_example(model, ref, examples, batch, backend):
+    with torch.no_grad():
+        logits = forward(model, batch, backend=backend)  # (B, T, V)
+    diffs = {}
+    for s in batch.segments:
+        alone = _alone(ref, examples[s.example])
+        diffs[s.example] = (logits[s.row, s.start:s.stop] - alone).abs().max().item()
+    return diffs
+
+
+@pytest.mark.parametrize("backend", _cpu_backends() + ["transformers"])
+def test_correct_setup_equals_each_example_alone(tiny_model, reference_model, examples, backend):
+    batch = PackedBatch.from_examples(examples, capacity=32, setup="correct")
+    model = reference_model if backend == "transformers" else tiny_model
+    diffs = _max_diff_per_example(model, reference_model, examples, batch, backend)
+    assert max(diffs.values()) <= TOL, f"{backend}: packed != alone {diffs}"
+
+
+@pytest.mark.parametrize("backend", _cpu_backends() + ["transformers"])
+def test_buggy_setup_leaks_into_later_examples(tiny_model, reference_model, examples, backend):
+    batch = PackedBatch.from_examples(examples, capacity=32, setup="buggy")
+    model = reference_model if backend == "transformers" else tiny_model
+    diffs = _max_diff_per_example(model, reference_model, examples, batch, backend)
+    firsts = {s.example for s in batch.segments if s.start == 0}
+    later = [d for i, d in diffs.items() if i not in firsts]
+    assert later and min(later) > 1e-3, f"{backend}: later examples should see earlier ones {diffs}"
+    assert max(diffs[i] for i in firsts) <= TOL, "the first example of a row has nothing to leak from"
+
+
+def test_padded_setup_equals_each_example_alone(tiny_model, reference_model, examples):
+    batch = PackedBatch.from_examples(examples, capacity=32, setup="padded")
+    diffs = _max_diff_per_example(tiny_model, reference_model, examples, batch, "auto")
+    assert max(diffs.values()) <= TOL
+
+
+def _gradient_leak(model, batch, backend="blocked"):
+    """|d loss_j / d embeds_i| summed, for every pair (i, j) of segments in the same row."""
+    embeds = model.get_input_embeddings()(batch.input_ids).detach().requires_grad_(True)
+    per_tok = token_losses(forward(model, batch, backend=backend, inputs_embeds=embeds), batch.input_ids)
+    leaks = {}
+    for j, sj in enumerate(batch.segments):
+        loss_j = per_tok[sj.row, sj.start:sj.stop - 1].sum()  # predictions made inside example j
+        (grad,) = torch.autograd.grad(loss_j, embeds, retain_graph=True)
+        for i, si in enumerate(batch.segments):
+            if i != j and si.row == sj.row:
+                leaks[(i, j)] = grad[si.row, si.start:si.stop].abs().sum().item()
+    return leaks
+
+
+def test_gradients_do_not_cross_boundaries_under_correct(tiny_model, examples):
+    leaks = _gradient_leak(tiny_model, PackedBatch.from_examples(examples, 32, setup="correct"))
+    assert leaks and all(v == 0.0 for v in leaks.values()), leaks
+
+
+def test_gradients_cross_boundaries_under_buggy(tiny_model, examples):
+    batch = PackedBatch.from_examples(examples, 32, setup="buggy")
+    leaks = _gradient_leak(tiny_model, batch)
+    forward_pairs = [v for (i, j), v in leaks.items() if i < j]  # segments are in row order
+    backward_pairs = [v for (i, j), v in leaks.items() if i > j]
+    assert forward_pairs and min(forward_pairs) > 0, "later examples get gradient from earlier ones"
+    assert all(v == 0.0 for v in backward_pairs), "causal: nothing flows from later to earlier"
+
+
+def test_out_of_vocab_ids_fail_before_the_model_runs(tiny_model):
+    batch = PackedBatch.from_examples([ToyExample((1, 5, VOCAB + 3, 2), 2)], 16, setup="correct")
+    with pytest.raises(PacksimError, match="outside the model's vocabulary"):
+        forward(tiny_model, batch)
+
+
+def test_transformers_backend_needs_a_native_attention_model(tiny_model, examples):
+    batch = PackedBatch.from_examples(examples, 32, setup="correct")
+    with pytest.raises(PacksimError, match="attn_implementation='eager'"):
+        forward(tiny_model, batch, backend="transformers")
+
+
+def test_unknown_model_size_is_explained():
+    with pytest.raises(PacksimError, match="unknown model size 'huge'"):
+        build_model("huge", vocab_size=VOCAB)
+
+
+def test_forward_restores_the_model_attention(reference_model, examples):
+    batch = PackedBatch.from_examples(examples, 32, setup="correct")
+    with torch.no_grad():
+        forward(reference_model, batch, backend="blocked")
+    assert reference_model.config._attn_implementation == "sdpa"

@@ -1,0 +1,108 @@
+"""The course notebooks: committed without outputs, and each runs top to bottom in fast mode."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from packsim.notebook_tools import (
+    NotebookRunError,
+    execute_notebook,
+    main,
+    notebooks_with_outputs,
+    strip_outputs,
+)
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+COURSE = sorted(NOTEBOOKS.glob("*.ipynb"))
+
+
+def _write(path: Path, *cells) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nb = new_notebook(cells=list(cells))
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
+    nbformat.write(nb, path)
+    return path
+
+
+# ---- outputs ----------------------------------------------------------------------------------
+
+
+def test_committed_notebooks_have_no_outputs():
+    dirty = notebooks_with_outputs(NOTEBOOKS)
+    assert not dirty, (
+        f"notebooks committed with outputs: {[str(p) for p in dirty]}; "
+        "run `python -m packsim.notebook_tools strip notebooks`"
+    )
+
+
+def test_strip_finds_and_removes_outputs(tmp_path):
+    clean = _write(tmp_path / "clean.ipynb", new_markdown_cell("# hi"), new_code_cell("x = 1"))
+    with_output = new_code_cell("print(1)", execution_count=3)
+    with_output.outputs = [new_output("stream", name="stdout", text="1\n")]
+    dirty = _write(tmp_path / "lessons" / "dirty.ipynb", with_output)
+    counted = _write(
+        tmp_path / "lessons" / "counted.ipynb", new_code_cell("y = 2", execution_count=1)
+    )
+
+    assert notebooks_with_outputs(tmp_path) == [counted, dirty]  # recursive, sorted
+    assert main(["check-clean", str(tmp_path)]) == 1
+
+    clean_bytes = clean.read_bytes()
+    assert [strip_outputs(p) for p in (clean, dirty, counted)] == [False, True, True]
+    assert clean.read_bytes() == clean_bytes  # an already clean file is not rewritten
+    assert notebooks_with_outputs(tmp_path) == []
+    assert main(["check-clean", str(tmp_path)]) == 0
+
+    cell = nbformat.read(dirty, as_version=4).cells[0]
+    assert (cell.source, cell.outputs, cell.execution_count) == ("print(1)", [], None)
+
+
+def test_check_clean_tells_how_to_fix(tmp_path, capsys):
+    _write(tmp_path / "a.ipynb", new_code_cell("1", execution_count=1))
+    assert main(["check-clean", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "a.ipynb" in out and "python -m packsim.notebook_tools strip notebooks" in out
+
+
+def test_missing_folder_is_an_error(tmp_path):
+    assert main(["check-clean", str(tmp_path / "nope")]) == 2
+
+
+# ---- execution ----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_execute_reports_failing_cell_and_uses_notebook_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("PACKSIM_FAST", "1")
+    nb = _write(
+        tmp_path / "lesson" / "fails.ipynb",
+        new_code_cell(
+            "import os, pathlib\n"
+            "assert pathlib.Path.cwd().name == 'lesson', pathlib.Path.cwd()\n"
+            "assert os.environ['PACKSIM_FAST'] == '1'"
+        ),
+        new_code_cell("raise ValueError('boom')"),
+    )
+    with pytest.raises(NotebookRunError, match=r"cell 1 failed[\s\S]*ValueError: boom") as err:
+        execute_notebook(nb, timeout=60)
+    assert "raise ValueError('boom')" in str(err.value)  # the cell's source is quoted
+    assert not nbformat.read(nb, as_version=4).cells[1].outputs  # nothing written back
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("notebook", COURSE, ids=[p.stem for p in COURSE])
+def test_notebook_runs_in_fast_mode(notebook, monkeypatch, record_property):
+    monkeypatch.setenv("PACKSIM_FAST", "1")  # inherited by the kernel
+    seconds = execute_notebook(notebook, timeout=180)
+    record_property("wall_s", round(seconds, 2))
+    print(f"{notebook.name}: {seconds:.1f} s")
+    assert math.isfinite(seconds) and seconds > 0
