@@ -13,9 +13,11 @@ PYTEST_ARGS ?=
 ifneq ($(VIRTUAL_ENV)$(CONDA_DEFAULT_ENV),)
   PY := python
   ENV_DIR := $(shell python -c 'import sys; print(sys.prefix)')
+  NEW_VENV :=
 else
   PY := .venv/bin/python
   ENV_DIR := .venv
+  NEW_VENV := .venv/bin/python
 endif
 STAMP := $(ENV_DIR)/.packsim-setup.stamp
 
@@ -29,7 +31,7 @@ help:
 .venv/bin/python:
 	$(PYTHON) -m venv .venv
 
-$(STAMP): pyproject.toml | $(PY)
+$(STAMP): pyproject.toml | $(NEW_VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install "$(TORCH_SPEC)"
 	$(PY) -m pip install -e ".[dev]"

@@ -1,0 +1,327 @@
+"""Tests for packsim.packing: exact small cases, property tests for every strategy and overflow
+policy (checked against a naive reference packer), statistics, and bad input."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packsim.errors import PacksimError
+from packsim.packing import (
+    OVERFLOW_POLICIES,
+    STRATEGIES,
+    PackingStats,
+    Piece,
+    as_piece,
+    pack,
+    pack_pieces,
+    packing_stats,
+)
+
+PROPERTY = settings(max_examples=300, deadline=None)
+DECREASING = ("ffd", "bfd")
+
+
+@st.composite
+def cases(draw, longest: int = 3) -> tuple[list[int], int]:
+    """(lengths, capacity); lengths reach ``longest`` times the capacity (1: none overflow)."""
+    capacity = draw(st.integers(1, 16))
+    lengths = draw(st.lists(st.integers(1, longest * capacity), max_size=30))
+    return lengths, capacity
+
+
+def fitting(overflow: str) -> st.SearchStrategy:
+    """Cases valid for ``overflow``: only "error" needs every example to fit."""
+    return cases(longest=1 if overflow == "error" else 3)
+
+
+ALL_COMBOS = [(s, o) for s in STRATEGIES for o in OVERFLOW_POLICIES]
+DECREASING_COMBOS = [(s, o) for s in DECREASING for o in OVERFLOW_POLICIES]
+
+
+def loads(packs: list[list[Piece]]) -> list[int]:
+    return [sum(p.stop - p.start for p in pieces) for pieces in packs]
+
+
+def naive_pack(lengths: list[int], capacity: int, best: bool) -> list[list[int]]:
+    """Reference first/best-fit decreasing by scanning every pack (whole examples only)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # sorted() is stable
+    packs: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        fits = [p for p in range(len(packs)) if room[p] >= lengths[i]]
+        if not fits:
+            packs.append([])
+            room.append(capacity)
+            fits = [len(packs) - 1]
+        p = min(fits, key=lambda q: (room[q], q)) if best else fits[0]
+        packs[p].append(i)
+        room[p] -= lengths[i]
+    return packs
+
+
+# --- exact small examples -----------------------------------------------------------------------
+
+
+def test_ffd_and_bfd_differ_on_hand_computed_case():
+    # Longest first: 7 (ex 1) opens A (room 3); 5 (ex 3) opens B (room 5); 4 (ex 0) only fits B
+    # (room 1); 1 (ex 2) fits both: first fit takes A (opened first), best fit takes B (least room).
+    assert pack([4, 7, 1, 5], 10, "ffd") == [[1, 2], [3, 0]]
+    assert pack([4, 7, 1, 5], 10, "bfd") == [[1], [3, 0, 2]]
+
+
+def test_ffd_and_bfd_on_seven_examples():
+    # 5->A(3) 4->B(4) 3->A(0) 3->B(1) 2->C(6) 2->C(4) 1->B(0): both strategies agree here.
+    expected = [[0, 2], [1, 3, 6], [4, 5]]
+    assert pack([5, 4, 3, 3, 2, 2, 1], 8, "ffd") == expected
+    assert pack([5, 4, 3, 3, 2, 2, 1], 8, "bfd") == expected
+
+
+def test_ties_keep_data_order():
+    assert pack([2, 2, 2, 2], 4, "ffd") == [[0, 1], [2, 3]]
+    assert pack([3, 3, 3], 4, "bfd") == [[0], [1], [2]]
+
+
+def test_wrapped_cuts_every_capacity_tokens():
+    assert pack([2, 2, 3], 4, "wrapped") == [[0, 1], [2]]
+    assert pack([10, 3], 4, "wrapped") == [
+        [Piece(0, 0, 4)],
+        [Piece(0, 4, 8)],
+        [Piece(0, 8, 10), Piece(1, 0, 2)],
+        [Piece(1, 2, 3)],
+    ]
+
+
+def test_wrapped_ignores_overflow_policy():
+    assert pack([10, 3], 4, "wrapped", "error") == pack([10, 3], 4, "wrapped", "split")
+
+
+def test_truncate_keeps_first_capacity_tokens():
+    assert pack([10, 3], 4, "bfd", "truncate") == [[Piece(0, 0, 4)], [1]]
+
+
+def test_split_packs_each_chunk_as_an_item():
+    # Items longest first: (0,0-4) (0,4-8) 3 (0,8-10); the last 2 tokens do not fit the room 1.
+    assert pack([10, 3], 4, "bfd", "split") == [
+        [Piece(0, 0, 4)],
+        [Piece(0, 4, 8)],
+        [1],
+        [Piece(0, 8, 10)],
+    ]
+
+
+def test_empty_lengths_give_no_packs():
+    for strategy in STRATEGIES:
+        assert pack([], 8, strategy) == []
+
+
+def test_pack_pieces_and_as_piece():
+    assert pack_pieces([4, 7, 1, 5], 10, "bfd") == [
+        [Piece(1, 0, 7)],
+        [Piece(3, 0, 5), Piece(0, 0, 4), Piece(2, 0, 1)],
+    ]
+    assert as_piece(2, [4, 7, 1]) == Piece(2, 0, 1)
+    assert as_piece(Piece(0, 1, 3), [4]) == Piece(0, 1, 3)
+
+
+def test_numpy_tuple_and_list_inputs_agree():
+    lengths = [5, 4, 3, 3, 2, 2, 1]
+    expected = pack(lengths, 8)
+    assert pack(tuple(lengths), 8) == expected
+    assert pack(np.array(lengths, dtype=np.int32), np.int64(8)) == expected
+    assert pack(np.array(lengths, dtype=np.uint16), 8) == expected
+
+
+def test_packing_stats_exact():
+    stats = packing_stats([4, 7, 1, 5], pack([4, 7, 1, 5], 10, "bfd"), 10)
+    assert stats == PackingStats(
+        n_examples=4,
+        n_packs=2,
+        capacity=10,
+        total_tokens=17,
+        lower_bound=2,
+        fill_ratio=17 / 20,
+        gap_to_lower_bound=0.0,
+        one_per_row_padding_waste=1 - 17 / 28,
+        one_per_row_capacity_waste=1 - 17 / 40,
+    )
+    assert stats.as_dict()["fill_ratio"] == 0.85
+    assert "2 packs" in str(stats) and "lower bound 2" in str(stats)
+
+
+def test_packing_stats_after_truncate_and_split():
+    truncated = packing_stats([10, 3], pack([10, 3], 4, "ffd", "truncate"), 4)
+    assert (truncated.total_tokens, truncated.n_packs, truncated.lower_bound) == (7, 2, 2)
+    assert truncated.one_per_row_capacity_waste == 1 - 7 / 8
+    split = packing_stats([10, 3], pack([10, 3], 4, "ffd", "split"), 4)
+    assert (split.total_tokens, split.n_packs, split.lower_bound) == (13, 4, 4)
+    assert split.one_per_row_capacity_waste == 1 - 13 / 16  # example 0 takes 3 rows of 4
+    assert split.gap_to_lower_bound == 0.0
+
+
+def test_packing_stats_empty():
+    stats = packing_stats([], [], 8)
+    assert (stats.n_packs, stats.lower_bound, stats.fill_ratio) == (0, 0, 0.0)
+
+
+# --- properties ---------------------------------------------------------------------------------
+
+
+def check_tokens_land_once_in_order(lengths, capacity, packs, truncates):
+    """Each example's pieces, in pack order, tile [0, length) (or [0, capacity) if truncated)."""
+    by_example: dict[int, list[Piece]] = {i: [] for i in range(len(lengths))}
+    for pieces in packs:
+        for piece in pieces:
+            by_example[piece.index].append(piece)
+    for i, pieces in by_example.items():
+        assert pieces[0].start == 0
+        assert all(a.stop == b.start for a, b in zip(pieces, pieces[1:], strict=False))
+        assert all(p.start < p.stop for p in pieces)
+        assert pieces[-1].stop == (min(lengths[i], capacity) if truncates else lengths[i])
+
+
+def check_pack_count(capacity, packs, wrapped):
+    """At least ceil(tokens / capacity) packs; wrapped hits it exactly with all but one full."""
+    lower_bound = math.ceil(sum(loads(packs)) / capacity)
+    assert len(packs) >= lower_bound
+    if wrapped:
+        assert len(packs) == lower_bound
+        assert all(load == capacity for load in loads(packs)[:-1])
+
+
+def check_entry_forms(lengths, raw_packs):
+    """An int entry is a whole example; a Piece is never the whole example."""
+    for entries in raw_packs:
+        for entry in entries:
+            if isinstance(entry, Piece):
+                assert (entry.start, entry.stop) != (0, lengths[entry.index])
+            else:
+                assert type(entry) is int and 0 <= entry < len(lengths)
+
+
+def check_first_fit_property(capacity, packs):
+    """No two packs would fit together in one (checking the two lightest is enough)."""
+    smallest = sorted(loads(packs))[:2]
+    assert len(smallest) < 2 or sum(smallest) > capacity
+
+
+def check_longest_first(packs):
+    for pieces in packs:
+        sizes = [p.stop - p.start for p in pieces]
+        assert sizes == sorted(sizes, reverse=True)
+
+
+@pytest.mark.parametrize(("strategy", "overflow"), ALL_COMBOS)
+@PROPERTY
+@given(data=st.data())
+def test_packing_invariants(strategy, overflow, data):
+    lengths, capacity = data.draw(fitting(overflow))
+    raw_packs = pack(lengths, capacity, strategy, overflow)
+    packs = pack_pieces(lengths, capacity, strategy, overflow)
+    assert packs == [[as_piece(e, lengths) for e in entries] for entries in raw_packs]
+    assert all(0 < load <= capacity for load in loads(packs))  # fits, never empty
+    truncates = overflow == "truncate" and strategy != "wrapped"
+    check_tokens_land_once_in_order(lengths, capacity, packs, truncates)
+    check_pack_count(capacity, packs, wrapped=strategy == "wrapped")
+    check_entry_forms(lengths, raw_packs)
+    if strategy in DECREASING:
+        check_first_fit_property(capacity, packs)
+        check_longest_first(packs)
+
+
+@pytest.mark.parametrize("overflow", OVERFLOW_POLICIES)
+@PROPERTY
+@given(data=st.data())
+def test_ffd_and_bfd_pack_the_same_pieces_deterministically(overflow, data):
+    lengths, capacity = data.draw(fitting(overflow))
+    results = {}
+    for strategy in DECREASING:
+        first = pack_pieces(lengths, capacity, strategy, overflow)
+        assert pack_pieces(lengths, capacity, strategy, overflow) == first
+        results[strategy] = Counter(piece for pieces in first for piece in pieces)
+    assert results["ffd"] == results["bfd"]
+
+
+@pytest.mark.parametrize("strategy", DECREASING)
+@settings(max_examples=500, deadline=None)
+@given(case=cases(longest=1))
+def test_matches_naive_reference(strategy, case):
+    lengths, capacity = case
+    assert pack(lengths, capacity, strategy) == naive_pack(lengths, capacity, strategy == "bfd")
+
+
+def test_larger_seeded_input_matches_naive_reference():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 200, size=2000).tolist()
+    for strategy in DECREASING:
+        assert pack(lengths, 256, strategy) == naive_pack(lengths, 256, strategy == "bfd")
+
+
+@PROPERTY
+@given(case=cases(longest=3), strategy=st.sampled_from(STRATEGIES))
+def test_packing_stats_agree_with_packs(case, strategy):
+    lengths, capacity = case
+    packs = pack(lengths, capacity, strategy, "split")
+    stats = packing_stats(lengths, packs, capacity)
+    assert stats.n_packs == len(packs)
+    assert stats.total_tokens == sum(lengths)
+    assert stats.lower_bound == math.ceil(sum(lengths) / capacity)
+    if lengths:
+        assert 0 < stats.fill_ratio <= 1
+        assert stats.gap_to_lower_bound >= 0
+
+
+# --- bad input ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"capacity": 0}, ["capacity", "positive int", "0"]),
+        ({"capacity": -4}, ["capacity", "positive int"]),
+        ({"capacity": 8.0}, ["capacity", "8.0", "int("]),
+        ({"capacity": True}, ["capacity", "True"]),
+        ({"capacity": "8"}, ["capacity", "'8'"]),
+        ({"strategy": "nfd"}, ["strategy='nfd'", "wrapped", "ffd", "bfd"]),
+        ({"overflow": "drop"}, ["overflow='drop'", "error", "truncate", "split"]),
+        ({"lengths": [3, 2, 5, 0]}, ["example 3 has length 0", "drop empty examples"]),
+        ({"lengths": [3, -2]}, ["example 1 has length -2"]),
+        ({"lengths": [3, 2.5]}, ["example 1", "2.5", "not an integer", "int("]),
+        ({"lengths": [3, True]}, ["example 1", "True", "not an integer"]),
+        ({"lengths": np.array([3.0, 2.0])}, ["example 0", "not an integer", "astype(int)"]),
+        ({"lengths": np.ones((2, 3), dtype=int)}, ["1-D", "(2, 3)"]),
+        ({"lengths": "abc"}, ["list, tuple or 1-D numpy array", "str"]),
+        ({"lengths": [3, 9, 4]}, ["example 1 has length 9", "capacity is 8", "truncate", "split"]),
+    ],
+)
+def test_bad_input_names_problem_and_fix(kwargs, words):
+    call = {"lengths": [3, 4], "capacity": 8, "strategy": "bfd", "overflow": "error"} | kwargs
+    with pytest.raises(PacksimError) as info:
+        pack(**call)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_overlong_error_lists_every_fix():
+    with pytest.raises(PacksimError, match="raise capacity.*truncate.*split.*filter"):
+        pack([1, 20], 8, "ffd")
+
+
+def test_as_piece_rejects_bad_entries():
+    with pytest.raises(PacksimError, match="there are 2 examples"):
+        as_piece(5, [3, 4])
+    with pytest.raises(PacksimError, match="neither an example index"):
+        as_piece("0", [3, 4])
+
+
+def test_packing_stats_rejects_mismatched_packs():
+    packs = pack([4, 7, 1, 5], 10)
+    with pytest.raises(PacksimError, match="pack 1 holds 10 tokens but capacity is 8"):
+        packing_stats([4, 7, 1, 5], packs, 8)
+    with pytest.raises(PacksimError, match="example 4 is in no pack"):
+        packing_stats([4, 7, 1, 5, 2], packs, 10)
