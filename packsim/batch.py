@@ -306,7 +306,7 @@ class PackedBatch:
         roles[cu[1:-1].long()] = Role.BOUNDARY
         roles[0] = Role.FIRST
         seq = torch.repeat_interleave(torch.arange(len(lens)), lens).unsqueeze(0)
-        segments = [Segment(0, int(a), int(b), i) for i, (a, b) in enumerate(zip(cu[:-1], cu[1:]))]
+        segments = [Segment(0, int(a), int(b), i) for i, (a, b) in enumerate(zip(cu[:-1], cu[1:], strict=True))]
         return cls(input_ids, labels, positions, seq, roles.unsqueeze(0), positions.clone(), cu,
                    int(lens.max()), segments, get_setup(setup), N, "given", lens.tolist())
 

@@ -21,7 +21,7 @@ from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
 from .attention import varlen_attention
 from .batch import PackedBatch
 from .errors import PacksimError
-from .masks import block_diagonal_mask, seq_ids_from_cu_seqlens, to_additive_4d
+from .masks import block_diagonal_mask, flex_block_mask, seq_ids_from_cu_seqlens, to_additive_4d
 
 __all__ = ["MODEL_SIZES", "build_model", "forward", "register_packsim_attention", "ATTN_NAME"]
 
@@ -160,8 +160,13 @@ def _attn_implementation(model, name: str):
 
 
 def _forward_dense_mask(model, batch: PackedBatch, inputs: dict) -> torch.Tensor:
-    """The reference path: the model's own attention with a dense 4D additive mask (O(T^2))."""
-    if model.config._attn_implementation == ATTN_NAME:
+    """The reference path: the model's own attention with an explicit mask from the setup.
+
+    eager / sdpa get a dense 4D additive float mask (B, 1, T, T), O(T^2); flex_attention gets a
+    BlockMask (torch 2.13's compiled CPU flex crashes on a 4D tensor mask read by transformers).
+    """
+    impl = model.config._attn_implementation
+    if impl == ATTN_NAME:
         raise PacksimError(
             "backend='transformers' needs a model built with attn_implementation='eager', 'sdpa' "
             "or 'flex_attention'; this one uses packsim's. Pass a packsim backend instead."
@@ -169,5 +174,8 @@ def _forward_dense_mask(model, batch: PackedBatch, inputs: dict) -> torch.Tensor
     cu, _ = batch.attention_segments()
     B, T = batch.shape
     seg = seq_ids_from_cu_seqlens(cu).view(B, T)  # (B, T): segment id per token
-    mask = to_additive_4d(block_diagonal_mask(seg), dtype=model.dtype)  # (B, 1, T, T)
+    if impl == "flex_attention":
+        mask = flex_block_mask(seg, device=batch.input_ids.device)
+    else:
+        mask = to_additive_4d(block_diagonal_mask(seg), dtype=model.dtype)  # (B, 1, T, T)
     return model(**inputs, attention_mask=mask, position_ids=batch.position_ids, use_cache=False).logits

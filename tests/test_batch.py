@@ -45,7 +45,7 @@ def _check_invariants(examples, b: PackedBatch):
     cu, max_len = b.attention_segments()
     assert cu.dtype == torch.int32 and int(cu[0]) == 0 and int(cu[-1]) == B * T
     flat_seq = b.seq_ids.reshape(-1)
-    for a, z in zip(cu[:-1].tolist(), cu[1:].tolist()):
+    for a, z in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
         assert z > a and z - a <= max_len and a // T == (z - 1) // T, "segments stay inside a row"
         if b.setup.mask == "block_diagonal":
             assert len(set(flat_seq[a:z].tolist())) == 1

@@ -2,7 +2,14 @@ import pytest
 import torch
 
 from packsim.errors import PacksimError
-from packsim.loss import IGNORE_INDEX, Role, count_targets, make_labels, packed_cross_entropy, token_losses
+from packsim.loss import (
+    IGNORE_INDEX,
+    Role,
+    count_targets,
+    make_labels,
+    packed_cross_entropy,
+    token_losses,
+)
 
 ROLES = torch.tensor([[Role.FIRST, Role.PROMPT, Role.RESPONSE, Role.EOS, Role.BOUNDARY, Role.PROMPT,
                        Role.RESPONSE, Role.EOS, Role.PAD, Role.PAD]], dtype=torch.uint8)

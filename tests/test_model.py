@@ -117,3 +117,35 @@ def test_forward_restores_the_model_attention(reference_model, examples):
     with torch.no_grad():
         forward(reference_model, batch, backend="blocked")
     assert reference_model.config._attn_implementation == "sdpa"
+
+
+@pytest.mark.parametrize("impl", ["eager", "flex_attention"])
+def test_transformers_backend_isolates_on_other_attention_implementations(reference_model, examples, impl):
+    """eager gets a 4D additive mask, flex_attention a BlockMask (a 4D tensor crashes compiled CPU flex)."""
+    model = build_model("tiny", vocab_size=VOCAB, attn_implementation=impl)
+    model.load_state_dict(reference_model.state_dict())
+    batch = PackedBatch.from_examples(examples, 32, setup="correct")
+    diffs = _max_diff_per_example(model, reference_model, examples, batch, "transformers")
+    assert max(diffs.values()) <= TOL, diffs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend", ["flash", "torch_varlen", "flex", "blocked"])
+def test_gpu_backends_in_bf16_match_the_fp32_reference(reference_model, examples, backend):
+    status = available_backends(torch.device("cuda"), torch.bfloat16)[backend]
+    if not status.available:
+        pytest.skip(status.reason)
+    model = build_model("tiny", vocab_size=VOCAB)
+    model.load_state_dict(reference_model.state_dict())
+    model.to(device="cuda", dtype=torch.bfloat16)
+    for setup, leaks in (("correct", False), ("buggy", True)):
+        batch = PackedBatch.from_examples(examples, 32, setup=setup).to("cuda")
+        with torch.no_grad():
+            logits = forward(model, batch, backend=backend).float().cpu()
+        for s in batch.segments:
+            diff = (logits[s.row, s.start:s.stop] - _alone(reference_model, examples[s.example])).abs().max()
+            if leaks and s.start > 0:
+                assert diff > 0.1, f"{backend} bf16: buggy later example should leak ({diff:.3g})"
+            else:
+                assert diff < 0.05, f"{backend} bf16: {setup} example {s.example} off by {diff:.3g}"

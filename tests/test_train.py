@@ -22,7 +22,7 @@ def test_same_seed_gives_identical_packs_and_first_20_losses():
     b1, l1 = _run("correct")
     b2, l2 = _run("correct")
     assert len(l1) == 20 and l1 == l2
-    assert all(torch.equal(x.input_ids, y.input_ids) for x, y in zip(b1, b2))
+    assert all(torch.equal(x.input_ids, y.input_ids) for x, y in zip(b1, b2, strict=True))
 
 
 def test_every_setup_sees_the_same_examples_in_the_same_order():
