@@ -40,8 +40,11 @@ $(STAMP): pyproject.toml | $(NEW_VENV)
 
 setup: $(STAMP)
 
+# JupyterLab refuses to start as root (containers, some cloud VMs) without --allow-root.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: setup
-	$(PY) -m jupyter lab --ServerApp.root_dir=notebooks $(LAB_ARGS)
+	$(PY) -m jupyter lab --ServerApp.root_dir=notebooks $(ROOT_FLAG) $(LAB_ARGS)
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -93,7 +93,7 @@ def _piece_roles(start: int, stop: int, n_prompt: int, n_tokens: int, row_start:
     return roles
 
 
-@dataclass
+@dataclass(repr=False)
 class PackedBatch:
     """A batch of packed rows. Tensors are (B, T) unless noted.
 
@@ -202,6 +202,12 @@ class PackedBatch:
             labels=make_labels(self.input_ids, self.roles, setup.loss),
             position_ids=_positions(self.example_positions, setup),
         )
+
+    def __repr__(self) -> str:
+        B, T = self.shape
+        fill = self.n_real_tokens / (B * T)
+        return (f"PackedBatch(setup={self.setup.name!r}, rows={B}, T={T}, examples={len(self.segments)}, "
+                f"real_tokens={self.n_real_tokens}, fill={fill:.1%}, max_seqlen={self.max_seqlen})")
 
     # ---- views -------------------------------------------------------------------------------
 

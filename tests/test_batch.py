@@ -174,3 +174,9 @@ BAD_CASES = [
 def test_bad_input_is_explained(examples, name, call, message):
     with pytest.raises(PacksimError, match=message):
         call(examples)
+
+
+def test_repr_is_a_one_line_summary(examples):
+    b = PackedBatch.from_examples(examples, capacity=32, setup="correct")
+    text = repr(b)
+    assert text.startswith("PackedBatch(setup='correct', rows=") and "\n" not in text and "tensor" not in text

@@ -149,3 +149,26 @@ def test_gpu_backends_in_bf16_match_the_fp32_reference(reference_model, examples
                 assert diff > 0.1, f"{backend} bf16: buggy later example should leak ({diff:.3g})"
             else:
                 assert diff < 0.05, f"{backend} bf16: {setup} example {s.example} off by {diff:.3g}"
+
+
+def test_packsim_attention_accepts_a_transformers_collator_batch(tiny_model, reference_model, examples):
+    """model(**DataCollatorWithFlattening output) isolates examples on the registered 'packsim' path."""
+    from transformers import DataCollatorWithFlattening
+
+    features = [{"input_ids": list(e.tokens)} for e in examples]
+    flat = DataCollatorWithFlattening(return_flash_attn_kwargs=True)(features, return_tensors="pt")
+    slim = {k: flat[k] for k in ("input_ids", "position_ids")}  # boundaries from position_ids alone
+    for inputs in (flat, slim):
+        with torch.no_grad():
+            logits = tiny_model(**inputs, use_cache=False).logits[0]  # (N, V)
+        start = 0
+        for e in examples:
+            stop = start + len(e.tokens)
+            assert (logits[start:stop] - _alone(reference_model, e)).abs().max() <= TOL
+            start = stop
+
+
+def test_packsim_attention_rejects_segments_that_do_not_cover_the_batch(tiny_model):
+    ids = torch.tensor([[1, 5, 6, 2, 1, 7, 2]])
+    with pytest.raises(PacksimError, match="must cover every token"):
+        tiny_model(input_ids=ids, cu_seq_lens_q=torch.tensor([0, 4], dtype=torch.int32), use_cache=False)
