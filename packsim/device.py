@@ -9,6 +9,8 @@ import os
 
 import torch
 
+from .errors import PacksimError
+
 __all__ = ["get_device", "fast_mode"]
 
 
@@ -16,12 +18,15 @@ def get_device(prefer: str | None = None) -> torch.device:
     """Return the device packsim runs on.
 
     Order: the argument, then the ``PACKSIM_DEVICE`` env var, then CUDA if available, else CPU.
-    Asking for CUDA on a machine without it raises a ``ValueError`` that says what to do.
+    Asking for CUDA on a machine without it raises :class:`PacksimError` saying what to do.
     """
     name = prefer or os.environ.get("PACKSIM_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise PacksimError(f"unknown device {name!r} ({err}): use 'cpu', 'cuda' or 'cuda:N'.") from err
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
+        raise PacksimError(
             f"device {name!r} was requested but torch sees no CUDA device "
             f"(torch {torch.__version__}, CUDA build: {torch.version.cuda is not None}). "
             "Use device='cpu' (or unset PACKSIM_DEVICE), or install a CUDA build of torch."
