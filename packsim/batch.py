@@ -103,7 +103,8 @@ class PackedBatch:
         example_positions: each token's index inside its example (padding: 0.. per run);
         cu_seqlens (S+1,) int32 and max_seqlen: example boundaries over real tokens (see module doc);
         segments: one :class:`Segment` per example piece, in row-major order;
-        setup, capacity, strategy, lengths (per example, after overflow handling is not applied).
+        setup, capacity, strategy; lengths: token count of each input example (before any
+        truncate/split).
     """
 
     input_ids: torch.Tensor
