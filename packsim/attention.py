@@ -162,27 +162,33 @@ def _status(name: str, device: torch.device, dtype: torch.dtype | None) -> Backe
             )
         return BackendStatus(True, "eager FlexAttention with a document BlockMask", True)
     if name == "flash":
-        problems = _cuda_problems("flash-attn", device, dtype)
         err = _flash_import_error()
-        if err:
-            problems.append(
-                f"flash-attn is not installed ({err}); pip install 'packsim[gpu]' builds it from "
-                f"source and needs nvcc and a CUDA GPU"
-            )
-        if problems:
-            return BackendStatus(False, "; ".join(problems) + f". Otherwise {_INSTEAD}", True)
-        return BackendStatus(True, "flash_attn_varlen_func: per-sequence tiles, O(sum L_i^2)", True)
+        missing = (
+            f"flash-attn is not installed ({err}); pip install 'packsim[gpu]' builds it from "
+            f"source and needs nvcc and a CUDA GPU"
+        ) if err else None
+        return _cuda_kernel_status(
+            "flash-attn", device, dtype, missing,
+            "flash_attn_varlen_func: per-sequence tiles, O(sum L_i^2)",
+        )  # fmt: skip
     if name == "torch_varlen":
-        problems = _cuda_problems("torch varlen_attn", device, dtype)
-        if _torch_varlen_fn() is None:
-            problems.append(
-                f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn: "
-                f"upgrade to torch >= 2.10"
-            )
-        if problems:
-            return BackendStatus(False, "; ".join(problems) + f". Otherwise {_INSTEAD}", True)
-        return BackendStatus(True, "torch varlen_attn (flash kernel in torch), O(sum L_i^2)", True)
+        missing = (
+            f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn: "
+            f"upgrade to torch >= 2.10"
+        ) if _torch_varlen_fn() is None else None
+        return _cuda_kernel_status(
+            "torch varlen_attn", device, dtype, missing,
+            "torch varlen_attn (flash kernel in torch), O(sum L_i^2)",
+        )  # fmt: skip
     raise _unknown_backend(name)
+
+
+def _cuda_kernel_status(label, device, dtype, missing: str | None, ok: str) -> BackendStatus:
+    """Status of a CUDA-only fp16/bf16 kernel: every problem listed at once, or ``ok``."""
+    problems = _cuda_problems(label, device, dtype) + ([missing] if missing else [])
+    if problems:
+        return BackendStatus(False, "; ".join(problems) + f". Otherwise {_INSTEAD}", True)
+    return BackendStatus(True, ok, True)
 
 
 def _unknown_backend(name) -> PacksimError:
