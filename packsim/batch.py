@@ -23,6 +23,7 @@ import torch
 
 from .errors import PacksimError
 from .loss import IGNORE_INDEX, Role, make_labels
+from .masks import check_cu_seqlens, cu_seqlens_from_position_ids, cu_seqlens_from_seq_ids
 from .packing import Piece, pack_pieces, packing_stats
 from .setups import Setup, get_setup
 
@@ -243,19 +244,14 @@ class PackedBatch:
 
         Causal mask: one segment per row, so every example sees the ones before it in its row.
         Block-diagonal: one per example piece plus one per padding run (padding attends only
-        to padding; its outputs are never counted under a completion loss).
+        to padding; its outputs are never counted under a completion loss). Those are exactly
+        the runs of consecutive ``example_positions``, the rule transformers also uses.
         """
         B, T = self.shape
         if self.setup.mask == "causal":
             cu = torch.arange(0, B * T + 1, T, dtype=torch.int32)
             return cu, T
-        bounds = [0]
-        for r in range(B):
-            stops = [s.stop for s in self.segments if s.row == r]
-            bounds += [r * T + x for x in stops if x > 0]
-            if bounds[-1] != (r + 1) * T:
-                bounds.append((r + 1) * T)
-        cu = torch.tensor(bounds, dtype=torch.int32)
+        cu = cu_seqlens_from_position_ids(self.example_positions)  # positions restart per example
         return cu, int((cu[1:] - cu[:-1]).max())
 
     def to(self, device) -> PackedBatch:
@@ -299,8 +295,6 @@ class PackedBatch:
         PROMPT; the collator's own -100 at each example start -> FIRST/BOUNDARY), so the
         batch's ``labels`` are kept as given rather than rebuilt for ``setup.loss``.
         """
-        from .masks import check_cu_seqlens
-
         input_ids = torch.as_tensor(features["input_ids"]).reshape(1, -1)
         N = input_ids.shape[1]
         labels = torch.as_tensor(features.get("labels", input_ids)).reshape(1, -1)
@@ -327,17 +321,14 @@ def _positions(example_positions: torch.Tensor, setup: Setup) -> torch.Tensor:
 
 
 def _boundaries_from_features(features: dict, N: int) -> torch.Tensor:
+    """cu_seqlens (S+1,) of a flattened row from cu_seq_lens_q, else seq_idx, else position_ids."""
     if features.get("cu_seq_lens_q") is not None:
         return torch.as_tensor(features["cu_seq_lens_q"]).reshape(-1)
     if features.get("seq_idx") is not None:
-        ids = torch.as_tensor(features["seq_idx"]).reshape(-1)
-        starts = torch.nonzero(torch.diff(ids, prepend=ids[:1] - 1) != 0).flatten()
-    elif features.get("position_ids") is not None:
-        pos = torch.as_tensor(features["position_ids"]).reshape(-1)
-        starts = torch.nonzero(torch.diff(pos, prepend=pos[:1]) != 1).flatten()  # index 0 always starts
-    else:
-        raise PacksimError(
-            "the batch carries no boundary information: pass cu_seq_lens_q, seq_idx or "
-            "position_ids that restart at 0 for each example (DataCollatorWithFlattening does)."
-        )
-    return torch.cat([starts, torch.tensor([N])]).to(torch.int32)
+        return cu_seqlens_from_seq_ids(torch.as_tensor(features["seq_idx"]).reshape(-1))
+    if features.get("position_ids") is not None:
+        return cu_seqlens_from_position_ids(torch.as_tensor(features["position_ids"]).reshape(-1))
+    raise PacksimError(
+        "the batch carries no boundary information: pass cu_seq_lens_q, seq_idx or "
+        "position_ids that restart at 0 for each example (DataCollatorWithFlattening does)."
+    )

@@ -200,17 +200,13 @@ def _device_checks() -> list[Check]:
 
 
 def _fast_mode_check() -> Check:
-    raw = os.environ.get("PACKSIM_FAST")
-    try:
-        from .device import fast_mode
+    from .device import fast_mode
 
-        on = fast_mode()
-    except Exception:
-        on = bool(raw)
+    raw = os.environ.get("PACKSIM_FAST")
     if raw is None:
         detail = "not set (full mode: notebooks run full-size experiments)"
     else:
-        detail = f"set to {raw!r}: " + ("fast mode (small, quick runs)" if on else "full mode")
+        detail = f"set to {raw!r}: " + ("fast mode (small, quick runs)" if fast_mode() else "full mode")
     return Check("PACKSIM_FAST", True, detail)
 
 
@@ -250,26 +246,13 @@ def _attention_checks() -> list[Check]:
             )
         ]
     checks = []
-    usable = []
-    for name, status in backends.items():
-        available = bool(getattr(status, "available", False))
-        reason = str(getattr(status, "reason", "") or "")
-        trains = getattr(status, "trains", None)
-        if available:
-            if trains is not False:
-                usable.append(name)
-            extra = "" if trains is None else (", trains" if trains else ", inference only")
-            detail = f"available{extra}" + (f" ({reason})" if reason else "")
-            checks.append(Check(f"attention: {name}", True, detail, required=False))
+    usable = [name for name, st in backends.items() if st.available and st.trains]
+    for name, st in backends.items():
+        if st.available:
+            detail = f"available, {'trains' if st.trains else 'inference only'} ({st.reason})"
         else:
-            checks.append(
-                Check(
-                    f"attention: {name}",
-                    False,
-                    f"not available: {reason or 'no reason given'}",
-                    required=False,
-                )
-            )
+            detail = f"not available: {st.reason}"
+        checks.append(Check(f"attention: {name}", st.available, detail, required=False))
     if usable:
         checks.append(Check("attention", True, f"{len(usable)} backend(s) can train here"))
     else:

@@ -28,6 +28,7 @@ __all__ = [
     "check_cu_seqlens",
     "seq_ids_from_cu_seqlens",
     "cu_seqlens_from_seq_ids",
+    "cu_seqlens_from_position_ids",
     "causal_mask",
     "block_diagonal_mask",
     "block_diagonal_mask_from_cu_seqlens",
@@ -171,6 +172,28 @@ def cu_seqlens_from_seq_ids(seq_ids: torch.Tensor) -> torch.Tensor:
         )
     ends = torch.cat([change, torch.tensor([n_real], device=ids.device)])
     return torch.cat([ends.new_zeros(1), ends]).to(torch.int32)  # (S+1,)
+
+
+def cu_seqlens_from_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
+    """Offsets of the runs of consecutive positions: (T,) or (B, T) -> (S+1,) int32 over B*T tokens.
+
+    A new sequence starts wherever the position does not continue by +1 (the rule transformers'
+    ``find_packed_sequence_indices`` and flash-attn's position-id path use) and at every row
+    start, so rows never share a sequence. ``[[0, 1, 2, 0, 1]]`` -> ``[0, 3, 5]``.
+    Used by notebook 03_block_diagonal and by ``PackedBatch.from_flattening``.
+    """
+    pos = torch.as_tensor(position_ids)
+    if pos.dim() not in (1, 2) or pos.numel() == 0 or pos.dtype.is_floating_point:
+        raise PacksimError(
+            f"position_ids must be a non-empty integer tensor of shape (T,) or (B, T), got "
+            f"{tuple(pos.shape)} {pos.dtype}. Pass the position ids the model would get."
+        )
+    pos = pos.reshape(-1, pos.shape[-1])  # (B, T)
+    starts = torch.ones_like(pos, dtype=torch.bool)  # (B, T)
+    starts[:, 1:] = pos[:, 1:] - pos[:, :-1] != 1
+    bounds = torch.nonzero(starts.reshape(-1)).flatten()  # (S,)
+    end = torch.tensor([pos.numel()], device=pos.device)
+    return torch.cat([bounds, end]).to(torch.int32)  # (S+1,)
 
 
 # ----------------------------------------------------------------------------- boolean masks

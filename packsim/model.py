@@ -21,7 +21,13 @@ from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
 from .attention import varlen_attention
 from .batch import PackedBatch
 from .errors import PacksimError
-from .masks import block_diagonal_mask, flex_block_mask, seq_ids_from_cu_seqlens, to_additive_4d
+from .masks import (
+    block_diagonal_mask,
+    cu_seqlens_from_position_ids,
+    flex_block_mask,
+    seq_ids_from_cu_seqlens,
+    to_additive_4d,
+)
 
 __all__ = ["MODEL_SIZES", "build_model", "forward", "register_packsim_attention", "ATTN_NAME"]
 
@@ -94,11 +100,7 @@ def _segments_from_kwargs(kwargs, B: int, T: int, device) -> tuple[torch.Tensor,
         return cu.to(device=device, dtype=torch.int32), int(kwargs.get("max_length_q") or T)
     pos = kwargs.get("position_ids")
     if pos is not None:
-        pos = pos.expand(B, T).reshape(-1)
-        starts = torch.diff(pos, prepend=pos[:1] - 1) != 1
-        starts[::T] = True  # rows never share a segment
-        bounds = torch.cat([torch.nonzero(starts).flatten(), torch.tensor([B * T], device=pos.device)])
-        cu = bounds.to(device=device, dtype=torch.int32)
+        cu = cu_seqlens_from_position_ids(pos.expand(B, T)).to(device)
         return cu, int((cu[1:] - cu[:-1]).max())
     return torch.arange(0, B * T + 1, T, dtype=torch.int32, device=device), T
 

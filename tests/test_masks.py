@@ -251,3 +251,15 @@ def test_flex_block_mask_errors():
         flex_block_mask(torch.zeros(4, dtype=torch.long), block_size=0)
     with pytest.raises(PacksimError, match="BlockMask"):
         block_sparsity(torch.zeros(3))
+
+
+def test_cu_seqlens_from_position_ids_splits_at_resets_and_rows():
+    from packsim.masks import cu_seqlens_from_position_ids
+
+    assert cu_seqlens_from_position_ids(torch.tensor([0, 1, 2, 0, 1])).tolist() == [0, 3, 5]
+    # rows never share a sequence, even when positions would continue across them
+    rows = torch.tensor([[0, 1, 2], [3, 4, 0]])
+    assert cu_seqlens_from_position_ids(rows).tolist() == [0, 3, 5, 6]
+    assert cu_seqlens_from_position_ids(torch.arange(4)).dtype == torch.int32
+    with pytest.raises(PacksimError, match="position_ids must be"):
+        cu_seqlens_from_position_ids(torch.zeros(2, 2, 2, dtype=torch.long))
