@@ -288,17 +288,25 @@ def _line(c: Check) -> str:
     return f"{c.label:<4}  {c.name:<24} {c.detail}"
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``packsim doctor`` / ``python -m packsim.check_env``."""
+    parser.add_argument(
+        "--quiet", "-q", action="store_true", help="print only failures and a one-line summary"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the report; return 0 when every required check passes, else 1."""
     parser = argparse.ArgumentParser(
         prog="python -m packsim.check_env",
         description="Check that this environment can run packsim.",
     )
-    parser.add_argument(
-        "--quiet", "-q", action="store_true", help="print only failures and a one-line summary"
-    )
-    args = parser.parse_args(argv)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
+
+def run(args: argparse.Namespace) -> int:
+    """``packsim doctor``: see :func:`main`."""
     checks = run_checks()
     failed = [c for c in checks if not c.ok and c.required]
     if not args.quiet:

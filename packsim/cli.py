@@ -1,21 +1,39 @@
-"""The ``packsim`` command line: ``packsim doctor`` checks the environment (more subcommands come with the course)."""
+"""The ``packsim`` command line.
+
+- ``packsim doctor``: check the environment (packages, device, attention backends);
+- ``packsim compare``: train setups side by side, write ``results.json`` and ``report.html``;
+- ``packsim audit``: run the contamination audit on the built-in tiny pipeline under each setup.
+
+Each subcommand lives in the module it belongs to, which provides ``add_arguments(parser)`` and
+``run(args) -> int``; this file only wires them up (imports are lazy so ``--help`` is fast).
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+
+# name -> (module, help)
+SUBCOMMANDS = {
+    "doctor": ("packsim.check_env", "check the environment: packages, device, attention backends"),
+    "compare": ("packsim.compare", "train setups side by side; write results.json and report.html"),
+    "audit": ("packsim.audit", "audit the built-in tiny pipeline for contamination under each setup"),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="packsim", description=__doc__)
+    parser = argparse.ArgumentParser(prog="packsim", description="packsim: pack sequences correctly.")
     sub = parser.add_subparsers(dest="command", required=True)
-    doctor = sub.add_parser("doctor", help="check the environment: packages, device, attention backends")
-    doctor.add_argument("--quiet", action="store_true", help="print only failures and a summary")
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        _module(module).add_arguments(p)
     args = parser.parse_args(argv)
-    if args.command == "doctor":
-        from .check_env import main as check_main
+    return int(_module(args._module).run(args) or 0)
 
-        return check_main(["--quiet"] if args.quiet else [])
-    return 2
+
+def _module(name: str):
+    return importlib.import_module(name)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,14 @@ from .masks import (
     to_additive_4d,
 )
 
-__all__ = ["MODEL_SIZES", "build_model", "forward", "register_packsim_attention", "ATTN_NAME"]
+__all__ = [
+    "MODEL_SIZES",
+    "build_model",
+    "forward",
+    "attention_maps",
+    "register_packsim_attention",
+    "ATTN_NAME",
+]
 
 ATTN_NAME = "packsim"
 
@@ -86,7 +93,22 @@ def _packsim_attention(module, query, key, value, attention_mask, scaling=None, 
     v = value.transpose(1, 2).reshape(B * T, value.shape[1], D)
     out = varlen_attention(q, k, v, cu, cu, max_len, max_len, causal=True, softmax_scale=scaling,
                            backend=kwargs.get("packsim_backend", "auto"))
+    capture = kwargs.get("packsim_capture")
+    if capture is not None:
+        capture.append(_attention_probs(query, key, cu, scaling))
     return out.view(B, T, H, D), None
+
+
+def _attention_probs(query, key, cu, scaling) -> torch.Tensor:
+    """Attention probabilities (B, H, T, T) under the segments ``cu`` (dense; for small packs)."""
+    B, H, T, D = query.shape
+    k = key.repeat_interleave(H // key.shape[1], dim=1)  # (B, H, T, D): GQA heads expanded
+    seg = seq_ids_from_cu_seqlens(cu).view(B, T)  # (B, T)
+    allowed = block_diagonal_mask(seg)  # (B, T, T) bool, causal within a segment
+    scale = scaling if scaling is not None else D**-0.5
+    scores = (query @ k.transpose(-1, -2)).float() * scale  # (B, H, T, T)
+    scores = scores.masked_fill(~allowed[:, None], float("-inf"))
+    return scores.softmax(-1).detach()
 
 
 def _segments_from_kwargs(kwargs, B: int, T: int, device) -> tuple[torch.Tensor, int]:
@@ -144,6 +166,32 @@ def forward(model, batch: PackedBatch, backend: str = "auto", inputs_embeds=None
             max_length_k=max_len,
             packsim_backend=backend,
         ).logits
+
+
+@torch.no_grad()
+def attention_maps(model, batch: PackedBatch) -> torch.Tensor:
+    """Attention probabilities (L, B, H, T, T) of every layer and head of ``batch`` under its setup.
+
+    Row ``q`` of ``[l, b, h]`` is where query token ``q`` of row ``b`` looks; its mass on keys of
+    other examples is the cross-example leak. Computed densely (O(T^2) per row): meant for the
+    short packs the leakage explorer (notebooks 02, 05, 06) and the audit show.
+    """
+    _check_ids(model, batch)
+    cu, max_len = batch.attention_segments()
+    capture: list[torch.Tensor] = []
+    with _attn_implementation(model, ATTN_NAME):
+        model(
+            input_ids=batch.input_ids,
+            position_ids=batch.position_ids,
+            use_cache=False,
+            cu_seq_lens_q=cu.to(batch.input_ids.device),
+            cu_seq_lens_k=cu.to(batch.input_ids.device),
+            max_length_q=max_len,
+            max_length_k=max_len,
+            packsim_backend="dense",
+            packsim_capture=capture,
+        )
+    return torch.stack(capture)  # (L, B, H, T, T)
 
 
 @contextmanager
