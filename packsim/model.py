@@ -34,6 +34,7 @@ __all__ = [
     "build_model",
     "forward",
     "attention_maps",
+    "outside_share",
     "register_packsim_attention",
     "ATTN_NAME",
 ]
@@ -192,6 +193,16 @@ def attention_maps(model, batch: PackedBatch) -> torch.Tensor:
             packsim_capture=capture,
         )
     return torch.stack(capture)  # (L, B, H, T, T)
+
+
+def outside_share(attn: torch.Tensor, seq_ids: torch.Tensor) -> torch.Tensor:
+    """Share of each query's attention that lands on another example's tokens.
+
+    attn (..., B, H, T, T) from :func:`attention_maps`, seq_ids (B, T) with -1 on padding ->
+    (..., B, H, T): 0 for an isolated query; padding keys count as outside.
+    """
+    other = seq_ids[:, None, :, None] != seq_ids[:, None, None, :]  # (B, 1, T, T): key of another example
+    return (attn * other).sum(-1)
 
 
 @contextmanager

@@ -6,10 +6,13 @@ row of ``capacity`` tokens instead. This module answers *which examples go in wh
 needs the example lengths. (Making the packed examples not see each other is the job of the
 attention mask, notebooks 02 onwards.)
 
-Three strategies, each a teaching point of notebook 01:
+Four strategies, each a teaching point of notebook 01:
 
 - ``"wrapped"``: concatenate everything and cut every ``capacity`` tokens. No padding at all, but
   examples are cut in two at row boundaries.
+- ``"sequential"`` (next fit): take examples in data order and start a new row when the next one
+  does not fit. Examples stay whole and neighbours in the data stay neighbours in the row (the
+  experiment's "related examples side by side" design relies on it); fill is worse.
 - ``"ffd"`` (first-fit decreasing) and ``"bfd"`` (best-fit decreasing): classic bin packing. Take
   the examples longest first and put each in an existing row that still has room (the first such
   row, or the fullest such row), opening a new row only when none has. Examples stay whole, and the
@@ -48,7 +51,7 @@ __all__ = [
     "packing_stats",
 ]
 
-STRATEGIES = ("wrapped", "ffd", "bfd")
+STRATEGIES = ("wrapped", "sequential", "ffd", "bfd")
 OVERFLOW_POLICIES = ("error", "truncate", "split")
 
 
@@ -85,6 +88,8 @@ def pack(
             - ``"wrapped"``: concatenate the examples in data order and cut every ``capacity``
               tokens. Examples that straddle a cut become pieces; every pack but the last is
               exactly full. ``overflow`` does not apply (wrapped always cuts).
+            - ``"sequential"``: next fit in data order: each item goes into the current pack if
+              it fits, else opens a new one. Keeps data order inside and across packs.
             - ``"ffd"``: first-fit decreasing. Longest example first (ties keep data order),
               each goes into the earliest-opened pack with room, else a new pack.
             - ``"bfd"``: best-fit decreasing. Same order, each goes into the pack with the least
@@ -117,6 +122,8 @@ def pack(
         return _pack_wrapped(sizes, capacity)
     index, start, stop = _items(sizes, capacity, overflow)
     entries = _entries(index, start, stop, sizes)
+    if strategy == "sequential":
+        return _pack_sequential(entries, stop - start, capacity)
     return _pack_decreasing(entries, stop - start, capacity, best=strategy == "bfd")
 
 
@@ -299,6 +306,19 @@ def _pack_wrapped(sizes: np.ndarray, capacity: int) -> list[list[Entry]]:
         for p in range(first, last + 1):
             lo, hi = max(a, p * capacity), min(b, (p + 1) * capacity)
             packs[p].append(Piece(i, lo - a, hi - a))
+    return packs
+
+
+def _pack_sequential(entries: list[Entry], item_sizes: np.ndarray, capacity: int) -> list[list[Entry]]:
+    """Next fit in data order: a new pack whenever the next item does not fit the current one."""
+    packs: list[list[Entry]] = []
+    room = 0
+    for entry, size in zip(entries, item_sizes.tolist(), strict=True):
+        if size > room:
+            packs.append([])
+            room = capacity
+        packs[-1].append(entry)
+        room -= size
     return packs
 
 

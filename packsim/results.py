@@ -43,7 +43,8 @@ EVAL_KEYS = (
     "step",
     "isolated_exact_match",  # greedy decoding, each held-out example run alone
     "isolated_response_loss",  # response-only loss, each example alone
-    "packed_response_loss",  # the same examples inside packs under the training setup
+    "packed_exact_match",  # the same examples inside packs under the training setup
+    "packed_response_loss",
 )
 
 
@@ -90,20 +91,38 @@ class RunResult:
 
 @dataclass
 class Results:
-    """Runs of ``packsim compare`` plus the config and environment that made them."""
+    """Runs of ``packsim compare`` plus the config and environment that made them.
+
+    ``throughput`` holds the packed-vs-padded measurement on the long-tailed length mix
+    (``{setup: {"real_tokens_per_s": ..., ...}}``), ``wall_s`` the whole comparison's wall time.
+    """
 
     runs: list[RunResult] = field(default_factory=list)
     config: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
+    throughput: dict = field(default_factory=dict)
+    wall_s: float = 0.0
 
     def to_dict(self) -> dict:
-        return {"runs": [asdict(r) for r in self.runs], "config": self.config, "env": self.env}
+        return {
+            "runs": [asdict(r) for r in self.runs],
+            "config": self.config,
+            "env": self.env,
+            "throughput": self.throughput,
+            "wall_s": self.wall_s,
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> Results:
-        if not isinstance(d, dict) or "runs" not in d:
+        if not isinstance(d, dict) or not isinstance(d.get("runs"), list):
             raise PacksimError("not a packsim results object: expected a dict with a 'runs' list.")
-        return cls([RunResult(**r) for r in d["runs"]], d.get("config", {}), d.get("env", {}))
+        return cls(
+            [RunResult(**r) for r in d["runs"]],
+            d.get("config", {}),
+            d.get("env", {}),
+            d.get("throughput", {}),
+            d.get("wall_s", 0.0),
+        )
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)

@@ -66,12 +66,19 @@ SETUPS: dict[str, Setup] = {
 
 
 def get_setup(setup: str | Setup) -> Setup:
-    """Return a :class:`Setup` from a preset name or pass a ``Setup`` through unchanged."""
+    """A :class:`Setup` from a preset name (``"buggy"``), a combination written like its default
+    name (``"causal+reset+completion"``, add ``+padded`` for one example per row), or a ``Setup``
+    (returned unchanged). ``packsim compare --setups`` accepts the same strings."""
     if isinstance(setup, Setup):
         return setup
     if isinstance(setup, str) and setup in SETUPS:
         return SETUPS[setup]
+    if isinstance(setup, str) and setup.count("+") in (2, 3):
+        mask, positions, loss, *rest = setup.split("+")
+        if rest in ([], ["padded"]):
+            return Setup(mask, positions, loss, packed=not rest)
     raise PacksimError(
-        f"unknown setup {setup!r}: use one of {sorted(SETUPS)} "
+        f"unknown setup {setup!r}: use one of {sorted(SETUPS)}, a combination such as "
+        "'block_diagonal+continuous+completion' (mask+positions+loss), "
         "or build your own with packsim.Setup(mask=..., positions=..., loss=...)."
     )

@@ -101,6 +101,16 @@ def test_wrapped_ignores_overflow_policy():
     assert pack([10, 3], 4, "wrapped", "error") == pack([10, 3], 4, "wrapped", "split")
 
 
+def test_sequential_is_next_fit_in_data_order():
+    # 3 fits after 2 (room 3 of 8 left), 4 does not: new pack; 1 fits after 4; 6 opens a third.
+    assert pack([2, 3, 4, 1, 6], 8, "sequential") == [[0, 1], [2, 3], [4]]
+    # an earlier pack is never revisited (first fit would put the final 1 into pack 0)
+    assert pack([6, 8, 1], 8, "sequential") == [[0], [1], [2]]
+    lengths = np.random.default_rng(0).integers(1, 50, size=300).tolist()
+    flat = [e for p in pack(lengths, 64, "sequential") for e in p]
+    assert flat == list(range(300))
+
+
 def test_truncate_keeps_first_capacity_tokens():
     assert pack([10, 3], 4, "bfd", "truncate") == [[Piece(0, 0, 4)], [1]]
 

@@ -28,3 +28,14 @@ def test_unknown_setup_name_lists_choices():
 def test_bad_switch_value_says_what_is_allowed():
     with pytest.raises(PacksimError, match=r"Setup.mask='diagonal'.*block_diagonal"):
         Setup(mask="diagonal")
+
+
+def test_get_setup_parses_combination_strings_like_setup_names():
+    s = get_setup("block_diagonal+continuous+completion")
+    assert (s.mask, s.positions, s.loss, s.packed) == ("block_diagonal", "continuous", "completion", True)
+    assert get_setup(s.name) == s
+    assert get_setup("causal+reset+all+padded").packed is False
+    with pytest.raises(PacksimError, match="Setup.mask='diag'"):
+        get_setup("diag+reset+all")
+    with pytest.raises(PacksimError, match="unknown setup 'causal\\+reset'"):
+        get_setup("causal+reset")

@@ -1,0 +1,232 @@
+"""The comparison report: tables and plotly figures from a :class:`~packsim.results.Results`.
+
+``packsim compare`` writes ``report.html`` with :func:`write_report`: one self-contained file
+(plotly.js embedded, works offline) with the curves side by side, the final table (mean and
+spread over seeds), the buggy-vs-correct table of the course card filled with measured numbers,
+and the throughput on the long-tailed mix. Notebook 05 shows the same figures.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .results import Results, spread
+
+__all__ = ["curves_figure", "copies_figure", "final_rows", "summary_table", "card_table", "write_report"]
+
+PALETTE = {
+    "buggy": "#d62728",
+    "correct": "#2ca02c",
+    "padded": "#7f7f7f",
+    "mask_fix": "#1f77b4",
+    "loss_fix": "#ff7f0e",
+    "positions_only": "#9467bd",
+}
+_EXTRA = ("#8c564b", "#e377c2", "#bcbd22", "#17becf")
+
+# (column title, final key, format)
+FINAL_COLUMNS = (
+    ("isolated exact match", "isolated_exact_match", "{:.3f}"),
+    ("isolated response loss", "isolated_response_loss", "{:.3f}"),
+    ("loss the trainer reports", "reported_loss", "{:.3f}"),
+    ("in-pack exact match", "packed_exact_match", "{:.3f}"),
+    ("held-out template exact match", "heldout_exact_match", "{:.3f}"),
+    ("attention outside own example", "outside_attention_share", "{:.1%}"),
+    ("real tokens/s", "real_tokens_per_s", "{:,.0f}"),
+)
+
+
+def colour(setup: str, order: list[str]) -> str:
+    """One stable colour per setup (presets fixed; others from a spare list)."""
+    if setup in PALETTE:
+        return PALETTE[setup]
+    return _EXTRA[order.index(setup) % len(_EXTRA)] if setup in order else _EXTRA[0]
+
+
+def _band(fig, runs, kind, key, name, col, row, color, show_legend):
+    """Mean line plus min-max band over seeds of ``curves[kind][key]``."""
+    series = [r.curves.get(kind, {}) for r in runs]
+    series = [s for s in series if key in s and any(v is not None for v in s[key])]
+    if not series:
+        return
+    steps = series[0]["step"]
+    n = min(len(s[key]) for s in series)
+    cols = [[s[key][i] for s in series] for i in range(n)]
+    stats = [spread([v for v in c if v is not None]) for c in cols]
+    x = steps[:n]
+    if len(series) > 1:
+        fig.add_trace(go.Scatter(x=x + x[::-1], y=[s["max"] for s in stats] + [s["min"] for s in stats][::-1],
+                                 fill="toself", fillcolor=color, opacity=0.18, line=dict(width=0),
+                                 hoverinfo="skip", showlegend=False, legendgroup=name), row=row, col=col)
+    fig.add_trace(go.Scatter(x=x, y=[s["mean"] for s in stats], name=name, legendgroup=name,
+                             line=dict(color=color, width=2), showlegend=show_legend,
+                             mode="lines+markers" if kind == "eval" else "lines"), row=row, col=col)
+
+
+def curves_figure(results: Results, data: str | None = None) -> go.Figure:
+    """Three panels: the loss each trainer reports | response-only loss | isolated exact match.
+
+    One colour per setup; lines are means over seeds, bands their min-max. The first panel is
+    what a user watches; the other two are what matters.
+    """
+    groups = results.by_setup(data)
+    order = list(groups)
+    fig = make_subplots(rows=1, cols=3, subplot_titles=(
+        "loss the trainer reports (what you watch)",
+        "response-only loss (what matters)",
+        "exact match, examples run alone"))
+    for setup, runs in groups.items():
+        c = colour(setup, order)
+        _band(fig, runs, "train", "reported_loss", setup, 1, 1, c, True)
+        _band(fig, runs, "train", "response_loss", setup, 2, 1, c, False)
+        _band(fig, runs, "eval", "isolated_exact_match", setup, 3, 1, c, False)
+    fig.update_xaxes(title_text="step")
+    fig.update_yaxes(range=[0, 1.02], row=1, col=3)
+    fig.update_layout(height=380, margin=dict(t=60, l=40, r=20, b=40), legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+def copies_figure(results: Results, data: str | None = "facts") -> go.Figure | None:
+    """In-pack response loss of first vs repeated copies per setup (facts design), or None."""
+    groups = results.by_setup(data)
+    if not any("response_loss_repeat" in r.curves.get("train", {}) for rs in groups.values() for r in rs):
+        return None
+    order = list(groups)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("first copy (in pack)", "repeated copy (in pack)"))
+    for setup, runs in groups.items():
+        c = colour(setup, order)
+        _band(fig, runs, "train", "response_loss_first", setup, 1, 1, c, True)
+        _band(fig, runs, "train", "response_loss_repeat", setup, 2, 1, c, False)
+    fig.update_xaxes(title_text="step")
+    fig.update_yaxes(title_text="response loss")
+    fig.update_layout(height=340, margin=dict(t=60, l=40, r=20, b=40), legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+def _cell(values: list[float], fmt: str) -> str:
+    s = spread(values)
+    if s["n"] == 0:
+        return "-"
+    if s["n"] == 1:
+        return fmt.format(s["mean"])
+    return f"{fmt.format(s['mean'])} [{fmt.format(s['min'])}, {fmt.format(s['max'])}]"
+
+
+def final_rows(results: Results, data: str | None = None) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the final table: mean [min, max] over seeds per setup."""
+    groups = results.by_setup(data)
+    cols = [c for c in FINAL_COLUMNS if any(c[1] in r.final for rs in groups.values() for r in rs)]
+    header = ["setup", "seeds", *[c[0] for c in cols]]
+    rows = []
+    for setup, runs in groups.items():
+        cells = [_cell([r.final[k] for r in runs if r.final.get(k) is not None], fmt) for _, k, fmt in cols]
+        rows.append([setup, str(len(runs)), *cells])
+    return header, rows
+
+
+def _text_table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def summary_table(results: Results) -> str:
+    """Plain-text final table (what the CLI prints last)."""
+    parts = []
+    for data in dict.fromkeys(r.data for r in results.runs):
+        header, rows = final_rows(results, data)
+        parts.append(f"[{data}] mean [min, max] over seeds\n" + _text_table(header, rows))
+    if results.throughput:
+        parts.append(_text_table(*_throughput_rows(results)))
+    return "\n\n".join(parts)
+
+
+def _mean(results: Results, setup: str, key: str) -> float | None:
+    vals = [r.final[key] for r in results.by_setup().get(setup, []) if r.final.get(key) is not None]
+    return spread(vals)["mean"] if vals else None
+
+
+def card_table(results: Results) -> tuple[list[str], list[list[str]]] | None:
+    """The course card's buggy-vs-correct table, filled with this comparison's numbers."""
+    groups = results.by_setup()
+    if "buggy" not in groups or "correct" not in groups:
+        return None
+    m = lambda s, k, f: "-" if _mean(results, s, k) is None else f.format(_mean(results, s, k))  # noqa: E731
+    return ["", "buggy", "correct"], [
+        ["attention mask", "causal over the whole pack", "block-diagonal: causal inside each example"],
+        ["cross-example attention",
+         f"yes: {m('buggy', 'outside_attention_share', '{:.1%}')} of attention lands on other examples",
+         f"none: {m('correct', 'outside_attention_share', '{:.1%}')}"],
+        ["loss target", "every token: prompt, padding, boundary", "response tokens and EOS only"],
+        ["symptom",
+         f"reported loss {m('buggy', 'reported_loss', '{:.3f}')} looks healthy; alone it gets "
+         f"{m('buggy', 'isolated_exact_match', '{:.1%}')} exact match",
+         f"reported loss {m('correct', 'reported_loss', '{:.3f}')}; alone "
+         f"{m('correct', 'isolated_exact_match', '{:.1%}')} exact match"],
+        ["throughput (this run, real tokens/s)", m("buggy", "real_tokens_per_s", "{:,.0f}"),
+         m("correct", "real_tokens_per_s", "{:,.0f}")],
+        ["implementation", "labels = input_ids; one causal mask; positions 0..P-1",
+         "cu_seqlens / BlockMask / position_ids reset (attention_mask=None, use_cache=False); "
+         "labels -100 outside responses"],
+    ]
+
+
+def _throughput_rows(results: Results) -> tuple[list[str], list[list[str]]]:
+    tp = results.throughput
+    base = tp.get("padded", {}).get("real_tokens_per_s")
+    header = ["long-tailed mix", "real tokens/s", "all tokens/s", "fill", "vs padded"]
+    rows = [[s, f"{v['real_tokens_per_s']:,.0f}", f"{v['padded_tokens_per_s']:,.0f}", f"{v['fill']:.1%}",
+             f"{v['real_tokens_per_s'] / base:.2f}x" if base else "-"] for s, v in tp.items()]
+    return header, rows
+
+
+def _html_table(header: list[str], rows: list[list[str]]) -> str:
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+
+_CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}
+th{background:#f4f4f4}code{background:#f4f4f4;padding:0 3px}.meta{color:#666;font-size:90%}"""
+
+
+def write_report(results: Results, path: str | Path) -> Path:
+    """Write the self-contained HTML report (plotly.js embedded once, no network needed)."""
+    path = Path(path)
+    parts = [f"<h1>packsim compare: {html.escape(', '.join(results.setups()))}</h1>", _meta(results)]
+    card = card_table(results)
+    if card:
+        parts += ["<h2>Buggy vs correct, measured</h2>", _html_table(*card)]
+    include = True
+    for data in dict.fromkeys(r.data for r in results.runs):
+        parts.append(f"<h2>Training curves ({html.escape(data)} data)</h2>")
+        parts.append(curves_figure(results, data).to_html(full_html=False, include_plotlyjs=include))
+        include = False
+        parts += ["<h2>Final metrics (mean [min, max] over seeds)</h2>", _html_table(*final_rows(results, data))]
+        copies = copies_figure(results, data)
+        if copies is not None:
+            parts += ["<h2>Copying: in-pack loss of first vs repeated copies</h2>",
+                      copies.to_html(full_html=False, include_plotlyjs=include)]
+    if results.throughput:
+        parts += ["<h2>Throughput on the long-tailed mix (packed vs one example per row)</h2>",
+                  _html_table(*_throughput_rows(results))]
+    doc = f"<!doctype html><html><head><meta charset='utf-8'><title>packsim report</title><style>{_CSS}</style></head><body>{''.join(parts)}</body></html>"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(doc)
+    return path
+
+
+def _meta(results: Results) -> str:
+    env, cfg = results.env, results.config
+    tr = cfg.get("train", {})
+    return (f"<p class='meta'>{html.escape(cfg.get('data', '?'))} data, {html.escape(cfg.get('mode', '?'))} mode, "
+            f"seeds {cfg.get('seeds')}, {tr.get('steps')} steps x {tr.get('examples_per_step')} examples, "
+            f"packs of {tr.get('capacity')} ({html.escape(str(tr.get('strategy')))}); "
+            f"device {html.escape(str(env.get('device')))}, torch {html.escape(str(env.get('torch')))}, "
+            f"transformers {html.escape(str(env.get('transformers')))}; {html.escape(str(env.get('date')))}; "
+            f"wall time {results.wall_s:.0f} s.</p>")
