@@ -96,12 +96,12 @@ def evaluate_isolated(model, examples: Sequence, batch_size: int = 128, backend:
     _check_examples(examples)
     losses, exact = [], []
     for chunk in _chunks(examples, batch_size):
-        longest = max(len(ex) for ex in chunk)
+        longest = max(len(ex.tokens) for ex in chunk)
         batch = PackedBatch.from_examples(chunk, longest, setup="padded")
         loss, ok = example_scores(model, batch.to(next(model.parameters()).device), backend)
         losses.append(loss)
         exact.append(ok)
-    return _summarise(torch.cat(losses), torch.cat(exact), [ex.task for ex in examples])
+    return _summarise(torch.cat(losses), torch.cat(exact), [getattr(ex, "task", "custom") for ex in examples])
 
 
 def evaluate_packed(
@@ -124,7 +124,7 @@ def evaluate_packed(
         return evaluate_isolated(model, examples, backend=backend)
     batch = PackedBatch.from_examples(examples, capacity, setup=setup, strategy=strategy)
     loss, ok = example_scores(model, batch.to(next(model.parameters()).device), backend)
-    return _summarise(loss, ok, [ex.task for ex in examples])
+    return _summarise(loss, ok, [getattr(ex, "task", "custom") for ex in examples])
 
 
 @torch.no_grad()
@@ -136,8 +136,8 @@ def greedy_decode(model, example, max_new_tokens: int | None = None) -> list[int
     """
     model.eval()
     device = next(model.parameters()).device
-    ids = example.tokens[: example.n_prompt]
-    limit = max_new_tokens if max_new_tokens is not None else example.n_response + 4
+    ids = list(example.tokens[: example.n_prompt])
+    limit = max_new_tokens if max_new_tokens is not None else len(example.tokens) - example.n_prompt + 4
     out: list[int] = []
     for _ in range(limit):
         x = torch.tensor([ids + out], device=device)  # (1, t)

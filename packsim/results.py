@@ -34,6 +34,7 @@ TRAIN_KEYS = (
     "step",
     "reported_loss",  # the loss this setup's trainer reports: what a user would watch
     "response_loss",  # mean loss over response tokens (+EOS) of the same batch, in the pack
+    "real_tokens",  # non-pad tokens in the step (identical across setups: same budget)
     "real_tokens_per_s",  # non-pad tokens / s of the step
     "padded_tokens_per_s",  # all tokens (padding included) / s of the step
     "elapsed_s",  # wall time since training started (evaluation excluded)

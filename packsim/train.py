@@ -169,6 +169,7 @@ def train(
         values = {
             "reported_loss": reported,
             "response_loss": _response_loss(logits, batch),
+            "real_tokens": batch.n_real_tokens,
             "real_tokens_per_s": batch.n_real_tokens / dt,
             "padded_tokens_per_s": batch.input_ids.numel() / dt,
             "elapsed_s": elapsed,

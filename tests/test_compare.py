@@ -1,0 +1,76 @@
+"""packsim compare on a very small budget: valid results.json and a self-contained report.html."""
+
+import json
+import re
+
+import pytest
+import torch
+
+from packsim.cli import main
+from packsim.compare import experiment_config, load_model
+from packsim.errors import PacksimError
+from packsim.results import Results
+
+TINY = ["--steps", "4", "--examples-per-step", "16", "--n-test", "12", "--throughput-steps", "1", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def tasks_out(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cmp")
+    assert main(["compare", "--fast", *TINY, "--setups", "buggy,correct,padded", "--out", str(out)]) == 0
+    return out
+
+
+def test_results_json_has_the_documented_schema(tasks_out):
+    d = json.loads((tasks_out / "results.json").read_text())
+    assert set(d) >= {"runs", "config", "env", "throughput", "wall_s"}
+    assert [(r["setup"], r["seed"]) for r in d["runs"]] == [("buggy", 0), ("correct", 0), ("padded", 0)]
+    for r in d["runs"]:
+        assert {"isolated_exact_match", "isolated_response_loss", "real_tokens_per_s", "reported_loss",
+                "outside_attention_share", "train_isolated_response_loss"} <= set(r["final"])
+        assert 0 <= r["final"]["isolated_exact_match"] <= 1
+        assert len(r["curves"]["train"]["reported_loss"]) == 4
+        assert r["curves"]["eval"]["step"][-1] == 4
+    assert d["config"]["train"]["steps"] == 4 and d["config"]["mode"] == "fast"
+    assert {"torch", "transformers", "device", "packsim"} <= set(d["env"])
+    assert set(d["throughput"]) == {"padded", "correct", "buggy"}
+    shares = {r["setup"]: r["final"]["outside_attention_share"] for r in d["runs"]}
+    assert shares["correct"] == 0 and shares["padded"] == 0 and shares["buggy"] > 0.1
+    Results.load(tasks_out)  # loads back through the dataclasses
+
+
+def test_report_is_self_contained_with_card_and_tables(tasks_out):
+    page = (tasks_out / "report.html").read_text()
+    assert "Buggy vs correct, measured" in page and "cross-example attention" in page
+    assert page.count("plotly.js v") <= 2 and "Plotly.newPlot" in page  # plotly.js embedded once
+    assert not re.search(r"<script[^>]+src=", page), "report must not load scripts from the network"
+    assert "long-tailed mix" in page
+
+
+def test_trained_models_are_saved_and_load_back(tasks_out):
+    model = load_model(tasks_out, "buggy", seed=0)
+    saved = torch.load(tasks_out / "models" / "buggy-seed0.pt", weights_only=True)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in saved.items())
+    with pytest.raises(PacksimError, match="no trained model"):
+        load_model(tasks_out, "mask_fix")
+
+
+def test_facts_design_records_first_and_repeat_copies(tmp_path):
+    assert main(["compare", "--fast", *TINY, "--data", "facts", "--setups", "buggy", "--out", str(tmp_path)]) == 0
+    run = Results.load(tmp_path).runs[0]
+    assert run.data == "facts"
+    assert {"response_loss_first", "response_loss_repeat", "heldout_exact_match"} <= set(run.final)
+
+
+def test_budgets_and_bad_options():
+    fast, full = experiment_config("tasks", fast=True), experiment_config("tasks", fast=False)
+    assert fast.setups == ["buggy", "correct"] and len(fast.seeds) == 1
+    assert full.setups == ["buggy", "correct", "mask_fix", "loss_fix", "padded"] and len(full.seeds) == 3
+    assert experiment_config("facts", fast=False).train.strategy == "sequential"
+    assert experiment_config("tasks", fast=True, steps=7).train.steps == 7
+    with pytest.raises(PacksimError, match="unknown data design 'fact'"):
+        experiment_config("fact")
+    with pytest.raises(PacksimError, match="unknown setup 'corect'"):
+        experiment_config("tasks", setups=["corect"])
+    with pytest.raises(PacksimError, match="unknown experiment option 'stepz'"):
+        experiment_config("tasks", stepz=3)
