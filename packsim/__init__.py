@@ -10,6 +10,7 @@ Public API (stable names):
 """
 
 from .attention import available_backends, varlen_attention
+from .audit import AuditReport, audit
 from .batch import PackedBatch
 from .device import fast_mode, get_device
 from .errors import PacksimError
@@ -19,10 +20,12 @@ from .setups import SETUPS, Setup, get_setup
 __version__ = "0.1.0"
 
 __all__ = [
+    "AuditReport",
     "PackedBatch",
     "PacksimError",
     "SETUPS",
     "Setup",
+    "audit",
     "available_backends",
     "fast_mode",
     "get_device",

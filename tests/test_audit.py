@@ -1,0 +1,548 @@
+"""packsim.audit: a gallery of planted faults (each wrong in exactly one way) and clean pipelines.
+
+Every fault must be flagged by exactly the probes it breaks, with the right likely cause, and every
+clean pipeline must pass. Numbers are from a tiny random Llama (d=128, 2 layers, vocab 40) in fp32
+on CPU: leaks move another example's logits by ~0.1-1, isolation gives exactly 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+import torch
+from conftest import EOS, VOCAB, toy_examples
+from transformers import DataCollatorWithFlattening, GPT2Config, GPT2LMHeadModel
+
+import packsim
+from packsim import PackedBatch, PacksimError, Setup
+from packsim.audit import PROBES, AuditReport
+from packsim.cli import main
+from packsim.loss import IGNORE_INDEX, Role
+from packsim.model import build_model
+
+LEAK = {"perturbation", "gradient", "attention_mass"}  # what a cross-example leak breaks (eager/packsim)
+LEAK_NO_PROBS = {"perturbation", "gradient"}  # sdpa: no attention probabilities to read
+LEAK_MIN = 1e-3  # measured leaks: 0.1-1
+SHAPES = [(4, 3), (6, 5), (2, 5), (5, 6), (3, 4)]  # 10..14 tokens: two rows of 32 with padding
+
+
+@pytest.fixture(scope="module")
+def examples():
+    return toy_examples(SHAPES, seed=3)
+
+
+@pytest.fixture(scope="module")
+def models():
+    """One tiny Llama per attention implementation, same weights (seed 0)."""
+    cache: dict[str, torch.nn.Module] = {}
+
+    def get(impl: str = "packsim"):
+        if impl not in cache:
+            cache[impl] = build_model("tiny", vocab_size=VOCAB, attn_implementation=impl, seed=0)
+        return cache[impl]
+
+    return get
+
+
+def packed(examples, setup="correct") -> PackedBatch:
+    return PackedBatch.from_examples(examples, capacity=32, setup=setup)
+
+
+def collated(examples, mask_prompt: bool = True) -> dict:
+    """DataCollatorWithFlattening over the examples (labels with prompts masked, or plain ids)."""
+    feats = [{"input_ids": list(ex.tokens)} for ex in examples]
+    if mask_prompt:
+        for f, ex in zip(feats, examples, strict=True):
+            f["labels"] = [IGNORE_INDEX] * ex.n_prompt + list(ex.tokens[ex.n_prompt:])
+    return DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)(feats)
+
+
+def response_mask(examples) -> torch.Tensor:
+    """(1, N) bool: True on response tokens and EOS, in collator order."""
+    flags = [j >= ex.n_prompt for ex in examples for j in range(len(ex.tokens))]
+    return torch.tensor(flags)[None]
+
+
+def seq_of(batch: dict) -> torch.Tensor:
+    """(N,) example index per token of a collated row."""
+    return batch["seq_idx"][0].long()
+
+
+def float_mask(seq: torch.Tensor) -> torch.Tensor:
+    """(1, 1, N, N) additive block-diagonal causal mask (0 allowed, -inf elsewhere)."""
+    N = seq.numel()
+    allowed = (seq[:, None] == seq[None, :]) & torch.ones(N, N, dtype=torch.bool).tril()
+    return torch.zeros(1, 1, N, N).masked_fill(~allowed, float("-inf"))
+
+
+def off_by_one(seq: torch.Tensor) -> torch.Tensor:
+    """Boundaries shifted by one: each example's first token is put in the previous example."""
+    shifted = seq.clone()
+    starts = torch.nonzero(seq[1:] != seq[:-1]).flatten() + 1
+    shifted[starts] = seq[starts - 1]
+    return shifted
+
+
+def with_labels(batch: PackedBatch, role: Role, counted: bool) -> PackedBatch:
+    """The batch with the labels of every token of ``role`` counted (or ignored)."""
+    where = batch.roles == role
+    value = batch.input_ids if counted else torch.full_like(batch.input_ids, IGNORE_INDEX)
+    return dataclasses.replace(batch, labels=torch.where(where, value, batch.labels))
+
+
+def gpt2(seed: int = 0):
+    """A tiny GPT-2: absolute (learned) position embeddings, eager attention."""
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=VOCAB, n_positions=128, n_embd=32, n_layer=2, n_head=2,
+                        bos_token_id=1, eos_token_id=EOS, attn_implementation="eager")
+    return GPT2LMHeadModel(config).eval()
+
+
+@pytest.fixture
+def leak_in_layer_1(models):
+    """Layer 1 of the packsim model attends over the whole row (one causal segment per row)."""
+    model = models("packsim")
+
+    def hook(module, args, kwargs):
+        B, T = kwargs["hidden_states"].shape[:2]
+        cu = torch.arange(0, B * T + 1, T, dtype=torch.int32)
+        return args, {**kwargs, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": T,
+                      "max_length_k": T}
+
+    handle = model.model.layers[1].self_attn.register_forward_pre_hook(hook, with_kwargs=True)
+    yield model
+    handle.remove()
+
+
+# ----------------------------------------------------------------------------- planted faults
+# name -> builder(examples, models) -> (model, batch, audit kwargs), the failed probes, a cause
+
+
+def _causal_continuous(ex, m):
+    return m(), packed(ex, Setup("causal", "continuous", "completion")), {}
+
+
+def _causal_reset(ex, m):
+    return m(), packed(ex, Setup("causal", "reset", "completion")), {}
+
+
+def _off_by_one_mask(ex, m):
+    b = collated(ex)
+    b["attention_mask"] = float_mask(off_by_one(seq_of(b)))
+    return m("eager"), b, {"response_mask": response_mask(ex), "use_cache": False}
+
+
+def _labels(role, counted):
+    return lambda ex, m: (m(), with_labels(packed(ex), role, counted), {})
+
+
+def _all_ones_mask(ex, m):
+    b = collated(ex)
+    b["attention_mask"] = torch.ones_like(b["input_ids"])
+    return m("sdpa"), b, {"response_mask": response_mask(ex), "use_cache": False}
+
+
+def _cache(ex, m):
+    return m("sdpa"), collated(ex), {"response_mask": response_mask(ex), "use_cache": True}
+
+
+def _bool_mask_eager(ex, m):
+    b = collated(ex)
+    b["attention_mask"] = float_mask(seq_of(b)) == 0  # bool, True = attend: eager adds it
+    return m("eager"), b, {"response_mask": response_mask(ex), "use_cache": False}
+
+
+def _continuous_positions(ex, m):
+    b = collated(ex)
+    b["position_ids"] = torch.arange(b["input_ids"].shape[1])[None]
+    return m("sdpa"), b, {"response_mask": response_mask(ex), "use_cache": False}
+
+
+def _absolute_positions_continuous(ex, m):
+    b = collated(ex)
+    b["position_ids"] = torch.arange(b["input_ids"].shape[1])[None]
+    b["attention_mask"] = float_mask(seq_of(b))  # isolates: only the positions are wrong
+    return gpt2(), b, {"response_mask": response_mask(ex)}
+
+
+def _dict_boundary_counted(ex, m):
+    b = collated(ex)
+    starts = b["cu_seq_lens_q"][1:-1].long()
+    b["labels"][0, starts] = b["input_ids"][0, starts]  # undo the collator's -100 at each start
+    return m("sdpa"), b, {"use_cache": False}  # no response_mask: boundaries are still known
+
+
+def _dict_eos_not_counted(ex, m):
+    b = collated(ex)
+    b["labels"][b["input_ids"] == EOS] = IGNORE_INDEX  # EOS found through model.config.eos_token_id
+    return m("sdpa"), b, {"use_cache": False}
+
+
+def _dict_nothing_ignored(ex, m):
+    return m("sdpa"), collated(ex, mask_prompt=False), {"use_cache": False}
+
+
+FAULTS = {
+    "default_causal_mask": (_causal_continuous, LEAK, "mask='causal'"),
+    "reset_positions_but_causal_mask": (_causal_reset, LEAK, "mask='causal'"),
+    "mask_from_boundaries_off_by_one": (_off_by_one_mask, LEAK, "off-by-one"),
+    "labels_include_prompt": (_labels(Role.PROMPT, True), {"loss_coverage"}, "prompt tokens"),
+    "labels_include_padding": (_labels(Role.PAD, True), {"loss_coverage"}, "padding"),
+    "boundary_token_counted": (_labels(Role.BOUNDARY, True), {"loss_coverage"}, "later example"),
+    "eos_not_counted": (_labels(Role.EOS, False), {"loss_coverage"}, "never learns to stop"),
+    "all_ones_mask_disables_detection": (_all_ones_mask, LEAK_NO_PROBS, "all-ones mask"),
+    "cache_disables_detection": (_cache, LEAK_NO_PROBS, "use_cache=False"),
+    "bool_4d_mask_under_eager": (_bool_mask_eager, LEAK, "boolean 4D"),
+    "continuous_positions_no_detection": (_continuous_positions, LEAK_NO_PROBS, "do not restart"),
+    "absolute_positions_not_reset": (_absolute_positions_continuous, {"positions"}, "absolute"),
+    "dict_boundary_counted": (_dict_boundary_counted, {"loss_coverage"}, "later example"),
+    "dict_eos_not_counted": (_dict_eos_not_counted, {"loss_coverage"}, "never learns to stop"),
+    "dict_nothing_ignored": (_dict_nothing_ignored, {"loss_coverage"}, "prompts are in the loss"),
+}
+
+
+def test_the_gallery_exercises_every_probe():
+    flagged = set().union(*(probes for _, probes, _ in FAULTS.values()))
+    assert flagged >= set(PROBES), f"no planted fault for {set(PROBES) - flagged}"
+    assert len(FAULTS) >= 10
+
+
+@pytest.mark.parametrize("name", list(FAULTS))
+def test_planted_fault_is_flagged_by_the_right_probe(name, examples, models):
+    build, expected, cause = FAULTS[name]
+    model, batch, kwargs = build(examples, models)
+    report = packsim.audit(model, batch, **kwargs)
+    assert set(report.failed) == expected, report.table()
+    assert not report.ok
+    assert any(cause in c for c in report.causes), report.table()
+    assert report.verdict.startswith("FAIL (" + ", ".join(p for p in PROBES if p in expected))
+    for probe in expected & {"perturbation", "gradient", "attention_mass"}:
+        assert report.probes[probe].value > LEAK_MIN, report.table()
+
+
+def test_leak_in_one_layer_is_located(leak_in_layer_1, examples):
+    report = packsim.audit(leak_in_layer_1, packed(examples))
+    assert set(report.failed) == LEAK, report.table()
+    outside = report.attention_outside  # (L, H)
+    assert outside[0].max() == 0 and outside[1].min() > 0.05, outside
+    assert any("only layer(s) [1] of 2" in c for c in report.causes), report.table()
+    assert any("block-diagonal, yet attention still crosses" in c for c in report.causes)
+
+
+def test_worst_pair_is_the_largest_cross_example_change(examples, models):
+    batch = packed(examples, "loss_fix")
+    report = packsim.audit(models(), batch)
+    change = report.logit_change.clone().fill_diagonal_(0)
+    i, j = divmod(int(change.argmax()), change.shape[0])
+    pair = report.worst_pair
+    assert (pair.perturbed, pair.affected) == (report.example_ids[i], report.example_ids[j])
+    assert pair.logit_change == pytest.approx(float(change.max())) and pair.logit_change > LEAK_MIN
+    # a causal mask leaks only forwards: an example never changes one packed before it
+    rows = {s.example: (s.row, s.start) for s in batch.segments}
+    for a, ida in enumerate(report.example_ids):
+        for b, idb in enumerate(report.example_ids):
+            later = rows[ida][0] == rows[idb][0] and rows[ida][1] < rows[idb][1]
+            assert (report.logit_change[a, b] > LEAK_MIN) == (later or a == b), (ida, idb)
+            if a != b:  # the gradient flows the same way: into later examples' losses only
+                assert (report.gradient_ratio[a, b] > 0) == later, (ida, idb)
+
+
+# ----------------------------------------------------------------------------- clean pipelines
+
+
+def _dict_clean(impl):
+    def build(ex, m):
+        return m(impl), collated(ex), {"response_mask": response_mask(ex), "use_cache": False}
+    return build
+
+
+def _gpt2_clean(ex, m):
+    b = collated(ex)
+    b["attention_mask"] = float_mask(seq_of(b))
+    return gpt2(), b, {"response_mask": response_mask(ex)}
+
+
+CLEAN = {
+    "packed_correct_packsim_attention": (lambda ex, m: (m(), packed(ex), {}), set()),
+    "packed_correct_transformers_eager": (
+        lambda ex, m: (m("eager"), packed(ex), {"backend": "transformers"}), set()),
+    "packed_padded_one_example_per_row": (lambda ex, m: (m(), packed(ex, "padded"), {}), set()),
+    "collator_eager_no_cache": (_dict_clean("eager"), set()),
+    "collator_sdpa_no_cache": (_dict_clean("sdpa"), {"attention_mass"}),
+    "gpt2_float_4d_mask_reset_positions": (_gpt2_clean, set()),
+}
+
+
+@pytest.mark.parametrize("name", list(CLEAN))
+def test_clean_pipeline_passes(name, examples, models):
+    build, skipped = CLEAN[name]
+    model, batch, kwargs = build(examples, models)
+    report = packsim.audit(model, batch, **kwargs)
+    assert report.ok and report.failed == [], report.table()
+    assert set(report.skipped) == skipped, report.table()
+    assert report.verdict.startswith("PASS") and report.causes == [] and report.worst_pair is None
+    assert report.probes["perturbation"].value <= 1e-5
+    if report.gradient_ratio is not None:
+        assert report.probes["gradient"].value <= 1e-5
+
+
+def test_skipped_probe_is_not_a_pass_and_says_why(examples, models):
+    report = packsim.audit(models("sdpa"), collated(examples), use_cache=False)
+    probe = report.probes["attention_mass"]
+    assert probe.status == "skipped" and not probe.failed and "eager" in probe.summary
+    assert "skipped: attention_mass" in report.verdict
+
+
+def test_dropout_in_train_mode_does_not_fake_a_leak(examples):
+    model = build_model("tiny", vocab_size=VOCAB, attn_implementation="eager", seed=0).train()
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.3
+    report = packsim.audit(model, collated(examples), response_mask(examples), use_cache=False)
+    assert report.ok, report.table()
+    report = packsim.audit(model, collated(examples), response_mask(examples), use_cache=True)
+    assert "perturbation" in report.failed  # and it still sees the real leak
+
+
+@pytest.mark.parametrize("source", ["cu_seq_lens_q", "seq_idx", "position_ids"])
+def test_boundaries_come_from_what_the_batch_carries(examples, models, source):
+    """Each field alone gives the same examples and, eager ignoring the others, the same numbers."""
+    full = collated(examples)
+    keep = {"cu_seq_lens_q": ["cu_seq_lens_q"], "seq_idx": ["seq_idx"], "position_ids": []}[source]
+    batch = {k: full[k] for k in ("input_ids", "labels", "position_ids", *keep)}
+    report = packsim.audit(models("eager"), batch, response_mask(examples), use_cache=True)
+    assert report.boundaries.startswith(source) and len(report.example_ids) == len(examples)
+    reference = packsim.audit(models("eager"), full, response_mask(examples), use_cache=True)
+    assert torch.equal(torch.nan_to_num(report.logit_change), torch.nan_to_num(reference.logit_change))
+    assert "perturbation" in report.failed  # the cache leak, whatever the boundary source
+
+
+@pytest.mark.parametrize(("setup", "leaks"), [("correct", False), ("loss_fix", True)])
+def test_multi_row_dict_with_padding(examples, models, setup, leaks):
+    """Two padded rows as a plain dict: seq_idx -1 marks padding; sdpa isolates per row via positions."""
+    pb = packed(examples, setup)
+    batch = {"input_ids": pb.input_ids, "labels": pb.labels, "position_ids": pb.position_ids,
+             "seq_idx": pb.seq_ids}
+    assert pb.shape[0] == 2 and bool((pb.seq_ids < 0).any())
+    report = packsim.audit(models("sdpa"), batch, pb.response_mask, use_cache=False)
+    assert len(report.example_ids) == len(examples)
+    assert report.probes["loss_coverage"].details["counts"]["padding"] == (0, int((pb.seq_ids < 0).sum()))
+    assert set(report.failed) == (LEAK_NO_PROBS if leaks else set()), report.table()
+
+
+@pytest.mark.parametrize("mask_prompt", [True, False])
+def test_packed_batch_from_flattening_is_not_judged_by_its_own_labels(examples, models, mask_prompt):
+    """from_flattening infers roles from the labels; the audit must not pass the loss by construction."""
+    pb = PackedBatch.from_flattening(collated(examples, mask_prompt=mask_prompt), setup="correct")
+    report = packsim.audit(models(), pb)
+    assert set(report.failed) == (set() if mask_prompt else {"loss_coverage"}), report.table()
+    assert "pass response_mask" in report.probes["loss_coverage"].summary
+    exact = packsim.audit(models(), pb, response_mask(examples))
+    assert set(exact.failed) == (set() if mask_prompt else {"loss_coverage"}), exact.table()
+    if not mask_prompt:
+        assert exact.probes["loss_coverage"].details["problems"] == ["prompt"]
+
+
+class _Wrapped(torch.nn.Module):
+    """Any nn.Module that returns logits: no ``config``, no transformers base class."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def get_input_embeddings(self):
+        return self.inner.get_input_embeddings()
+
+    def forward(self, **kwargs):
+        return self.inner(**kwargs).logits
+
+
+def test_any_module_returning_logits_can_be_audited(examples, models):
+    model = _Wrapped(models("eager"))
+    report = packsim.audit(model, collated(examples), response_mask(examples), use_cache=False)
+    assert report.ok, report.table()
+    assert report.skipped == ["attention_mass"]  # a bare tensor carries no attentions
+    assert report.probes["positions"].details["kind"] == "RoPE"
+    leaky = packsim.audit(model, collated(examples), response_mask(examples), use_cache=True)
+    assert set(leaky.failed) == LEAK_NO_PROBS
+
+
+# ----------------------------------------------------------------------------- third-party collators
+
+
+@pytest.fixture(scope="module")
+def uncompiled_flex():
+    """transformers' flex path without torch.compile (6-9 s per mask on CPU; same masking logic)."""
+    import transformers.integrations.flex_attention as hf_flex
+    import transformers.masking_utils as hf_masking
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def eager_flex(query, key, value, training=False, **kwargs):
+        return flex_attention(query, key, value, **kwargs)
+
+    def eager_create_block_mask(*args, **kwargs):
+        return create_block_mask(*args, **{**kwargs, "_compile": False})
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(hf_flex, "compile_friendly_flex_attention", eager_flex)
+        mp.setattr(hf_masking, "create_block_mask", eager_create_block_mask)
+        yield
+
+
+COLLATOR_CASES = [(impl, cache, ones) for impl in ("eager", "sdpa", "flex_attention")
+                  for cache in (False, True) for ones in (False, True)]
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile:UserWarning")
+@pytest.mark.parametrize(("impl", "use_cache", "all_ones_mask"), COLLATOR_CASES,
+                         ids=[f"{i}-cache_{c}-ones_mask_{o}" for i, c, o in COLLATOR_CASES])
+def test_flattening_collator_verdicts_match_transformers_facts(
+        uncompiled_flex, examples, models, impl, use_cache, all_ones_mask):
+    """DESIGN.md, transformers 5.24: isolated only with use_cache=False and no attention_mask."""
+    batch = collated(examples)
+    if all_ones_mask:
+        batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+    report = packsim.audit(models(impl), batch, response_mask(examples), use_cache=use_cache)
+    assert report.boundaries.startswith("cu_seq_lens_q")
+    assert report.probes["loss_coverage"].status == "pass"
+    skipped = {"eager": set(), "sdpa": {"attention_mass"},
+               "flex_attention": {"gradient", "attention_mass"}}[impl]  # flex: no CPU backward
+    assert set(report.skipped) == skipped, report.table()
+    if not use_cache and not all_ones_mask:
+        assert report.ok, report.table()
+        return
+    assert set(report.failed) == LEAK - skipped, report.table()
+    assert report.probes["perturbation"].value > LEAK_MIN
+    cause = "attention_mask was passed" if all_ones_mask else "a cache was created"
+    assert cause in report.causes[0], report.table()
+
+
+def test_cache_from_the_config_default_is_caught(examples, models):
+    model = build_model("tiny", vocab_size=VOCAB, attn_implementation="sdpa", seed=0)
+    model.config.use_cache = True  # LlamaConfig's default; no use_cache kwarg in the call
+    report = packsim.audit(model, collated(examples), response_mask(examples))
+    assert "perturbation" in report.failed and "a cache was created" in report.causes[0]
+
+
+def test_trl_padding_free_collator(examples, models):
+    trl_sft = pytest.importorskip("trl.trainer.sft_trainer")
+    collator = trl_sft.DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)
+    feats = [{"input_ids": list(ex.tokens),
+              "labels": [IGNORE_INDEX] * ex.n_prompt + list(ex.tokens[ex.n_prompt:])}
+             for ex in examples]
+    batch = collator(feats)
+    assert "attention_mask" not in batch  # TRL >= 0.24 sends none for padding-free batches
+    for impl in ("eager", "sdpa"):
+        report = packsim.audit(models(impl), batch, response_mask(examples), use_cache=False)
+        assert report.ok, report.table()
+        leaky = packsim.audit(models(impl), batch, response_mask(examples), use_cache=True)
+        assert "perturbation" in leaky.failed and "a cache was created" in leaky.causes[0]
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_batch_without_boundaries_is_refused(examples, models):
+    b = collated(examples)
+    with pytest.raises(PacksimError, match="no example boundaries"):
+        packsim.audit(models("sdpa"), {"input_ids": b["input_ids"], "labels": b["labels"]})
+    one_run = {"input_ids": b["input_ids"], "position_ids": torch.arange(b["input_ids"].shape[1])[None]}
+    with pytest.raises(PacksimError, match=r"describes 1 example"):
+        packsim.audit(models("sdpa"), one_run)
+
+
+@pytest.mark.parametrize("field", ["labels", "position_ids", "cu_seq_lens_q", "response_mask",
+                                   "attention_mask"])
+def test_mismatched_lengths_are_refused(examples, models, field):
+    b = collated(examples)
+    N = b["input_ids"].shape[1]
+    kwargs = {}
+    if field == "cu_seq_lens_q":
+        b[field] = torch.cat([b[field][:-1], torch.tensor([N + 3], dtype=torch.int32)])
+    elif field == "response_mask":
+        kwargs["response_mask"] = response_mask(examples)[:, :-1]
+    elif field == "attention_mask":
+        b[field] = torch.ones(1, N + 1, dtype=torch.long)
+    else:
+        b[field] = b[field][:, :-1]
+    with pytest.raises(PacksimError, match="input_ids|tokens"):
+        packsim.audit(models("sdpa"), b, **kwargs)
+
+
+class _StrictLM(torch.nn.Module):
+    """A model whose forward takes input_ids only (no **kwargs): it cannot take position_ids."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(VOCAB, 8)
+        self.head = torch.nn.Linear(8, VOCAB)
+
+    def get_input_embeddings(self):
+        return self.emb
+
+    def forward(self, input_ids, labels=None):
+        return self.head(self.emb(input_ids))
+
+
+def test_model_that_rejects_the_fields_gets_a_clear_error(examples):
+    with pytest.raises(PacksimError, match="does not accept this batch.*position_ids"):
+        packsim.audit(_StrictLM(), collated(examples))
+
+
+def test_wrong_batch_type_and_missing_logits_are_refused(examples, models):
+    with pytest.raises(PacksimError, match="PackedBatch or the collator's dict"):
+        packsim.audit(models(), [1, 2, 3])
+    with pytest.raises(PacksimError, match="input_ids"):
+        packsim.audit(models(), {"input_ids": [[1, 2, 3]]})
+
+    class NoLogits(_StrictLM):
+        def forward(self, input_ids, **kwargs):
+            return {"hidden": self.emb(input_ids)}
+
+    with pytest.raises(PacksimError, match="without .logits"):
+        packsim.audit(NoLogits(), collated(examples))
+
+
+# ----------------------------------------------------------------------------- report and CLI
+
+
+def test_report_renders_text_and_html(examples, models):
+    report = packsim.audit(models(), packed(examples, "buggy"))
+    assert isinstance(report, AuditReport)
+    assert report.failed == ["perturbation", "gradient", "attention_mass", "loss_coverage"]
+    text, page = report.table(), report._repr_html_()
+    for name in PROBES:
+        assert name in text and f"<code>{name}</code>" in page
+    assert text.splitlines()[0] == report.verdict and "worst pair: changing example" in text
+    assert "<table>" in page and "FAIL" in page and "&#x27;buggy&#x27;" in page
+    assert str(report) == text
+
+
+def test_audit_is_deterministic_and_takes_seconds(examples, models):
+    batch = packed(examples, "buggy")
+    start = time.perf_counter()
+    a = packsim.audit(models(), batch, seed=1)
+    elapsed = time.perf_counter() - start
+    b = packsim.audit(models(), batch, seed=1)
+    assert torch.equal(torch.nan_to_num(a.logit_change), torch.nan_to_num(b.logit_change))
+    assert elapsed < 10, f"one audit of the tiny model took {elapsed:.1f} s (measured ~0.1 s)"
+
+
+def test_max_examples_limits_the_perturbed_examples(examples, models):
+    report = packsim.audit(models(), packed(examples, "buggy"), max_examples=2)
+    perturbed = ~torch.isnan(report.logit_change).all(dim=1)
+    assert perturbed.tolist() == [True, False, False, False, True]
+
+
+def test_cli_audits_each_setup(capsys):
+    assert main(["audit", "--setups", "buggy,correct", "--examples", "4", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "=== setup 'buggy'" in out and "=== setup 'correct'" in out
+    summary = out.split("summary")[-1]
+    assert "buggy    FAIL" in summary and "correct  PASS" in summary
+
+
+def test_cli_rejects_unknown_setup():
+    with pytest.raises(PacksimError, match="unknown setup"):
+        main(["audit", "--setups", "nope"])
