@@ -1,0 +1,45 @@
+"""Interactive widgets and static figures for the course notebooks (ipywidgets + plotly).
+
+Each widget constructor returns an object with ``.widget`` (the root ipywidgets box, CSS class
+``packsim-<widget>``) that displays itself when it is the last expression of a cell, and a
+``.figure()`` for the current view; each ``*_figure`` function returns a plotly ``go.Figure``
+for HTML export and front ends without a kernel.
+
+=====================================  ==========================  ========
+widget                                 static figure               notebook
+=====================================  ==========================  ========
+:func:`packing_playground`             :func:`packing_figure`      01
+:func:`leakage_explorer`               :func:`leakage_figure`      02 05 06
+:func:`mask_explorer`                  :func:`mask_figure`         03
+:func:`label_viewer`                   :func:`labels_figure`       04
+:func:`curves` (``.callback`` live)    :func:`curves_figure`       05
+:func:`tile_map`                       :func:`tile_figure`         07
+:func:`quiz` (:func:`load_quizzes`)    :func:`quiz_figure`         08
+=====================================  ==========================  ========
+"""
+
+from .labels import label_viewer, labels_figure
+from .leakage import leakage_explorer, leakage_figure
+from .mask_view import mask_explorer, mask_figure
+from .playground import packing_figure, packing_playground
+from .quizzes import load_quizzes, quiz, quiz_figure
+from .tiles import tile_figure, tile_map
+from .training_curves import curves, curves_figure
+
+__all__ = [
+    "curves",
+    "curves_figure",
+    "label_viewer",
+    "labels_figure",
+    "leakage_explorer",
+    "leakage_figure",
+    "load_quizzes",
+    "mask_explorer",
+    "mask_figure",
+    "packing_figure",
+    "packing_playground",
+    "quiz",
+    "quiz_figure",
+    "tile_figure",
+    "tile_map",
+]

@@ -1,0 +1,321 @@
+"""Tile map (notebook 07): which (query tile, key tile) blocks attention computes over a pack.
+
+Two views of the same pack of ``N`` tokens, cut into ``tile x tile`` blocks:
+
+- the pack-aligned grid (what a block-sparse kernel such as FlexAttention sees): each tile is
+  *skipped* (no query may see any key in it), *partial* (computed, mask applied per element:
+  a boundary or the diagonal crosses it) or *full* (computed, no mask needed);
+- a flash-style varlen kernel: tiles start at each sequence's own offset (``cu_seqlens``), so
+  no tile straddles two sequences and nothing across sequences is ever visited.
+
+The numbers come from :func:`packsim.attention.attention_work`: score pairs of dense-mask SDPA
+(N^2, nothing skipped), of a causal kernel over the whole pack (the leaky setup) and of varlen
+(sum of L_i^2 / 2), and the tile counts of both views.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+import torch
+from plotly.subplots import make_subplots
+
+from ..attention import AttentionWork, attention_work
+from ..batch import PackedBatch
+from ..errors import PacksimError
+from ..masks import check_cu_seqlens, seq_ids_from_cu_seqlens
+from ._common import PacksimWidget, check_row, escape, show_figure, style_html
+
+__all__ = ["TileMap", "tile_map", "tile_figure", "tile_grid", "varlen_tiles", "as_cu_seqlens"]
+
+DEFAULT_LENGTHS = (100, 300, 28, 340, 256)  # FlexAttention blog's document example (1024 tokens)
+TILES = (16, 32, 64, 128, 256)
+MAX_TILES_PER_SIDE = 256
+_SCALE = [
+    [0, "#f4f4f4"],
+    [0.33, "#f4f4f4"],
+    [0.33, "#9ecae1"],
+    [0.66, "#9ecae1"],
+    [0.66, "#08519c"],
+    [1, "#08519c"],
+]
+_NAMES = ("skipped", "partial (mask per element)", "full (no mask)")
+
+
+def as_cu_seqlens(pack, row: int = 0) -> torch.Tensor:
+    """cu_seqlens (S+1,) int32 of a pack: lengths, cu_seqlens, or one row of a PackedBatch."""
+    if isinstance(pack, PackedBatch):
+        row = check_row(pack, row)
+        lengths = [s.stop - s.start for s in pack.segments if s.row == row]
+    elif isinstance(pack, torch.Tensor) and pack.dtype == torch.int32:
+        check_cu_seqlens(pack, int(pack[-1]) if pack.numel() else 0)
+        return pack
+    else:
+        try:
+            lengths = [int(x) for x in (pack.tolist() if hasattr(pack, "tolist") else pack)]
+        except (TypeError, ValueError) as err:
+            raise PacksimError(
+                f"cannot read sequence lengths from {pack!r}: pass a list of positive ints, a "
+                "cu_seqlens int32 tensor or a PackedBatch."
+            ) from err
+    if not lengths or min(lengths) < 1:
+        raise PacksimError(f"sequence lengths must be positive ints, at least one; got {lengths}.")
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(torch.tensor(lengths), 0)
+    return cu
+
+
+def _check_tile(tile, N: int) -> int:
+    if isinstance(tile, bool) or not isinstance(tile, int) or tile < 1:
+        raise PacksimError(f"tile must be a positive int (e.g. 128), got {tile!r}.")
+    if math.ceil(N / tile) > MAX_TILES_PER_SIDE:
+        raise PacksimError(
+            f"{N} tokens in tiles of {tile} make {math.ceil(N / tile)} tiles per side; the map "
+            f"draws at most {MAX_TILES_PER_SIDE}: use a larger tile "
+            f"(>= {math.ceil(N / MAX_TILES_PER_SIDE)})."
+        )
+    return tile
+
+
+def tile_grid(cu_seqlens: torch.Tensor, tile: int, causal: bool = True) -> torch.Tensor:
+    """Pack-aligned tile map (n, n) int8: 0 skipped, 1 partial, 2 full, with n = ceil(N / tile).
+
+    A tile is computed when some query in its rows may see some key in its columns (same
+    sequence, and key <= query if ``causal``); it is full when every pair in it may, which needs
+    a whole tile (edge tiles count as partial, as FlexAttention counts them).
+    """
+    N = int(cu_seqlens[-1])
+    ids = seq_ids_from_cu_seqlens(cu_seqlens)  # (N,)
+    n = math.ceil(N / tile)
+    start = torch.arange(n) * tile  # (n,)
+    stop = torch.clamp(start + tile, max=N)  # (n,)
+    lo, hi = ids[start], ids[stop - 1]  # (n,) sequence ids covered by each tile (ids ascend)
+    shared = (lo[:, None] <= hi[None, :]) & (lo[None, :] <= hi[:, None])  # (n, n) a common seq
+    whole = (stop - start) == tile  # (n,)
+    one = (lo == hi) & whole  # (n,) tile inside a single sequence
+    full = one[:, None] & one[None, :] & (lo[:, None] == lo[None, :])  # (n, n)
+    if causal:
+        q, k = torch.arange(n)[:, None], torch.arange(n)[None, :]
+        shared = shared & (k <= q)  # a key tile right of the query tile holds only future keys
+        full = full & (k < q)  # the diagonal tile is half masked
+    grid = torch.zeros(n, n, dtype=torch.int8)
+    grid[shared] = 1
+    grid[full] = 2
+    return grid
+
+
+def varlen_tiles(cu_seqlens: torch.Tensor, tile: int, causal: bool = True) -> list[tuple]:
+    """Tiles a flash-style varlen kernel visits: (q0, q1, k0, k1) token ranges, per sequence.
+
+    Tiles start at each sequence's offset; causal keeps key tiles at or left of the query tile.
+    """
+    out = []
+    offs = cu_seqlens.tolist()
+    for a, b in zip(offs[:-1], offs[1:], strict=True):
+        n = math.ceil((b - a) / tile)
+        for i in range(n):
+            for j in range(i + 1 if causal else n):
+                out.append(
+                    (
+                        a + i * tile,
+                        min(a + (i + 1) * tile, b),
+                        a + j * tile,
+                        min(a + (j + 1) * tile, b),
+                    )
+                )
+    return out
+
+
+def _work_html(w: AttentionWork) -> str:
+    rows = [
+        ("dense mask + SDPA (nothing skipped)", f"{w.dense_pairs:,}", f"{w.tiles_total:,}"),
+        ("causal kernel over the whole pack (leaks)", f"{w.pack_pairs:,}", "-"),
+        (
+            "block-sparse, pack-aligned tiles (Flex)",
+            "-",
+            f"{w.tiles_computed:,} ({w.tiles_full} full, {w.tiles_partial} partial)",
+        ),
+        ("varlen kernel (per-sequence tiles)", f"{w.varlen_pairs:,}", f"{w.varlen_tiles:,}"),
+    ]
+    body = "".join(
+        f"<tr><td>{escape(a)}</td><td style='text-align:right'>{b}</td>"
+        f"<td style='text-align:right'>{c}</td></tr>"
+        for a, b, c in rows
+    )
+    return (
+        f"<div>{w.tokens} tokens in {w.num_seqs} sequences, tiles of {w.tile}: varlen computes "
+        f"<b>{w.saving:.1f}x fewer</b> score pairs than a dense mask; the pack-aligned grid skips "
+        f"<b>{w.tiles_skipped} of {w.tiles_total}</b> tiles.</div>"
+        "<table class='packsim-table'><tr><th>how</th>"
+        f"<th>score pairs</th><th>tiles computed</th></tr>{body}</table>"
+    )
+
+
+def _figure(cu: torch.Tensor, tile: int, causal: bool) -> go.Figure:
+    N = int(cu[-1])
+    grid = tile_grid(cu, tile, causal)  # (n, n)
+    work = attention_work(cu, causal=causal, tile=tile)
+    n = grid.shape[0]
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        horizontal_spacing=0.08,
+        subplot_titles=(
+            f"pack-aligned tiles: {work.tiles_computed} computed, "
+            f"{work.tiles_skipped} skipped of {n * n}",
+            f"varlen kernel: {work.varlen_tiles} tiles, each inside one sequence",
+        ),
+    )
+    centres = [min(i * tile + tile / 2, N) for i in range(n)]
+    names = [[_NAMES[int(c)] for c in r] for r in grid.tolist()]
+    fig.add_trace(
+        go.Heatmap(
+            z=grid.tolist(),
+            x=centres,
+            y=centres,
+            zmin=0,
+            zmax=2,
+            colorscale=_SCALE,
+            xgap=1,
+            ygap=1,
+            customdata=names,
+            colorbar=dict(
+                tickvals=[0.33, 1, 1.67],
+                ticktext=["skipped", "partial", "full"],
+                orientation="h",
+                len=0.35,
+                thickness=12,
+                x=0.22,
+                y=-0.22,
+            ),
+            hovertemplate=(
+                "query tile at token %{y}, key tile at token %{x}: %{customdata}<extra></extra>"
+            ),
+        ),
+        row=1,
+        col=1,
+    )
+    xs, ys = [], []
+    for q0, q1, k0, k1 in varlen_tiles(cu, tile, causal):
+        xs += [k0, k1, k1, k0, k0, None]
+        ys += [q0, q0, q1, q1, q0, None]
+    fig.add_trace(
+        go.Scatter(
+            x=xs,
+            y=ys,
+            fill="toself",
+            mode="lines",
+            line=dict(color="#fff", width=0.5),
+            fillcolor="#3182bd",
+            hoverinfo="skip",
+            showlegend=False,
+        ),
+        row=1,
+        col=2,
+    )
+    for b in cu.tolist()[1:-1]:  # sequence boundaries on both views
+        for col in (1, 2):
+            fig.add_vline(x=b, line=dict(color="#d62728", width=1, dash="dot"), row=1, col=col)
+            fig.add_hline(y=b, line=dict(color="#d62728", width=1, dash="dot"), row=1, col=col)
+    for col in (1, 2):
+        fig.update_xaxes(range=[0, N], title_text="key token", row=1, col=col)
+        fig.update_yaxes(
+            range=[N, 0],
+            title_text="query token",
+            row=1,
+            col=col,
+            scaleanchor=f"x{col if col > 1 else ''}",
+        )
+    fig.update_layout(
+        title=(
+            f"{N} tokens, {work.num_seqs} sequences, tiles of {tile}: dense {work.dense_pairs:,} "
+            f"score pairs vs varlen {work.varlen_pairs:,} ({work.saving:.1f}x less)"
+            "<br><sup>dotted red lines: sequence boundaries</sup>"
+        ),
+        height=580,
+        margin=dict(t=90, b=110),
+    )
+    return fig
+
+
+def tile_figure(
+    pack=DEFAULT_LENGTHS, tile: int = 128, causal: bool = True, row: int = 0
+) -> go.Figure:
+    """Static tile map (notebook 07) of a pack: lengths, cu_seqlens (int32) or a PackedBatch row."""
+    cu = as_cu_seqlens(pack, row)
+    return _figure(cu, _check_tile(tile, int(cu[-1])), causal)
+
+
+def _parse_lengths(text: str) -> list[int]:
+    parts = [p for p in re.split(r"[\s,;]+", text.strip()) if p]
+    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise PacksimError(f"could not read {text!r}: type positive lengths separated by commas.")
+    return [int(p) for p in parts]
+
+
+class TileMap(PacksimWidget):
+    """Tile map widget; build it with :func:`tile_map`. Controls: lengths, tile, causal."""
+
+    def __init__(self, cu: torch.Tensor, tile: int = 128, causal: bool = True):
+        lengths = (cu[1:] - cu[:-1]).tolist()
+        self.lengths = widgets.Text(
+            value=", ".join(map(str, lengths)),
+            description="lengths",
+            continuous_update=False,
+            layout=widgets.Layout(width="460px"),
+        )
+        self.tile = widgets.Dropdown(
+            options=sorted(set(TILES) | {tile}),
+            value=tile,
+            description="tile",
+            layout=widgets.Layout(width="160px"),
+        )
+        self.causal = widgets.Checkbox(value=causal, description="causal")
+        self.out = widgets.Output(layout=widgets.Layout(min_height="530px"))
+        self.numbers = widgets.HTML()
+        self.message = widgets.HTML()
+        for w in (self.lengths, self.tile, self.causal):
+            w.observe(lambda _c: self.update(), names="value")
+        self.widget = widgets.VBox(
+            [
+                style_html(),
+                widgets.HBox([self.lengths, self.tile, self.causal]),
+                self.message,
+                self.out,
+                self.numbers,
+            ]
+        )
+        self.widget.add_class("packsim-tiles")
+        self.update()
+
+    def cu_seqlens(self) -> torch.Tensor:
+        return as_cu_seqlens(_parse_lengths(self.lengths.value))
+
+    def figure(self) -> go.Figure:
+        cu = self.cu_seqlens()
+        return _figure(cu, _check_tile(self.tile.value, int(cu[-1])), self.causal.value)
+
+    def update(self) -> None:
+        """Redraw; bad lengths or too small a tile show a message instead of raising."""
+        try:
+            cu = self.cu_seqlens()
+            tile = _check_tile(self.tile.value, int(cu[-1]))
+        except PacksimError as err:
+            self.message.value = f"<span style='color:#d62728'>{escape(err)}</span>"
+            return
+        self.message.value = ""
+        show_figure(self.out, _figure(cu, tile, self.causal.value))
+        self.numbers.value = _work_html(attention_work(cu, causal=self.causal.value, tile=tile))
+
+
+def tile_map(pack=DEFAULT_LENGTHS, tile: int = 128, causal: bool = True, row: int = 0) -> TileMap:
+    """Tile map widget (notebook 07): computed vs skipped tiles, dense vs varlen work.
+
+    ``pack``: sequence lengths (default: the FlexAttention blog's 1024-token document example),
+    a cu_seqlens int32 tensor, or a PackedBatch (its row ``row``).
+    """
+    cu = as_cu_seqlens(pack, row)
+    return TileMap(cu, tile=_check_tile(tile, int(cu[-1])), causal=causal)

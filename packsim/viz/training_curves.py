@@ -1,0 +1,274 @@
+"""Training curves side by side (notebook 05): what the trainer reports vs what matters.
+
+Three panels, one colour per setup:
+
+1. the loss each setup's trainer reports (``curves["train"]["reported_loss"]``): what a user
+   watches, and what makes the buggy setup look fine;
+2. the response-only loss: on held-out examples run alone (``eval`` ``isolated_response_loss``,
+   solid) and on the training packs (``train`` ``response_loss``, dotted);
+3. exact match on held-out examples run alone (``eval`` ``isolated_exact_match``).
+
+With several seeds of a setup, the line is the mean over seeds and a band spans min..max.
+The widget reads the format of :mod:`packsim.results`: a :class:`~packsim.results.Results`
+(or its ``results.json``) and/or live :class:`~packsim.results.StepRecord` s passed to
+``.callback`` while training runs (redraws are throttled; eval records always redraw).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+from plotly.colors import hex_to_rgb
+from plotly.subplots import make_subplots
+
+from ..errors import PacksimError
+from ..results import Results, RunResult, StepRecord
+from ._common import PacksimWidget, escape, setup_colour, show_figure, style_html
+
+__all__ = ["Curves", "curves", "curves_figure", "PANELS"]
+
+# (curve kind, column, panel index, dotted?) of every line drawn.
+PANELS = (
+    ("train", "reported_loss", 1, False),
+    ("eval", "isolated_response_loss", 2, False),
+    ("train", "response_loss", 2, True),
+    ("eval", "isolated_exact_match", 3, False),
+)
+_TITLES = (
+    "reported loss (what you watch)",
+    "response-only loss (solid: held-out, dotted: train)",
+    "exact match (held-out, run alone)",
+)
+
+
+def _as_runs(results) -> list[RunResult]:
+    """RunResults from a Results, a results.json path or dir, a dict, or a list of RunResult."""
+    if results is None:
+        return []
+    if isinstance(results, (str, Path)):
+        results = Results.load(results)
+    if isinstance(results, dict):
+        results = Results.from_dict(results)
+    if isinstance(results, Results):
+        return list(results.runs)
+    if isinstance(results, RunResult):
+        return [results]
+    if isinstance(results, (list, tuple)) and all(isinstance(r, RunResult) for r in results):
+        return list(results)
+    raise PacksimError(
+        f"curves() takes a packsim Results, a path to results.json, or a list of RunResult; got "
+        f"{type(results).__name__}. Load one with packsim.results.Results.load(path)."
+    )
+
+
+def _points(run: RunResult, kind: str, key: str) -> dict[int, float]:
+    """``{step: value}`` of one curve column, skipping missing values."""
+    cols = run.curves.get(kind, {})
+    return {
+        int(s): float(v)
+        for s, v in zip(cols.get("step", []), cols.get(key, []), strict=False)
+        if s is not None and v is not None
+    }
+
+
+def seed_spread(runs: list[RunResult], kind: str, key: str):
+    """(steps, mean, low, high) over the seeds in ``runs``: at each step, the seeds that have it.
+
+    Steps are the union over seeds, so a seed still training does not cut the others' lines.
+    """
+    series = [s for s in (_points(r, kind, key) for r in runs) if s]
+    steps = sorted(set().union(*series)) if series else []
+    vals = [[s[t] for s in series if t in s] for t in steps]  # (steps, seeds that have it)
+    return steps, [sum(v) / len(v) for v in vals], [min(v) for v in vals], [max(v) for v in vals]
+
+
+def _rgba(colour: str, alpha: float) -> str:
+    r, g, b = hex_to_rgb(colour)
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def _figure(runs: list[RunResult], title: str = "") -> go.Figure:
+    fig = make_subplots(rows=1, cols=3, subplot_titles=_TITLES, horizontal_spacing=0.06)
+    by_setup: dict[str, list[RunResult]] = {}
+    for r in runs:
+        by_setup.setdefault(r.setup, []).append(r)
+    order = list(by_setup)
+    for setup, group in by_setup.items():
+        colour = setup_colour(setup, order)
+        n = len({r.seed for r in group})
+        name = setup if n == 1 else f"{setup} (mean of {n} seeds, band: min-max)"
+        legend_done = False
+        for kind, key, col, dotted in PANELS:
+            steps, mean, low, high = seed_spread(group, kind, key)
+            if not steps:
+                continue
+            if n > 1:
+                fig.add_trace(
+                    go.Scatter(
+                        x=steps + steps[::-1],
+                        y=high + low[::-1],
+                        fill="toself",
+                        mode="lines",
+                        line=dict(width=0),
+                        fillcolor=_rgba(colour, 0.12 if dotted else 0.22),
+                        hoverinfo="skip",
+                        showlegend=False,
+                        legendgroup=setup,
+                    ),
+                    row=1,
+                    col=col,
+                )
+            fig.add_trace(
+                go.Scatter(
+                    x=steps,
+                    y=mean,
+                    name=name,
+                    legendgroup=setup,
+                    showlegend=not legend_done,
+                    mode="lines" if kind == "train" else "lines+markers",
+                    line=dict(
+                        color=colour, width=1.2 if dotted else 2, dash="dot" if dotted else None
+                    ),
+                    hovertemplate=f"{setup} {key}<br>step %{{x}}: %{{y:.4g}}<extra></extra>",
+                ),
+                row=1,
+                col=col,
+            )
+            legend_done = True
+    for col in (1, 2, 3):
+        fig.update_xaxes(title_text="step", row=1, col=col)
+    fig.update_yaxes(range=[0, 1.02], row=1, col=3)
+    fig.update_layout(
+        title=title or "Training side by side: reported loss vs what matters",
+        height=420,
+        legend=dict(orientation="h", y=-0.2),
+        margin=dict(t=80),
+        font=dict(size=11),
+    )
+    return fig
+
+
+def curves_figure(results, title: str = "") -> go.Figure:
+    """Static curves figure (three panels, see the module doc) for HTML export (notebook 05).
+
+    ``results``: a :class:`~packsim.results.Results`, a path to ``results.json`` (or its
+    directory), its dict, or a list of :class:`~packsim.results.RunResult`.
+    """
+    return _figure(_as_runs(results), title)
+
+
+class Curves(PacksimWidget):
+    """Live side-by-side curves; pass ``.callback`` (or the object itself) to the trainer.
+
+    Redraws happen at most every ``every`` train records or ``min_interval_s`` seconds, and at
+    every eval record; call :meth:`redraw` to force one (e.g. after training).
+    """
+
+    def __init__(self, results=None, every: int = 25, min_interval_s: float = 0.5):
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise PacksimError(f"every={every!r} must be a positive int (records between redraws).")
+        self.every, self.min_interval_s = every, float(min_interval_s)
+        self.runs: dict[tuple[str, int, str], RunResult] = {}
+        for r in _as_runs(results):
+            self.runs[(r.setup, int(r.seed), r.data)] = r
+        datas = list(dict.fromkeys(d for _, _, d in self.runs)) or ["tasks"]
+        self.data = widgets.Dropdown(
+            options=datas,
+            value=datas[0],
+            description="data",
+            disabled=len(datas) == 1,
+            layout=widgets.Layout(width="220px"),
+        )
+        self.data.observe(lambda _c: self.redraw(), names="value")
+        self.out = widgets.Output(layout=widgets.Layout(min_height="430px"))
+        self.status = widgets.HTML()
+        self.widget = widgets.VBox([style_html(), self.data, self.out, self.status])
+        self.widget.add_class("packsim-curves")
+        self.n_records = 0
+        self.n_draws = 0
+        self._pending = 0
+        self._last_draw = float("-inf")
+        self.redraw()
+
+    def __call__(self, record) -> None:
+        self.callback(record)
+
+    def callback(self, record: StepRecord | dict) -> None:
+        """Add one live record (a StepRecord or its dict) and redraw if due."""
+        if isinstance(record, dict):
+            try:
+                record = StepRecord(**record)
+            except TypeError as err:
+                raise PacksimError(
+                    f"not a step record: {record!r} ({err}); pass packsim.results.StepRecord "
+                    "objects (kind, setup, seed, step, values)."
+                ) from err
+        if not isinstance(record, StepRecord) or record.kind not in ("train", "eval"):
+            raise PacksimError(
+                f"curves.callback takes a StepRecord with kind 'train' or 'eval', got {record!r}."
+            )
+        key = (record.setup, int(record.seed), self.data.value)
+        run = self.runs.get(key)
+        if run is None:
+            run = self.runs[key] = RunResult(setup=record.setup, seed=int(record.seed), data=key[2])
+        run.add(record)
+        self.n_records += 1
+        self._pending += 1
+        due = (
+            record.kind == "eval"
+            or self._pending >= self.every
+            or time.monotonic() - self._last_draw >= self.min_interval_s
+        )
+        if due:
+            self.redraw()
+
+    def shown_runs(self) -> list[RunResult]:
+        """Runs of the selected data set, in first-seen order."""
+        return [r for (_, _, d), r in self.runs.items() if d == self.data.value]
+
+    def figure(self) -> go.Figure:
+        """The current figure (static, for export)."""
+        return _figure(self.shown_runs())
+
+    def redraw(self) -> None:
+        """Draw the figure and the status line now."""
+        show_figure(self.out, self.figure())
+        self.status.value = self._status_html()
+        self.n_draws += 1
+        self._pending = 0
+        self._last_draw = time.monotonic()
+
+    def _status_html(self) -> str:
+        runs = self.shown_runs()
+        if not runs:
+            return (
+                "<i>No runs yet: pass <code>.callback</code> to the trainer, or load results.</i>"
+            )
+        parts = []
+        for r in runs:
+            last = r.last("train", "step")
+            step_s = "-" if last is None else str(last)
+            rep, em = r.last("train", "reported_loss"), r.last("eval", "isolated_exact_match")
+            rep_s = "-" if rep is None else f"{rep:.3f}"
+            em_s = "-" if em is None else f"{em:.2f}"
+            parts.append(
+                f"<b>{escape(r.setup)}</b> seed {r.seed}: step {step_s}, reported loss "
+                f"{rep_s}, isolated exact match {em_s}"
+            )
+        return "<br>".join(parts)
+
+
+def curves(results=None, every: int = 25, min_interval_s: float = 0.5) -> Curves:
+    """Side-by-side training curves widget (notebook 05); ``.callback`` feeds it live.
+
+    ``results``: None (start empty and fill it live), a :class:`~packsim.results.Results`, a
+    path to ``results.json``, or a list of RunResult. Example::
+
+        view = packsim.viz.curves()
+        view                                   # shows it
+        train(..., callback=view.callback)     # updates while training runs
+    """
+    return Curves(results, every=every, min_interval_s=min_interval_s)

@@ -1,0 +1,178 @@
+"""Training curves widget (packsim.viz.curves): results format, seed spread, live throttling."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from packsim.errors import PacksimError
+from packsim.results import Results, RunResult, StepRecord
+from packsim.viz import curves, curves_figure
+from packsim.viz._common import shown_figure
+
+
+def _run(setup: str, seed: int, steps: int = 6, offset: float = 0.0) -> RunResult:
+    r = RunResult(setup=setup, seed=seed)
+    for s in range(1, steps + 1):
+        r.add(
+            StepRecord(
+                "train",
+                setup,
+                seed,
+                s,
+                {"reported_loss": 3.0 / s + offset, "response_loss": 2.0 / s + offset},
+            )
+        )
+        if s % 3 == 0:
+            r.add(
+                StepRecord(
+                    "eval",
+                    setup,
+                    seed,
+                    s,
+                    {
+                        "isolated_exact_match": 0.1 * s + offset,
+                        "isolated_response_loss": 1.0 / s,
+                        "packed_response_loss": 1.0 / s,
+                    },
+                )
+            )
+    return r
+
+
+@pytest.fixture
+def results() -> Results:
+    runs = [_run("buggy", 0), _run("buggy", 1, offset=0.2), _run("correct", 0), _run("correct", 1)]
+    return Results(runs=runs, config={}, env={})
+
+
+def _traces(fig: dict, axis: str = "x") -> list[dict]:
+    return [t for t in fig["data"] if t.get("xaxis", "x") == axis]
+
+
+def test_mean_and_band_over_seeds(results):
+    view = curves(results)
+    assert "packsim-curves" in view.widget._dom_classes
+    fig = shown_figure(view.out)
+    assert fig is not None and len(fig["data"]) == 2 * 2 * 4  # 2 setups x (band + mean) x 4 lines
+    reported = _traces(fig, "x")
+    band, mean = reported[0], reported[1]
+    assert mean["name"].startswith("buggy (mean of 2 seeds")
+    assert mean["x"] == [1, 2, 3, 4, 5, 6]
+    assert mean["y"][1] == pytest.approx((1.5 + 1.7) / 2)  # step 2: seeds 0 and 1
+    assert band["fill"] == "toself"
+    assert band["y"][:6] == pytest.approx([3.0 / s + 0.2 for s in range(1, 7)])  # max, forward
+    assert band["y"][6:] == pytest.approx([3.0 / s for s in range(6, 0, -1)])  # min, back
+    em = [t for t in _traces(fig, "x3") if t.get("name")]
+    assert [t["x"] for t in em] == [[3, 6], [3, 6]] and em[0]["y"] == pytest.approx([0.4, 0.7])
+    colours = {t["line"]["color"] for t in fig["data"] if t.get("name")}
+    assert len(colours) == 2  # one colour per setup
+
+
+def test_single_seed_has_no_band():
+    fig = curves_figure([_run("correct", 0)])
+    assert all(t.fill is None for t in fig.data)
+    assert [t.name for t in fig.data if t.showlegend is not False] == ["correct"]
+
+
+def test_dotted_train_response_loss_next_to_isolated(results):
+    fig = curves_figure(results)
+    panel2 = [t for t in fig.data if t.xaxis == "x2" and t.name]
+    dashes = sorted((t.line.dash or "solid") for t in panel2)
+    assert dashes == ["dot", "dot", "solid", "solid"]
+
+
+def test_live_callback_throttles_train_and_always_draws_eval():
+    view = curves(every=5, min_interval_s=1e9)
+    assert view.n_draws == 1 and "No runs yet" in view.status.value
+    for s in range(1, 5):
+        view.callback(StepRecord("train", "buggy", 0, s, {"reported_loss": 1.0 / s}))
+    assert view.n_draws == 1  # 4 records < every
+    view.callback(StepRecord("train", "buggy", 0, 5, {"reported_loss": 0.2}))
+    assert view.n_draws == 2
+    fig = shown_figure(view.out)
+    assert fig["data"][0]["x"] == [1, 2, 3, 4, 5]
+    view.callback(StepRecord("eval", "buggy", 0, 5, {"isolated_exact_match": 0.25}))
+    assert view.n_draws == 3  # eval records always draw
+    assert [t["y"] for t in shown_figure(view.out)["data"] if t["xaxis"] == "x3"] == [[0.25]]
+    assert "step 5" in view.status.value and "0.200" in view.status.value
+    view.callback(
+        {
+            "kind": "train",
+            "setup": "correct",
+            "seed": 0,
+            "step": 1,
+            "values": {"reported_loss": 2.0},
+        }
+    )  # a dict record works too
+    view.redraw()
+    assert {t["name"] for t in shown_figure(view.out)["data"]} == {"buggy", "correct"}
+    assert view.n_records == 7
+
+
+def test_time_based_throttle():
+    view = curves(every=1000, min_interval_s=0.0)
+    for s in range(3):
+        view(StepRecord("train", "correct", 0, s, {"reported_loss": 1.0}))  # callable itself
+    assert view.n_draws == 1 + 3
+
+
+def test_a_seed_still_training_does_not_cut_the_other():
+    view = curves([_run("buggy", 0, steps=6)])
+    view.callback(StepRecord("train", "buggy", 1, 1, {"reported_loss": 5.0}))
+    view.redraw()
+    mean = [t for t in shown_figure(view.out)["data"] if t.get("name") and t["xaxis"] == "x"][0]
+    assert mean["x"] == [1, 2, 3, 4, 5, 6] and mean["y"][0] == pytest.approx((3.0 + 5.0) / 2)
+
+
+def test_loads_results_json_and_data_sets(tmp_path, results):
+    results.runs.append(_run("correct", 0, steps=3))
+    results.runs[-1].data = "facts"
+    path = results.save(tmp_path / "results.json")
+    json.loads(path.read_text())
+    view = curves(tmp_path)  # a directory holding results.json
+    assert list(view.data.options) == ["tasks", "facts"] and not view.data.disabled
+    view.data.value = "facts"
+    fig = shown_figure(view.out)
+    assert {t["name"] for t in fig["data"] if t.get("name")} == {"correct"}
+    assert fig["data"][0]["x"] == [1, 2, 3]
+
+
+def test_bad_input():
+    with pytest.raises(PacksimError, match="results.json"):
+        curves(42)
+    with pytest.raises(PacksimError, match="no results"):
+        curves("/nonexistent/dir")
+    view = curves()
+    with pytest.raises(PacksimError, match="StepRecord"):
+        view.callback(StepRecord("test", "buggy", 0, 1, {}))
+    with pytest.raises(PacksimError, match="not a step record"):
+        view.callback({"kind": "train"})
+    with pytest.raises(PacksimError, match="every"):
+        curves(every=0)
+
+
+def test_fed_live_by_the_real_trainer():
+    """The trainer's callback drives the widget: one point per step, eval drawn at once."""
+    from packsim.data import make_examples
+    from packsim.model import build_model
+    from packsim.train import TrainConfig, train
+
+    view = curves(every=100, min_interval_s=1e9)
+    cfg = TrainConfig(steps=3, examples_per_step=4, capacity=64, warmup_steps=1, eval_every=0)
+    run = train(
+        build_model("tiny", seed=0),
+        make_examples(12, seed=0),
+        "buggy",
+        cfg,
+        seed=0,
+        evaluate=lambda model, step: {"isolated_exact_match": 0.5},
+        callback=view.callback,
+        progress=False,
+    )
+    fig = shown_figure(view.out)  # the eval record after the last step forced a draw
+    reported = [t for t in fig["data"] if t.get("name") and t["xaxis"] == "x"][0]
+    cols = run.curves["train"]
+    assert reported["x"] == cols["step"] and reported["y"] == pytest.approx(cols["reported_loss"])
+    assert [t["y"] for t in fig["data"] if t["xaxis"] == "x3"] == [[0.5]]

@@ -1,0 +1,269 @@
+"""Packing playground, mask explorer, label viewer, tile map, and the shared widget plumbing."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from packsim.attention import attention_work
+from packsim.batch import PackedBatch
+from packsim.data import make_examples
+from packsim.errors import PacksimError
+from packsim.loss import Role
+from packsim.masks import block_diagonal_mask, block_sparsity, flex_block_mask
+from packsim.packing import Piece, pack, packing_stats
+from packsim.tokenizer import BOS_ID, EOS_ID, PAD_ID, encode
+from packsim.viz import (
+    label_viewer,
+    labels_figure,
+    mask_explorer,
+    mask_figure,
+    packing_figure,
+    packing_playground,
+    tile_figure,
+    tile_map,
+)
+from packsim.viz._common import shown_figure, token_glyphs
+from packsim.viz.labels import counted_targets, label_reason
+from packsim.viz.tiles import as_cu_seqlens, tile_grid, varlen_tiles
+
+# ----------------------------------------------------------------------------- shared plumbing
+
+
+def test_token_glyphs():
+    ids = [BOS_ID, *encode("a b"), EOS_ID, PAD_ID, 999]
+    assert token_glyphs(ids) == ["<bos>", "a", "␣", "b", "<eos>", "·pad", "#999"]
+    assert token_glyphs(torch.tensor(ids[:2])) == ["<bos>", "a"]
+
+
+@pytest.mark.parametrize(
+    "make, css",
+    [
+        (lambda: packing_playground(n=20, capacity=128), "packsim-playground"),
+        (lambda: mask_explorer(), "packsim-mask-explorer"),
+        (lambda: tile_map([40, 20], tile=16), "packsim-tiles"),
+    ],
+)
+def test_plotly_widgets_show_a_figure_bundle(make, css):
+    w = make()
+    assert css in w.widget._dom_classes and callable(w._ipython_display_)
+    (output,) = w.out.outputs
+    assert output["output_type"] == "display_data"
+    bundle = output["data"]
+    assert set(bundle) == {"application/vnd.plotly.v1+json", "text/plain"}
+    json.dumps(bundle)  # goes over the wire as JSON
+    assert shown_figure(w.out)["data"]
+    assert w.figure().to_dict()["data"]
+
+
+# ----------------------------------------------------------------------------- playground
+
+
+def _bars_per_pack(fig: dict) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for t in fig["data"]:
+        for x, y in zip(t["x"], t["y"], strict=True):
+            out.setdefault(x, []).append(y)
+    return out
+
+
+def test_playground_bars_and_numbers_follow_the_controls():
+    p = packing_playground(n=60, capacity=256, strategy="bfd", seed=1)
+    lengths = p.lengths()
+    assert len(lengths) == 60 and lengths.max() <= 256
+    for strategy in ("ffd", "wrapped", "bfd"):
+        p.strategy.value = strategy
+        packs = pack(lengths, 256, strategy=strategy)
+        stats = packing_stats(lengths, packs, 256)
+        bars = _bars_per_pack(shown_figure(p.out))
+        assert len(bars) == stats.n_packs
+        assert sum(map(sum, bars.values())) == int(lengths.sum())
+        assert all(sum(v) <= 256 for v in bars.values())
+        assert f"{stats.n_packs} rows (lower bound {stats.lower_bound})" in p.stats.value
+        assert f"fill {stats.fill_ratio:.1%}" in p.stats.value
+        assert f"{stats.one_per_row_padding_waste:.1%}" in p.stats.value
+    wrapped = _bars_per_pack(packing_figure(lengths, 256, "wrapped").to_dict())
+    assert all(sum(wrapped[i]) == 256 for i in range(len(wrapped) - 1))  # wrapped fills every row
+    cut = sum(isinstance(e, Piece) for pk in pack(lengths, 256, "wrapped") for e in pk)
+    assert cut > 0 and re.search(
+        r"<td>wrapped</td><td>\d+</td><td>\d+</td><td>[\d.]+%</td><td>[1-9]", p.stats.value
+    )
+
+
+def test_playground_controls_and_edges():
+    p = packing_playground(n=30, capacity=128)
+    assert p.uniform_range.disabled and not p.median.disabled
+    p.distribution.value = "uniform"
+    assert not p.uniform_range.disabled and p.median.disabled
+    p.uniform_range.value = (10, 20)
+    assert p.lengths().min() >= 10 and p.lengths().max() <= 20
+    p.n.value = 1  # a single example
+    assert len(_bars_per_pack(shown_figure(p.out))) == 1
+    p.capacity.value = 64
+    p.uniform_range.value = (1, 4096)  # clipped to the capacity
+    assert p.lengths().max() <= 64
+    with pytest.raises(PacksimError, match="capacity"):
+        packing_playground(capacity=100)
+    with pytest.raises(PacksimError):
+        packing_figure([10, 20], 16, "bfd")  # an example longer than the capacity
+
+
+# ----------------------------------------------------------------------------- mask explorer
+
+
+def test_mask_explorer_heatmaps_and_block_counts():
+    batch = PackedBatch.from_examples(make_examples(6, seed=0), 64)
+    m = mask_explorer(batch, block_size=16)
+    fig = shown_figure(m.out)
+    causal, block, blocks = fig["data"][:3]
+    T = 64
+    assert torch.equal(torch.tensor(causal["z"]), torch.ones(T, T, dtype=torch.long).tril())
+    assert torch.equal(torch.tensor(block["z"]), block_diagonal_mask(batch.seq_ids[0]).long())
+    ref = block_sparsity(flex_block_mask(batch.seq_ids[0], block_size=16))
+    assert torch.equal(torch.tensor(blocks["z"], dtype=torch.int8), ref.grid[0, 0])
+    assert (
+        f"{ref.full} full, {ref.partial} partial, {ref.skipped} skipped of {ref.total}"
+        in m.counts.value
+    )
+    plain = block_sparsity(flex_block_mask(torch.zeros(T, dtype=torch.long), block_size=16))
+    assert f"<b>plain causal</b>: {plain.full} full" in m.counts.value
+    assert ref.skipped > plain.skipped  # cross-example blocks are skipped too
+    m.block.value = 8
+    assert torch.tensor(shown_figure(m.out)["data"][2]["z"]).shape == (8, 8)
+    m.row.value = 1
+    ref1 = block_sparsity(flex_block_mask(batch.seq_ids[1], block_size=8))
+    assert f"{ref1.skipped} skipped of {ref1.total}" in m.counts.value
+
+
+def test_mask_figure_one_example_and_bad_block():
+    fig = mask_figure(make_examples(1, seed=2), capacity=32, block_size=8)
+    assert fig.data[2].type == "heatmap"
+    with pytest.raises(PacksimError, match="block_size"):
+        mask_explorer(block_size=0)
+
+
+# ----------------------------------------------------------------------------- label viewer
+
+
+def _spans(html: str) -> list[tuple[str, str]]:
+    return re.findall(
+        r'class="packsim-label-token[^"]*?(packsim-counted|packsim-ignored)"[^>]*title="([^"]*)"',
+        html,
+    )
+
+
+def test_label_viewer_counts_and_reasons():
+    batch = PackedBatch.from_examples(make_examples(5, seed=0), 64)
+    v = label_viewer(batch)
+    assert "packsim-labels" in v.widget._dom_classes
+    html = v.view.value
+    T = 64
+    spans = _spans(html)
+    assert len(spans) == 2 * T  # buggy row, then correct row
+    buggy, correct = spans[:T], spans[T:]
+    roles = batch.roles[0].tolist()
+    # completion-only: exactly the response and EOS tokens are counted
+    want = [r in (Role.RESPONSE, Role.EOS) and k > 0 for k, r in enumerate(roles)]
+    assert [c == "packsim-counted" for c, _ in correct] == want
+    # loss on all tokens: everything but the first token of the row
+    assert [c == "packsim-counted" for c, _ in buggy] == [k > 0 for k in range(T)]
+    n_buggy = int((batch.with_setup("buggy").labels[0, 1:] != -100).sum())
+    assert f"{n_buggy} counted targets" in html
+    k_boundary = roles.index(Role.BOUNDARY)
+    assert "boundary bug" in buggy[k_boundary][1] and "ignored" in correct[k_boundary][1]
+    k_pad = roles.index(Role.PAD)
+    assert "trained to predict padding" in buggy[k_pad][1]
+    assert "EOS: counted" in correct[roles.index(Role.EOS)][1]
+    v.setups.value = ()
+    assert "Select at least one setup" in v.view.value
+    v.setups.value = ("loss_fix",)
+    assert len(_spans(v.view.value)) == T
+
+
+def test_label_reasons_and_static_figure():
+    assert "never a target" in label_reason(Role.FIRST, False)
+    assert counted_targets(torch.tensor([5, -100, 7])) == [False, False, True]
+    fig = labels_figure(make_examples(3, seed=1), setups=("buggy", "correct", "mask_fix"))
+    z = fig.data[0].z
+    assert len(z) == 3 and z[0] == z[2] and z[0] != z[1]  # mask_fix keeps loss on all tokens
+    assert fig.data[0].y[1].startswith("correct (")
+
+
+# ----------------------------------------------------------------------------- tile map
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("causal", [True, False])
+def test_tile_grid_matches_attention_work(seed, causal):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 90, size=int(rng.integers(1, 8))).tolist()
+    tile = int(rng.choice([4, 16, 32]))
+    cu = as_cu_seqlens(lengths)
+    grid = tile_grid(cu, tile, causal)
+    work = attention_work(cu, causal=causal, tile=tile)
+    assert int((grid == 2).sum()) == work.tiles_full
+    assert int((grid == 1).sum()) == work.tiles_partial
+    assert int((grid == 0).sum()) == work.tiles_skipped
+    tiles = varlen_tiles(cu, tile, causal)
+    assert len(tiles) == work.varlen_tiles
+    offs = cu.tolist()
+    for q0, q1, k0, k1 in tiles:  # no varlen tile straddles a sequence boundary
+        assert not any(q0 < b < q1 or k0 < b < k1 for b in offs)
+
+
+def test_tile_grid_matches_flex_block_mask():
+    cu = as_cu_seqlens([100, 300, 28, 340, 256])
+    ids = torch.repeat_interleave(torch.arange(5), torch.tensor([100, 300, 28, 340, 256]))
+    ref = block_sparsity(flex_block_mask(ids, block_size=128))
+    assert torch.equal(tile_grid(cu, 128), ref.grid[0, 0])
+
+
+def test_tile_map_widget_numbers_and_bad_input():
+    t = tile_map()
+    w = attention_work(as_cu_seqlens([100, 300, 28, 340, 256]), tile=128)
+    assert f"skips <b>{w.tiles_skipped} of {w.tiles_total}</b>" in t.numbers.value
+    assert f"{w.varlen_pairs:,}" in t.numbers.value and f"{w.saving:.1f}x fewer" in t.numbers.value
+    t.tile.value = 32
+    assert "tiles of 32" in t.numbers.value
+    before = t.numbers.value
+    t.lengths.value = "12, x"  # bad input: a message, the last good view stays
+    assert "could not read" in t.message.value and t.numbers.value == before
+    t.lengths.value = "7"  # one short sequence
+    assert t.message.value == "" and "7 tokens in 1 sequences" in t.numbers.value
+    t.lengths.value = "9000"
+    t.tile.value = 16
+    assert "at most 256" in t.message.value
+    batch = PackedBatch.from_examples(make_examples(6, seed=0), 64)
+    fig = tile_figure(batch, tile=16, row=1)
+    lens = [s.stop - s.start for s in batch.segments if s.row == 1]
+    assert fig.layout.title.text.startswith(f"{sum(lens)} tokens, {len(lens)} sequences")
+    with pytest.raises(PacksimError, match="positive"):
+        tile_map([3, 0])
+    with pytest.raises(PacksimError, match="tile"):
+        tile_map(tile=0)
+
+
+def test_every_widget_has_its_root_class_and_displays(capsys):
+    from packsim.viz import curves, leakage_explorer, quiz
+
+    ex = make_examples(3, seed=0)
+    built = {
+        "packsim-leakage": leakage_explorer(ex, capacity=48),
+        "packsim-curves": curves(),
+        "packsim-playground": packing_playground(n=10, capacity=64),
+        "packsim-mask-explorer": mask_explorer(ex, capacity=48),
+        "packsim-labels": label_viewer(ex, capacity=48),
+        "packsim-tiles": tile_map([10, 5], tile=4),
+        "packsim-quiz": quiz(),
+    }
+    for css, w in built.items():
+        assert css in w.widget._dom_classes, css
+        w._ipython_display_()  # without a front end IPython prints the widget's repr
+        assert w.figure().to_dict()["data"] or css == "packsim-curves"
+        w.close()
+        assert w.widget.comm is None  # closed
+    assert "VBox" in capsys.readouterr().out
