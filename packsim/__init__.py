@@ -2,20 +2,28 @@
 
 Public API (stable names):
 
-- :func:`pack` -- packing algorithms (``wrapped``, ``ffd``, ``bfd``);
+- :func:`pack` -- packing algorithms (``wrapped``, ``sequential``, ``ffd``, ``bfd``);
 - :class:`PackedBatch` -- packed rows built for a setup (``PackedBatch.from_examples``);
 - :class:`Setup`, :data:`SETUPS` -- mask x positions x loss, presets ``buggy``/``correct``/``padded``;
 - :func:`varlen_attention`, :func:`available_backends` -- one varlen interface, many kernels;
-- :func:`get_device` -- the one place that picks CPU or CUDA.
+- :func:`train`, :class:`TrainConfig`, :func:`evaluate_isolated` -- the experiment (notebook 05);
+- :func:`audit`, :class:`AuditReport` -- detect contamination in any packed pipeline (notebook 06);
+- :func:`get_device` -- the one place that picks CPU or CUDA;
+- ``packsim.viz`` -- the widgets (imported on first use: it pulls in plotly and ipywidgets).
 """
+
+import importlib
 
 from .attention import available_backends, varlen_attention
 from .audit import AuditReport, audit
 from .batch import PackedBatch
 from .device import fast_mode, get_device
 from .errors import PacksimError
+from .evaluate import evaluate_isolated
 from .packing import pack
+from .results import Results
 from .setups import SETUPS, Setup, get_setup
+from .train import TrainConfig, train
 
 __version__ = "0.1.0"
 
@@ -23,13 +31,24 @@ __all__ = [
     "AuditReport",
     "PackedBatch",
     "PacksimError",
+    "Results",
     "SETUPS",
     "Setup",
+    "TrainConfig",
     "audit",
     "available_backends",
+    "evaluate_isolated",
     "fast_mode",
     "get_device",
     "get_setup",
     "pack",
+    "train",
     "varlen_attention",
 ]
+
+
+def __getattr__(name: str):
+    """``packsim.viz`` on first access (keeps ``import packsim`` free of plotly and ipywidgets)."""
+    if name == "viz":
+        return importlib.import_module(".viz", __name__)
+    raise AttributeError(f"module 'packsim' has no attribute {name!r}")

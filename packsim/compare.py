@@ -17,21 +17,26 @@ Outputs ``DIR/results.json`` (:class:`~packsim.results.Results`), ``DIR/report.h
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
 import platform
 import random
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from queue import Empty
 
 import torch
+from tqdm.auto import tqdm
 
 from .batch import PackedBatch
 from .data import make_dataset, make_long_tailed_examples
 from .device import fast_mode, get_device
 from .errors import PacksimError
-from .evaluate import evaluate_isolated, evaluate_packed
+from .evaluate import evaluate_isolated, evaluate_packed, held_out_metrics
 from .facts import make_facts
 from .model import attention_maps, build_model, outside_share
 from .results import Results, RunResult, StepRecord
@@ -137,14 +142,7 @@ def _evaluator(data: DesignData, setup, cfg: ExperimentConfig) -> Callable:
     """``evaluate(model, step)``: isolated scores of each test set, plus the main set in packs."""
 
     def evaluate(model, step: int) -> dict:
-        iso = evaluate_isolated(model, data.tests["isolated"])
-        packed = evaluate_packed(model, data.tests["isolated"], setup, cfg.train.capacity)
-        out = {
-            "isolated_exact_match": iso["exact_match"],
-            "isolated_response_loss": iso["response_loss"],
-            "packed_exact_match": packed["exact_match"],
-            "packed_response_loss": packed["response_loss"],
-        }
+        out = held_out_metrics(model, data.tests["isolated"], setup, cfg.train.capacity)
         for name, examples in data.tests.items():
             if name != "isolated":
                 out[f"{name}_exact_match"] = evaluate_isolated(model, examples)["exact_match"]
@@ -248,22 +246,38 @@ def environment(device) -> dict:
     return env
 
 
+def default_jobs(n_runs: int, device) -> int:
+    """Parallel runs: one per CPU core on CPU (one thread each), one on CUDA.
+
+    A tiny model uses two threads poorly, and a torch process with two threads on a core that is
+    also busy with anything else slows down many times over; two one-thread runs side by side
+    are both faster in total and steady.
+    """
+    if torch.device(device).type != "cpu":
+        return 1
+    return max(1, min(n_runs, os.cpu_count() or 1))
+
+
 def run_comparison(cfg: ExperimentConfig, device=None, out: str | Path | None = None,
-                   callback: Callable[[StepRecord], None] | None = None, progress: bool = True) -> Results:
-    """Run every setup x seed of ``cfg``; save results, report and models under ``out`` if given."""
+                   callback: Callable[[StepRecord], None] | None = None, progress: bool = True,
+                   jobs: int | None = None) -> Results:
+    """Run every setup x seed of ``cfg``; save results, report and models under ``out`` if given.
+
+    ``jobs`` runs in parallel processes (default :func:`default_jobs`); ``callback`` still gets
+    every record live, in this process. ``jobs=1`` trains in this process.
+    """
     device = get_device(device)
     start = time.perf_counter()
     results = Results(config=cfg.as_dict(), env=environment(device))
     out = Path(out) if out is not None else None
-    for seed in cfg.seeds:
-        data = design_data(cfg, seed)
-        for name in cfg.setups:
-            run, model = run_one(cfg, name, seed, data, device, callback, progress)
-            results.runs.append(run)
-            if out is not None:
-                save_model(model, out, name, seed)
-            if progress:
-                print(_run_line(run), flush=True)
+    tasks = [(name, seed) for seed in cfg.seeds for name in cfg.setups]
+    jobs = jobs or default_jobs(len(tasks), device)
+    results.env["parallel_runs"] = jobs
+    if jobs == 1:
+        runs = [_run_and_save(cfg, name, seed, str(device), out, callback, progress) for name, seed in tasks]
+    else:
+        runs = _run_parallel(cfg, tasks, str(device), out, callback, progress, jobs)
+    results.runs = runs
     pair = ["padded", "correct"] + (["buggy"] if "buggy" in cfg.setups else [])
     results.throughput = measure_throughput(pair, cfg.throughput_steps, device)
     results.wall_s = time.perf_counter() - start
@@ -273,6 +287,56 @@ def run_comparison(cfg: ExperimentConfig, device=None, out: str | Path | None = 
         results.save(out / "results.json")
         write_report(results, out / "report.html")
     return results
+
+
+def _run_and_save(cfg, name, seed, device, out, callback, progress) -> RunResult:
+    run, model = run_one(cfg, name, seed, design_data(cfg, seed), torch.device(device), callback, progress)
+    if out is not None:
+        save_model(model, out, name, seed)
+    if progress:
+        print(_run_line(run), flush=True)
+    return run
+
+
+def _worker(cfg, name, seed, device, out, queue, threads) -> RunResult:
+    """One run in a child process; live records go back through ``queue``."""
+    torch.set_num_threads(threads)
+    return _run_and_save(cfg, name, seed, device, out, queue.put if queue is not None else None, False)
+
+
+def _run_parallel(cfg, tasks, device, out, callback, progress, jobs) -> list[RunResult]:
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Manager() as manager, ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+        queue = manager.Queue() if callback is not None else None
+        futures = [pool.submit(_worker, cfg, n, s, device, out, queue, threads) for n, s in tasks]
+        bar = tqdm(total=len(futures), desc=f"runs ({jobs} in parallel)", disable=not progress)
+        done: set = set()
+        while len(done) < len(futures):
+            _drain(queue, callback, timeout=0.2)
+            for f in futures:
+                if f not in done and f.done():
+                    done.add(f)
+                    bar.update()
+                    if progress:
+                        bar.write(_run_line(f.result()))
+        _drain(queue, callback, timeout=0)
+        bar.close()
+        return [f.result() for f in futures]
+
+
+def _drain(queue, callback, timeout: float) -> None:
+    """Pass every record waiting in ``queue`` to ``callback`` (sleep ``timeout`` if none)."""
+    if queue is None:
+        time.sleep(timeout)
+        return
+    try:
+        record = queue.get(timeout=timeout) if timeout else queue.get_nowait()
+        while True:
+            callback(record)
+            record = queue.get_nowait()
+    except Empty:
+        pass
 
 
 def _run_line(run: RunResult) -> str:
@@ -314,6 +378,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-test", type=int, help="held-out examples per test set (default 256 fast, 512 full)")
     p.add_argument("--throughput-steps", type=int, help="steps of the long-tailed throughput measurement")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: packsim.get_device())")
+    p.add_argument("--jobs", type=int, help="runs in parallel processes (default: one per CPU core on CPU, 1 on CUDA)")
     p.add_argument("--out", help="output folder (default: runs/<data>-<mode>)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -341,7 +406,9 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out or f"runs/{cfg.data}-{cfg.mode}")
     print(f"packsim compare: {cfg.data} data, {cfg.mode} mode, setups {cfg.setups}, seeds {cfg.seeds}, "
           f"{cfg.train.steps} steps -> {out}", flush=True)
-    results = run_comparison(cfg, device=args.device, out=out, progress=not args.quiet)
+    if args.jobs is not None and args.jobs < 1:
+        raise PacksimError(f"--jobs {args.jobs}: need at least 1.")
+    results = run_comparison(cfg, device=args.device, out=out, progress=not args.quiet, jobs=args.jobs)
     from .report import summary_table
 
     print(summary_table(results))

@@ -29,6 +29,7 @@ from .tokenizer import EOS_ID
 __all__ = [
     "evaluate_isolated",
     "evaluate_packed",
+    "held_out_metrics",
     "greedy_decode",
     "example_scores",
     "scores_from_logits",
@@ -125,6 +126,22 @@ def evaluate_packed(
     batch = PackedBatch.from_examples(examples, capacity, setup=setup, strategy=strategy)
     loss, ok = example_scores(model, batch.to(next(model.parameters()).device), backend)
     return _summarise(loss, ok, [getattr(ex, "task", "custom") for ex in examples])
+
+
+def held_out_metrics(model, examples: Sequence, setup: str | Setup | None = None, capacity: int = 256) -> dict:
+    """The trainer's eval record (:data:`packsim.results.EVAL_KEYS`) for held-out ``examples``.
+
+    ``isolated_exact_match`` and ``isolated_response_loss`` (each example alone); with ``setup``,
+    also ``packed_exact_match`` and ``packed_response_loss`` (the same examples packed in data
+    order under ``setup``). Pass ``lambda model, step: held_out_metrics(model, test, setup)`` as
+    :func:`packsim.train.train`'s ``evaluate``.
+    """
+    iso = evaluate_isolated(model, examples)
+    out = {"isolated_exact_match": iso["exact_match"], "isolated_response_loss": iso["response_loss"]}
+    if setup is not None:
+        packed = evaluate_packed(model, examples, setup, capacity)
+        out.update(packed_exact_match=packed["exact_match"], packed_response_loss=packed["response_loss"])
+    return out
 
 
 @torch.no_grad()

@@ -15,18 +15,11 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .results import Results, spread
+from .viz._common import setup_colour
+from .viz.training_curves import curves_figure as viz_curves_figure
+from .viz.training_curves import seed_spread
 
 __all__ = ["curves_figure", "copies_figure", "final_rows", "summary_table", "card_table", "write_report"]
-
-PALETTE = {
-    "buggy": "#d62728",
-    "correct": "#2ca02c",
-    "padded": "#7f7f7f",
-    "mask_fix": "#1f77b4",
-    "loss_fix": "#ff7f0e",
-    "positions_only": "#9467bd",
-}
-_EXTRA = ("#8c564b", "#e377c2", "#bcbd22", "#17becf")
 
 # (column title, final key, format)
 FINAL_COLUMNS = (
@@ -40,67 +33,30 @@ FINAL_COLUMNS = (
 )
 
 
-def colour(setup: str, order: list[str]) -> str:
-    """One stable colour per setup (presets fixed; others from a spare list)."""
-    if setup in PALETTE:
-        return PALETTE[setup]
-    return _EXTRA[order.index(setup) % len(_EXTRA)] if setup in order else _EXTRA[0]
-
-
-def _band(fig, runs, kind, key, name, col, row, color, show_legend):
-    """Mean line plus min-max band over seeds of ``curves[kind][key]``."""
-    series = [r.curves.get(kind, {}) for r in runs]
-    series = [s for s in series if key in s and any(v is not None for v in s[key])]
-    if not series:
-        return
-    steps = series[0]["step"]
-    n = min(len(s[key]) for s in series)
-    cols = [[s[key][i] for s in series] for i in range(n)]
-    stats = [spread([v for v in c if v is not None]) for c in cols]
-    x = steps[:n]
-    if len(series) > 1:
-        fig.add_trace(go.Scatter(x=x + x[::-1], y=[s["max"] for s in stats] + [s["min"] for s in stats][::-1],
-                                 fill="toself", fillcolor=color, opacity=0.18, line=dict(width=0),
-                                 hoverinfo="skip", showlegend=False, legendgroup=name), row=row, col=col)
-    fig.add_trace(go.Scatter(x=x, y=[s["mean"] for s in stats], name=name, legendgroup=name,
-                             line=dict(color=color, width=2), showlegend=show_legend,
-                             mode="lines+markers" if kind == "eval" else "lines"), row=row, col=col)
-
-
 def curves_figure(results: Results, data: str | None = None) -> go.Figure:
-    """Three panels: the loss each trainer reports | response-only loss | isolated exact match.
-
-    One colour per setup; lines are means over seeds, bands their min-max. The first panel is
-    what a user watches; the other two are what matters.
-    """
-    groups = results.by_setup(data)
-    order = list(groups)
-    fig = make_subplots(rows=1, cols=3, subplot_titles=(
-        "loss the trainer reports (what you watch)",
-        "response-only loss (what matters)",
-        "exact match, examples run alone"))
-    for setup, runs in groups.items():
-        c = colour(setup, order)
-        _band(fig, runs, "train", "reported_loss", setup, 1, 1, c, True)
-        _band(fig, runs, "train", "response_loss", setup, 2, 1, c, False)
-        _band(fig, runs, "eval", "isolated_exact_match", setup, 3, 1, c, False)
-    fig.update_xaxes(title_text="step")
-    fig.update_yaxes(range=[0, 1.02], row=1, col=3)
-    fig.update_layout(height=380, margin=dict(t=60, l=40, r=20, b=40), legend=dict(orientation="h", y=-0.2))
-    return fig
+    """The curves widget's static figure (:func:`packsim.viz.curves_figure`) for one data design."""
+    return viz_curves_figure([r for r in results.runs if data is None or r.data == data])
 
 
 def copies_figure(results: Results, data: str | None = "facts") -> go.Figure | None:
-    """In-pack response loss of first vs repeated copies per setup (facts design), or None."""
+    """In-pack response loss of first vs repeated copies per setup (facts design), or None.
+
+    Lines are means over seeds, bands their min-max. A gap between the panels is copying.
+    """
     groups = results.by_setup(data)
     if not any("response_loss_repeat" in r.curves.get("train", {}) for rs in groups.values() for r in rs):
         return None
-    order = list(groups)
     fig = make_subplots(rows=1, cols=2, subplot_titles=("first copy (in pack)", "repeated copy (in pack)"))
     for setup, runs in groups.items():
-        c = colour(setup, order)
-        _band(fig, runs, "train", "response_loss_first", setup, 1, 1, c, True)
-        _band(fig, runs, "train", "response_loss_repeat", setup, 2, 1, c, False)
+        colour = setup_colour(setup, list(groups))
+        for col, key in ((1, "response_loss_first"), (2, "response_loss_repeat")):
+            steps, mean, low, high = seed_spread(runs, "train", key)
+            if len(runs) > 1:
+                fig.add_trace(go.Scatter(x=steps + steps[::-1], y=high + low[::-1], fill="toself",
+                                         line=dict(width=0), fillcolor=colour, opacity=0.2,
+                                         hoverinfo="skip", showlegend=False), row=1, col=col)
+            fig.add_trace(go.Scatter(x=steps, y=mean, name=setup, legendgroup=setup, showlegend=col == 1,
+                                     line=dict(color=colour, width=2)), row=1, col=col)
     fig.update_xaxes(title_text="step")
     fig.update_yaxes(title_text="response loss")
     fig.update_layout(height=340, margin=dict(t=60, l=40, r=20, b=40), legend=dict(orientation="h", y=-0.25))

@@ -82,3 +82,14 @@ def test_evaluation_leaves_the_model_in_eval_mode_and_untouched(trained):
     evaluate_isolated(trained, _copy_examples(4))
     assert not trained.training
     assert all(torch.equal(before[k], v) for k, v in trained.state_dict().items())
+
+
+def test_held_out_metrics_uses_the_result_format_keys(trained):
+    from packsim.evaluate import held_out_metrics
+    from packsim.results import EVAL_KEYS
+
+    test = _copy_examples(12, seed=3)
+    out = held_out_metrics(trained, test, "buggy", capacity=64)
+    assert set(out) == set(EVAL_KEYS) - {"step"}
+    assert out["isolated_exact_match"] == evaluate_isolated(trained, test)["exact_match"]
+    assert set(held_out_metrics(trained, test)) == {"isolated_exact_match", "isolated_response_loss"}
