@@ -155,18 +155,16 @@ def forward(model, batch: PackedBatch, backend: str = "auto", inputs_embeds=None
     inputs = {"input_ids": batch.input_ids} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
     if backend == "transformers":
         return _forward_dense_mask(model, batch, inputs)
+    return _varlen_call(model, batch, inputs, packsim_backend=backend).logits
+
+
+def _varlen_call(model, batch: PackedBatch, inputs: dict, **packsim_kwargs):
+    """``model(...)`` through packsim's attention with the setup's segments as ``cu_seq_lens``."""
     cu, max_len = batch.attention_segments()
+    cu = cu.to(batch.input_ids.device)
     with _attn_implementation(model, ATTN_NAME):
-        return model(
-            **inputs,
-            position_ids=batch.position_ids,
-            use_cache=False,
-            cu_seq_lens_q=cu.to(batch.input_ids.device),
-            cu_seq_lens_k=cu.to(batch.input_ids.device),
-            max_length_q=max_len,
-            max_length_k=max_len,
-            packsim_backend=backend,
-        ).logits
+        return model(**inputs, position_ids=batch.position_ids, use_cache=False, cu_seq_lens_q=cu,
+                     cu_seq_lens_k=cu, max_length_q=max_len, max_length_k=max_len, **packsim_kwargs)
 
 
 @torch.no_grad()
@@ -178,20 +176,8 @@ def attention_maps(model, batch: PackedBatch) -> torch.Tensor:
     short packs the leakage explorer (notebooks 02, 05, 06) and the audit show.
     """
     _check_ids(model, batch)
-    cu, max_len = batch.attention_segments()
     capture: list[torch.Tensor] = []
-    with _attn_implementation(model, ATTN_NAME):
-        model(
-            input_ids=batch.input_ids,
-            position_ids=batch.position_ids,
-            use_cache=False,
-            cu_seq_lens_q=cu.to(batch.input_ids.device),
-            cu_seq_lens_k=cu.to(batch.input_ids.device),
-            max_length_q=max_len,
-            max_length_k=max_len,
-            packsim_backend="dense",
-            packsim_capture=capture,
-        )
+    _varlen_call(model, batch, {"input_ids": batch.input_ids}, packsim_backend="dense", packsim_capture=capture)
     return torch.stack(capture)  # (L, B, H, T, T)
 
 

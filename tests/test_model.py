@@ -172,3 +172,20 @@ def test_packsim_attention_rejects_segments_that_do_not_cover_the_batch(tiny_mod
     ids = torch.tensor([[1, 5, 6, 2, 1, 7, 2]])
     with pytest.raises(PacksimError, match="must cover every token"):
         tiny_model(input_ids=ids, cu_seq_lens_q=torch.tensor([0, 4], dtype=torch.int32), use_cache=False)
+
+
+def test_attention_maps_show_the_leak_only_under_the_causal_mask(examples):
+    from packsim.model import attention_maps, outside_share
+
+    model = build_model("tiny", vocab_size=VOCAB, seed=0)
+    for setup in ("buggy", "correct"):
+        batch = PackedBatch.from_examples(examples, 32, setup=setup)
+        attn = attention_maps(model, batch)  # (L, B, H, T, T)
+        L, B, H, T, _ = attn.shape
+        assert (L, H) == (2, 4) and (B, T) == batch.shape
+        assert torch.allclose(attn.sum(-1), torch.ones(L, B, H, T), atol=1e-5)
+        share = outside_share(attn, batch.seq_ids)  # (L, B, H, T)
+        first = batch.seq_ids == batch.seq_ids[:, :1]  # tokens of each row's first example
+        assert float(share.permute(1, 3, 0, 2)[first].abs().max()) == 0.0
+        later = float(share.permute(1, 3, 0, 2)[~first & batch.real_mask].max())
+        assert (later > 0.05) if setup == "buggy" else (later == 0.0)
