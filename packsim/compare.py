@@ -87,8 +87,6 @@ def experiment_config(data: str = "tasks", fast: bool | None = None, **overrides
         cfg.n_test = 256
         cfg.throughput_steps = 3
         cfg.train = replace(cfg.train, steps=300, eval_every=100)
-        if data == "facts":
-            cfg.n_entities = 200
     train_fields = set(TrainConfig.__dataclass_fields__)
     cfg.train = replace(cfg.train, **{k: v for k, v in overrides.items() if k in train_fields})
     for key, value in overrides.items():
@@ -279,7 +277,12 @@ def run_comparison(cfg: ExperimentConfig, device=None, out: str | Path | None = 
         runs = _run_parallel(cfg, tasks, str(device), out, callback, progress, jobs)
     results.runs = runs
     pair = ["padded", "correct"] + (["buggy"] if "buggy" in cfg.setups else [])
-    results.throughput = measure_throughput(pair, cfg.throughput_steps, device)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(_threads_per_job(jobs))  # measured like the runs: one lane's threads
+    try:
+        results.throughput = measure_throughput(pair, cfg.throughput_steps, device)
+    finally:
+        torch.set_num_threads(threads)
     results.wall_s = time.perf_counter() - start
     if out is not None:
         from .report import write_report
@@ -304,8 +307,12 @@ def _worker(cfg, name, seed, device, out, queue, threads) -> RunResult:
     return _run_and_save(cfg, name, seed, device, out, queue.put if queue is not None else None, False)
 
 
+def _threads_per_job(jobs: int) -> int:
+    return max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else torch.get_num_threads()
+
+
 def _run_parallel(cfg, tasks, device, out, callback, progress, jobs) -> list[RunResult]:
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    threads = _threads_per_job(jobs)
     ctx = multiprocessing.get_context("spawn")
     with ctx.Manager() as manager, ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
         queue = manager.Queue() if callback is not None else None
@@ -377,6 +384,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--examples-per-step", type=int, help="examples per step (default 224)")
     p.add_argument("--n-test", type=int, help="held-out examples per test set (default 256 fast, 512 full)")
     p.add_argument("--throughput-steps", type=int, help="steps of the long-tailed throughput measurement")
+    p.add_argument("--entities", type=int, help="facts design: number of entities (default 400)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: packsim.get_device())")
     p.add_argument("--jobs", type=int, help="runs in parallel processes (default: one per CPU core on CPU, 1 on CUDA)")
     p.add_argument("--out", help="output folder (default: runs/<data>-<mode>)")
@@ -391,6 +399,7 @@ def run(args: argparse.Namespace) -> int:
             "examples_per_step": args.examples_per_step,
             "n_test": args.n_test,
             "throughput_steps": args.throughput_steps,
+            "n_entities": args.entities,
         }.items()
         if v is not None
     }

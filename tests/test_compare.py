@@ -56,9 +56,10 @@ def test_trained_models_are_saved_and_load_back(tasks_out):
 
 
 def test_facts_design_records_first_and_repeat_copies(tmp_path):
-    assert main(["compare", "--fast", *TINY, "--data", "facts", "--setups", "buggy", "--out", str(tmp_path)]) == 0
+    args = ["compare", "--fast", *TINY, "--data", "facts", "--entities", "30", "--setups", "buggy"]
+    assert main([*args, "--out", str(tmp_path)]) == 0
     run = Results.load(tmp_path).runs[0]
-    assert run.data == "facts"
+    assert run.data == "facts" and Results.load(tmp_path).config["n_entities"] == 30
     assert {"response_loss_first", "response_loss_repeat", "heldout_exact_match"} <= set(run.final)
 
 
@@ -74,3 +75,17 @@ def test_budgets_and_bad_options():
         experiment_config("tasks", setups=["corect"])
     with pytest.raises(PacksimError, match="unknown experiment option 'stepz'"):
         experiment_config("tasks", stepz=3)
+
+
+def test_parallel_runs_stream_records_and_match_in_process_runs():
+    from packsim.compare import run_comparison
+
+    cfg = experiment_config("tasks", fast=True, steps=2, examples_per_step=8, n_test=8, throughput_steps=0)
+    records = []
+    parallel = run_comparison(cfg, device="cpu", callback=records.append, progress=False, jobs=2)
+    inline = run_comparison(cfg, device="cpu", progress=False, jobs=1)
+    assert sorted((r.setup, r.kind, r.step) for r in records) == sorted(
+        (s, k, step) for s in ("buggy", "correct") for k, step in (("train", 1), ("train", 2), ("eval", 2)))
+    assert [r.setup for r in parallel.runs] == ["buggy", "correct"] and parallel.env["parallel_runs"] == 2
+    for a, b in zip(parallel.runs, inline.runs, strict=True):
+        assert a.curves["train"]["reported_loss"] == pytest.approx(b.curves["train"]["reported_loss"], abs=1e-5)
