@@ -188,3 +188,30 @@ def close_tree(w: widgets.Widget) -> None:
     for child in getattr(w, "children", ()):
         close_tree(child)
     w.close()
+
+
+# Heatmap colours of a (query block, key block) grid: skipped | partial | full (mask and tile views).
+TILE_SCALE = [
+    [0, "#f4f4f4"],
+    [0.33, "#f4f4f4"],
+    [0.33, "#9ecae1"],
+    [0.66, "#9ecae1"],
+    [0.66, "#08519c"],
+    [1, "#08519c"],
+]
+
+
+def tile_colorbar(length: float, x: float, y: float) -> dict:
+    """Horizontal colorbar labelling :data:`TILE_SCALE` (skipped / partial / full)."""
+    return dict(tickvals=[0.33, 1, 1.67], ticktext=["skipped", "partial", "full"],
+                orientation="h", len=length, thickness=12, x=x, y=y)
+
+
+def row_dropdown(batch, row: int):
+    """Dropdown over the rows of a batch (disabled when there is only one)."""
+    import ipywidgets as widgets
+
+    B = batch.shape[0]
+    return widgets.Dropdown(options=list(range(B)), value=check_row(batch, row), description="row",
+                            disabled=B == 1, layout=widgets.Layout(width="160px"))
+

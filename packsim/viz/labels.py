@@ -22,6 +22,7 @@ from ._common import (
     check_row,
     escape,
     example_colour,
+    row_dropdown,
     style_html,
     token_glyphs,
 )
@@ -114,14 +115,7 @@ class LabelViewer(PacksimWidget):
         self._setups = _resolve(list(setups) + ["buggy", "loss_fix", "mask_fix", "correct"])
         names = list(_resolve(setups))
         options = list(self._setups)
-        B = batch.shape[0]
-        self.row = widgets.Dropdown(
-            options=list(range(B)),
-            value=check_row(batch, row),
-            description="row",
-            disabled=B == 1,
-            layout=widgets.Layout(width="160px"),
-        )
+        self.row = row_dropdown(batch, row)
         self.setups = widgets.SelectMultiple(
             options=options, value=tuple(names), description="setups", rows=min(4, len(options))
         )

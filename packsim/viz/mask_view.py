@@ -18,20 +18,22 @@ from plotly.subplots import make_subplots
 from ..data import make_examples
 from ..errors import PacksimError
 from ..masks import block_diagonal_mask, block_sparsity, causal_mask, flex_block_mask
-from ._common import PacksimWidget, as_batch, check_row, show_figure, style_html, token_glyphs
+from ._common import (
+    TILE_SCALE,
+    PacksimWidget,
+    as_batch,
+    check_row,
+    row_dropdown,
+    show_figure,
+    style_html,
+    tile_colorbar,
+    token_glyphs,
+)
 
 __all__ = ["MaskExplorer", "mask_explorer", "mask_figure", "row_sparsity", "BLOCK_SIZES"]
 
 BLOCK_SIZES = (4, 8, 16, 32, 64, 128)
 _BLOCK_NAMES = ("skipped", "partial (mask applied)", "full (no mask needed)")
-_BLOCK_SCALE = [
-    [0, "#f4f4f4"],
-    [0.33, "#f4f4f4"],
-    [0.33, "#9ecae1"],
-    [0.66, "#9ecae1"],
-    [0.66, "#08519c"],
-    [1, "#08519c"],
-]
 
 
 def _check_block(block_size) -> int:
@@ -94,17 +96,9 @@ def _figure(batch, row: int, block_size: int) -> go.Figure:
             z=grid.tolist(),
             zmin=0,
             zmax=2,
-            colorscale=_BLOCK_SCALE,
+            colorscale=TILE_SCALE,
             customdata=names,
-            colorbar=dict(
-                tickvals=[0.33, 1, 1.67],
-                ticktext=["skipped", "partial", "full"],
-                orientation="h",
-                len=0.25,
-                thickness=12,
-                x=0.86,
-                y=-0.3,
-            ),
+            colorbar=tile_colorbar(0.25, 0.86, -0.3),
             hovertemplate="query block %{y}, key block %{x}: %{customdata}<extra></extra>",
         ),
         row=1,
@@ -150,15 +144,8 @@ class MaskExplorer(PacksimWidget):
 
     def __init__(self, batch, block_size: int = 16, row: int = 0):
         self.batch = batch
-        B = batch.shape[0]
         blocks = sorted(set(BLOCK_SIZES) | {_check_block(block_size)})
-        self.row = widgets.Dropdown(
-            options=list(range(B)),
-            value=check_row(batch, row),
-            description="row",
-            disabled=B == 1,
-            layout=widgets.Layout(width="160px"),
-        )
+        self.row = row_dropdown(batch, row)
         self.block = widgets.Dropdown(
             options=blocks,
             value=block_size,

@@ -27,21 +27,21 @@ from ..attention import AttentionWork, attention_work
 from ..batch import PackedBatch
 from ..errors import PacksimError
 from ..masks import check_cu_seqlens, seq_ids_from_cu_seqlens
-from ._common import PacksimWidget, check_row, escape, show_figure, style_html
+from ._common import (
+    TILE_SCALE,
+    PacksimWidget,
+    check_row,
+    escape,
+    show_figure,
+    style_html,
+    tile_colorbar,
+)
 
 __all__ = ["TileMap", "tile_map", "tile_figure", "tile_grid", "varlen_tiles", "as_cu_seqlens"]
 
 DEFAULT_LENGTHS = (100, 300, 28, 340, 256)  # FlexAttention blog's document example (1024 tokens)
 TILES = (16, 32, 64, 128, 256)
 MAX_TILES_PER_SIDE = 256
-_SCALE = [
-    [0, "#f4f4f4"],
-    [0.33, "#f4f4f4"],
-    [0.33, "#9ecae1"],
-    [0.66, "#9ecae1"],
-    [0.66, "#08519c"],
-    [1, "#08519c"],
-]
 _NAMES = ("skipped", "partial (mask per element)", "full (no mask)")
 
 
@@ -178,19 +178,11 @@ def _figure(cu: torch.Tensor, tile: int, causal: bool) -> go.Figure:
             y=centres,
             zmin=0,
             zmax=2,
-            colorscale=_SCALE,
+            colorscale=TILE_SCALE,
             xgap=1,
             ygap=1,
             customdata=names,
-            colorbar=dict(
-                tickvals=[0.33, 1, 1.67],
-                ticktext=["skipped", "partial", "full"],
-                orientation="h",
-                len=0.35,
-                thickness=12,
-                x=0.22,
-                y=-0.22,
-            ),
+            colorbar=tile_colorbar(0.35, 0.22, -0.22),
             hovertemplate=(
                 "query tile at token %{y}, key tile at token %{x}: %{customdata}<extra></extra>"
             ),
