@@ -2,6 +2,7 @@
 
 - ``packsim doctor``: check the environment (packages, device, attention backends);
 - ``packsim compare``: train setups side by side, write ``results.json`` and ``report.html``;
+- ``packsim report DIR``: rebuild ``report.html`` from ``DIR/results.json``;
 - ``packsim audit``: run the contamination audit on the built-in tiny pipeline under each setup.
 
 Each subcommand lives in the module it belongs to, which provides ``add_arguments(parser)`` and
@@ -17,6 +18,7 @@ import importlib
 SUBCOMMANDS = {
     "doctor": ("packsim.check_env", "check the environment: packages, device, attention backends"),
     "compare": ("packsim.compare", "train setups side by side; write results.json and report.html"),
+    "report": ("packsim.report", "rebuild report.html from a comparison's results.json"),
     "audit": ("packsim.audit", "audit the built-in tiny pipeline for contamination under each setup"),
 }
 

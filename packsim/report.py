@@ -186,3 +186,17 @@ def _meta(results: Results) -> str:
             f"device {html.escape(str(env.get('device')))}, torch {html.escape(str(env.get('torch')))}, "
             f"transformers {html.escape(str(env.get('transformers')))}; {html.escape(str(env.get('date')))}; "
             f"wall time {results.wall_s:.0f} s.</p>")
+
+
+def add_arguments(parser) -> None:
+    """``packsim report DIR``: rebuild ``DIR/report.html`` from ``DIR/results.json``."""
+    parser.add_argument("dir", help="folder holding results.json (from packsim compare)")
+    parser.add_argument("--out", help="where to write the HTML (default: DIR/report.html)")
+
+
+def run(args) -> int:
+    results = Results.load(args.dir)
+    path = write_report(results, args.out or Path(args.dir) / "report.html")
+    print(summary_table(results))
+    print(f"wrote {path}")
+    return 0

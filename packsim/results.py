@@ -126,9 +126,10 @@ class Results:
         )
 
     def save(self, path: str | Path) -> Path:
+        """Write JSON (floats kept to 6 significant digits: curves stay small enough to commit)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1))
+        path.write_text(json.dumps(_compact(self.to_dict()), indent=1))
         return path
 
     @classmethod
@@ -157,6 +158,16 @@ class Results:
             s: spread([r.final[metric] for r in runs if metric in r.final])
             for s, runs in self.by_setup(data).items()
         }
+
+
+def _compact(obj):
+    if isinstance(obj, float):
+        return float(f"{obj:.6g}")
+    if isinstance(obj, dict):
+        return {k: _compact(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_compact(v) for v in obj]
+    return obj
 
 
 def spread(values: list[float]) -> dict[str, float]:

@@ -89,3 +89,11 @@ def test_parallel_runs_stream_records_and_match_in_process_runs():
     assert [r.setup for r in parallel.runs] == ["buggy", "correct"] and parallel.env["parallel_runs"] == 2
     for a, b in zip(parallel.runs, inline.runs, strict=True):
         assert a.curves["train"]["reported_loss"] == pytest.approx(b.curves["train"]["reported_loss"], abs=1e-5)
+
+
+def test_report_subcommand_rebuilds_the_html(tasks_out, tmp_path, capsys):
+    assert main(["report", str(tasks_out), "--out", str(tmp_path / "r.html")]) == 0
+    assert "Buggy vs correct, measured" in (tmp_path / "r.html").read_text()
+    assert "isolated exact match" in capsys.readouterr().out
+    with pytest.raises(PacksimError, match="no results at"):
+        main(["report", str(tmp_path / "missing")])

@@ -1,0 +1,153 @@
+"""The benchmark scripts run end to end on tiny sizes and write their tables and JSON.
+
+Speed and memory are measured in benchmarks/, never asserted here: these tests only check that
+each CPU script's --quick mode runs in a fresh process, prints its Markdown table last and
+writes consistent results, that the packing benchmark skips TRL cleanly when it cannot be
+imported, and that gpu.py's CPU-testable parts (arguments, checks, table, JSON, the no-CUDA
+exit) work.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+
+
+def run_script(script: str, out: Path, *args: str) -> str:
+    """Run ``benchmarks/<script> *args --out out`` in a fresh Python; return its stdout."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), *args, "--out", str(out)],
+        capture_output=True, text=True, timeout=180, cwd=ROOT, env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def last_line_is_table(stdout: str) -> None:
+    last = stdout.strip().splitlines()[-1]
+    assert last.startswith("|") and last.endswith("|"), f"last line is not a table row: {last!r}"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    """Load a benchmark script as a module (``bench("gpu")``), benchmarks/ on sys.path meanwhile."""
+    sys.path.insert(0, str(BENCH))
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    yield load
+    sys.path.remove(str(BENCH))
+
+
+def test_packing_quick_runs_and_reports_every_packer(tmp_path):
+    out = run_script("packing.py", tmp_path, "--quick", "--sizes", "2000", "--uniform-sizes", "500",
+                     "--capacities", "512", "--repeats", "1")
+    last_line_is_table(out)
+    data = json.loads((tmp_path / "packing.json").read_text())
+    rows = {(r["mix"], r["packer"]): r for r in data["rows"]}
+    packers = {p for _, p in rows}
+    assert {"wrapped", "ffd", "bfd"} <= packers
+    bfd = rows[("long_tailed", "bfd")]
+    assert bfd["packs"] >= bfd["lower_bound"] == -(-bfd["tokens"] // 512)
+    assert bfd["fill"] == pytest.approx(bfd["tokens"] / (bfd["packs"] * 512))
+    if "trl_bfd_1batch" in packers:  # both BFDs truncate to the capacity: same tokens placed
+        assert rows[("long_tailed", "trl_bfd_1batch")]["tokens"] == bfd["tokens"]
+        assert set(bfd["ratio_vs"]) == {"trl_bfd", "trl_bfd_1batch"}
+
+
+def test_packing_skips_trl_cleanly_when_it_does_not_import(bench, tmp_path, monkeypatch, capsys):
+    packing = bench("packing")
+    monkeypatch.setitem(sys.modules, "trl", None)  # `import trl` now raises ImportError
+    assert packing.main(["--sizes", "500", "--uniform-sizes", "200", "--capacities", "512",
+                         "--repeats", "1", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "TRL columns skipped: TRL is not importable here" in out
+    last_line_is_table(out)
+    data = json.loads((tmp_path / "packing.json").read_text())
+    assert {r["packer"] for r in data["rows"]} == {"wrapped", "ffd", "bfd"}
+    assert data["trl"].startswith("not run")
+
+
+def test_attention_quick_runs_each_measurement_in_its_own_process(tmp_path):
+    out = run_script("attention.py", tmp_path, "--quick", "--sizes", "128", "--paths", "blocked",
+                     "--iters", "1")
+    last_line_is_table(out)
+    isolated = json.loads((tmp_path / "attention.json").read_text())
+    assert isolated["isolated"] and isolated["rows"][0]["peak_mb"]["n"] == 1
+
+
+def test_attention_rows_ratios_and_work_counts(bench, tmp_path, capsys):
+    attention = bench("attention")
+    assert attention.main(["--sizes", "256", "--paths", "dense,blocked,causal", "--iters", "1",
+                           "--in-process", "--out", str(tmp_path)]) == 0
+    last_line_is_table(capsys.readouterr().out)
+    rows = {r["path"]: r for r in json.loads((tmp_path / "attention.json").read_text())["rows"]}
+    assert set(rows) == {"dense", "blocked", "causal"}
+    assert sum(rows["blocked"]["theory"].values()) > 0
+    # score pairs: dense N^2 > causal N(N+1)/2 > per-example sum L_i(L_i+1)/2
+    assert rows["dense"]["pairs"] == 256 * 256 > rows["causal"]["pairs"] > rows["blocked"]["pairs"]
+    assert rows["blocked"]["fwd_bwd_vs_blocked"]["median"] == 1.0
+
+
+def test_throughput_quick_runs_and_both_modes_compute_the_same_loss(tmp_path):
+    out = run_script("throughput.py", tmp_path, "--quick", "--steps", "1", "--examples-per-step", "8",
+                     "--padded-batch", "4", "--capacity", "512")
+    last_line_is_table(out)
+    s = json.loads((tmp_path / "throughput.json").read_text())["summary"]
+    assert s["padded"]["real_tokens"] == s["packed"]["real_tokens"] > 0
+    assert s["packed"]["all_tokens"] <= s["padded"]["all_tokens"] or s["padded"]["pad_fraction"] < 0.1
+    # same init, same examples, correct setup vs one example per row: same loss
+    assert s["step0_loss"]["abs_diff"] < 1e-4
+    assert s["token_ratio"] == pytest.approx(s["token_ceilings"]["4"])
+
+
+def test_gpu_script_parts_work_without_cuda(bench, tmp_path, capsys):
+    gpu = bench("gpu")
+    args = gpu.parse_args(["--quick"])
+    assert args.sizes == gpu.QUICK_SIZES and args.steps == 3 and args.paths == list(gpu.PATHS)
+    with pytest.raises(SystemExit):
+        gpu.parse_args(["--paths", "flash,nonsense"])
+    lines = gpu.plan(args, gpu.kernel_availability())
+    assert any(line.strip().startswith("flex") for line in lines)
+    assert gpu.check_label("flash", {"out": 0.004, "dq": 0.01, "dk": 0.01, "dv": 0.01}) == "ok"
+    assert gpu.check_label("flash", {"out": 0.004, "dq": 0.5, "dk": 0.01, "dv": 0.01}) == "FAIL"
+    assert gpu.check_label("causal", {"out": 0.8, "dq": 0.8, "dk": 0.8, "dv": 0.8}).startswith("differs")
+    rows = [{"n": 4096, "examples": 40, "path": "flash", "fwd_s": {"median": 0.001, "min": 0.001,
+             "max": 0.002, "n": 3}, "peak_gib": 0.5, "rel_err": {"out": 0.004, "dq": 0.01, "dk": 0.01,
+             "dv": 0.01}, "check": "ok"}]
+    table = gpu.attention_table(rows)
+    assert "| 4,096" in table and "flash" in table and "0.004" in table
+    payload = gpu.build_payload(args, {"gpu": "test"}, {}, rows, None, [], 1.0, "cmd")
+    assert json.loads(json.dumps(payload))["attention"][0]["path"] == "flash"
+    if not torch.cuda.is_available():
+        assert gpu.main(["--quick", "--out", str(tmp_path)]) == 0
+        assert "CUDA is not available" in capsys.readouterr().out
+        assert not (tmp_path / "gpu.json").exists()
+
+
+def test_gpu_measurement_logic_on_cpu(bench, tmp_path, capsys):
+    """The CUDA code path run on CPU at a tiny size: exact paths match the fp32 reference, the
+    causal mask over the pack does not (it leaks across examples)."""
+    assert bench("gpu").main(["--device", "cpu", "--sizes", "256", "--paths", "sdpa_dense,blocked,causal",
+                            "--heads", "2", "--head-dim", "16", "--iters", "1", "--no-train",
+                            "--out", str(tmp_path)]) == 0
+    last_line_is_table(capsys.readouterr().out)
+    rows = {r["path"]: r for r in json.loads((tmp_path / "gpu.json").read_text())["attention"]}
+    assert rows["blocked"]["check"] == rows["sdpa_dense"]["check"] == "ok"
+    assert rows["causal"]["check"].startswith("differs")
+    assert rows["blocked"]["vs_fastest"]["path"] in {"blocked", "sdpa_dense"}
