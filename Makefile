@@ -21,12 +21,14 @@ else
 endif
 STAMP := $(ENV_DIR)/.packsim-setup.stamp
 
-.PHONY: setup lab test check html clean help
+.PHONY: setup lab test check html clean help bench bench-quick
 
 help:
 	@echo "make lab    set up (first run only) and open the course in JupyterLab"
 	@echo "make test   set up (first run only) and run the whole test suite"
 	@echo "make check  lint (ruff) and check notebooks carry no outputs"
+	@echo "make bench  CPU benchmarks (packing vs TRL, attention, throughput; < 15 min) -> benchmarks/results"
+	@echo "make bench-quick  the same in quick mode (< 2 min) -> runs/bench-quick"
 
 .venv/bin/python:
 	$(PYTHON) -m venv .venv
@@ -55,3 +57,16 @@ check: setup
 
 clean:
 	rm -rf .venv .pytest_cache .ruff_cache .hypothesis site runs
+
+# Benchmarks (benchmarks/README.md): speed and memory are measured here, never asserted in tests.
+bench: setup
+	$(PY) benchmarks/packing.py
+	$(PY) benchmarks/attention.py
+	$(PY) benchmarks/throughput.py
+	$(PY) benchmarks/plots.py
+
+bench-quick: setup
+	$(PY) benchmarks/packing.py --quick
+	$(PY) benchmarks/attention.py --quick
+	$(PY) benchmarks/throughput.py --quick
+	$(PY) benchmarks/plots.py --dir runs/bench-quick

@@ -1,0 +1,322 @@
+"""Benchmark 1: packing quality and speed, packsim wrapped / FFD / BFD vs TRL's ``pack_dataset``.
+
+Feeds notebook 01 (why pack) and the README. For each length mix, size and capacity, every
+packer packs the same lengths, side by side in one run, ``--repeats`` rounds in rotating order.
+Reported: packs used, fill ratio, gap to the lower bound ``ceil(total / capacity)``, time
+(median [min-max] over the rounds) and the packsim/TRL time ratio (paired per round)::
+
+    python benchmarks/packing.py            # 10k / 100k / 1M lengths x capacities 512 / 2048 / 8192
+    python benchmarks/packing.py --quick    # 10k lengths only, well under a minute
+
+TRL is optional (``pip install -e '.[bench]'``); without it the TRL columns are skipped and the
+script says so.
+
+What is timed, exactly:
+
+- packsim: ``packsim.pack(lengths, capacity, strategy, overflow="truncate")``: which example goes
+  in which row, from the lengths alone (what ``PackedBatch.from_examples`` uses).
+- TRL: ``trl.pack_dataset(dataset, capacity, strategy)`` on a ``datasets.Dataset`` with one int8
+  token column built beforehand (not timed). It computes the same assignment and also moves the
+  token data (an Arrow ``take``; cheap at one byte per token). ``trl_bfd`` / ``trl_wrapped`` use
+  ``datasets``' default map batch of 1000 examples, which is how ``SFTTrainer`` calls it: every
+  batch of 1000 examples is packed on its own. ``trl_bfd_1batch`` / ``trl_wrapped_1batch`` pass
+  ``map_kwargs={"batch_size": None}``: one global packing, as packsim does.
+
+Both BFDs truncate examples longer than the capacity (TRL's ``bfd`` does; packsim gets
+``overflow="truncate"``), so they place exactly the same tokens; ``wrapped`` cuts instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import benchutil as bu
+import numpy as np
+
+import packsim
+from packsim.data import long_tailed_lengths, uniform_lengths
+from packsim.packing import packing_stats
+
+PACKSIM = ("wrapped", "ffd", "bfd")
+# name -> (TRL strategy, map_kwargs)
+TRL_PACKERS = {
+    "trl_bfd": ("bfd", {}),
+    "trl_bfd_1batch": ("bfd", {"batch_size": None}),
+    "trl_wrapped": ("wrapped", {}),
+    "trl_wrapped_1batch": ("wrapped", {"batch_size": None}),
+}
+# packsim strategy -> the TRL packers its time is compared with (SFTTrainer batching, one batch)
+COUNTERPART = {
+    "wrapped": ("trl_wrapped", "trl_wrapped_1batch"),
+    "ffd": ("trl_bfd", "trl_bfd_1batch"),  # TRL has no FFD: compared with its BFD
+    "bfd": ("trl_bfd", "trl_bfd_1batch"),
+}
+MIXES = {
+    "long_tailed": "lognormal, median 90, sigma 1.0, clipped to [1, 2048] (packsim.data.long_tailed_lengths)",
+    "uniform": "uniform on [1, 512] (packsim.data.uniform_lengths)",
+}
+
+
+# ------------------------------------------------------------------------------ inputs
+
+
+def make_lengths(mix: str, n: int, seed: int = 0) -> np.ndarray:
+    """Example lengths (n,) int64 of a mix in :data:`MIXES`."""
+    if mix == "long_tailed":
+        return long_tailed_lengths(n, median=90, sigma=1.0, max_len=2048, min_len=1, seed=seed)
+    if mix == "uniform":
+        return uniform_lengths(n, 1, 512, seed=seed)
+    raise ValueError(f"unknown mix {mix!r}; use one of {sorted(MIXES)}")
+
+
+def trl_status() -> tuple[bool, str]:
+    """(importable, version or why not) for TRL's ``pack_dataset`` and ``datasets``."""
+    try:
+        import trl  # before datasets: fails fast when TRL is missing
+        from trl import pack_dataset  # noqa: F401
+    except Exception as err:  # ImportError, or a broken install raising something else
+        return False, f"{type(err).__name__}: {err}"
+    import datasets  # a dependency of TRL
+
+    datasets.disable_progress_bars()
+    return True, f"trl {trl.__version__}, datasets {datasets.__version__}"
+
+
+def token_dataset(lengths: np.ndarray):
+    """A ``datasets.Dataset`` with one ``input_ids`` column: example i is ``lengths[i]`` int8 zeros."""
+    import pyarrow as pa
+    from datasets import Dataset
+    from datasets.table import InMemoryTable
+
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    values = pa.array(np.zeros(int(offsets[-1]), dtype=np.int8))
+    column = pa.LargeListArray.from_arrays(pa.array(offsets), values)
+    return Dataset(InMemoryTable(pa.table({"input_ids": column})))
+
+
+# ------------------------------------------------------------------------------ one packer
+
+
+def packsim_stats(lengths: np.ndarray, packs, capacity: int) -> dict:
+    """Rows used, tokens placed, lower bound, fill and gap of packsim packs."""
+    s = packing_stats(lengths, packs, capacity)
+    return {
+        "packs": s.n_packs,
+        "tokens": s.total_tokens,
+        "lower_bound": s.lower_bound,
+        "fill": s.fill_ratio,
+        "gap": s.gap_to_lower_bound,
+    }
+
+
+def trl_stats(packed, capacity: int) -> dict:
+    """The same numbers for a TRL packed dataset (row length = tokens in the row)."""
+    import pyarrow.compute as pc
+
+    table = packed.with_format("arrow")[:]
+    row_len = pc.list_value_length(table["input_ids"]).to_numpy()
+    if row_len.size and int(row_len.max()) > capacity:
+        raise RuntimeError(f"TRL produced a row of {int(row_len.max())} > {capacity} tokens")
+    total, rows = int(row_len.sum()), len(row_len)
+    lb = -(-total // capacity)
+    return {
+        "packs": rows,
+        "tokens": total,
+        "lower_bound": lb,
+        "fill": total / (rows * capacity) if rows else 0.0,
+        "gap": rows / lb - 1 if lb else 0.0,
+    }
+
+
+def packer_call(name: str, lengths: np.ndarray, capacity: int, dataset):
+    """A zero-argument callable running packer ``name`` once, and a function giving its stats."""
+    if name in PACKSIM:
+        def run():
+            return packsim.pack(lengths, capacity, strategy=name, overflow="truncate")
+
+        return run, lambda packs: packsim_stats(lengths, packs, capacity)
+    from trl import pack_dataset
+
+    strategy, map_kwargs = TRL_PACKERS[name]
+
+    def run_trl():
+        return pack_dataset(dataset, capacity, strategy, map_kwargs=dict(map_kwargs))
+
+    return run_trl, lambda out: trl_stats(out, capacity)
+
+
+# ------------------------------------------------------------------------------ one configuration
+
+
+def bench_config(lengths, capacity: int, packers: list[str], dataset, repeats: int) -> dict:
+    """Time every packer on the same lengths, ``repeats`` rounds in rotating order.
+
+    Returns ``{packer: {"times": [...], "time_s": summary, **stats}}``; stats come from round 0
+    and are computed outside the timed region.
+    """
+    calls = {p: packer_call(p, lengths, capacity, dataset) for p in packers}
+    out: dict[str, dict] = {p: {"times": []} for p in packers}
+    for r in range(repeats):
+        order = packers[r % len(packers):] + packers[: r % len(packers)]
+        for p in order:
+            run, stats = calls[p]
+            t0 = time.perf_counter()
+            result = run()
+            out[p]["times"].append(time.perf_counter() - t0)
+            if r == 0:
+                out[p].update(stats(result))
+            del result
+    for p in packers:
+        out[p]["time_s"] = bu.summarize(out[p]["times"])
+    return out
+
+
+def add_ratios(res: dict) -> None:
+    """packsim/TRL time ratios (paired per round) for every packsim packer with a TRL counterpart."""
+    for p in PACKSIM:
+        if p not in res:
+            continue
+        res[p]["ratio_vs"] = {
+            t: bu.paired_ratio(res[p]["times"], res[t]["times"]) for t in COUNTERPART[p] if t in res
+        }
+
+
+# ------------------------------------------------------------------------------ targets and tables
+
+
+def check_targets(rows: list[dict], big_n: int) -> list[dict]:
+    """The issue's packing targets, each with the measured value and whether it was met."""
+    checks = []
+    for r in rows:
+        if r["mix"] == "long_tailed" and r["packer"] == "bfd" and r["capacity"] >= 2048:
+            ok = r["fill"] >= 0.99 and r["gap"] <= 0.005
+            checks.append({
+                "target": f"BFD fill >= 99% and gap <= 0.5% (long-tailed, n={r['n']:,}, cap {r['capacity']})",
+                "measured": f"fill {r['fill']:.2%}, gap {r['gap']:.3%} ({r['packs']} packs, LB {r['lower_bound']})",
+                "ok": ok,
+            })
+    by_key = {(r["mix"], r["n"], r["capacity"], r["packer"]): r for r in rows}
+    for r in rows:
+        if not (r["mix"] == "long_tailed" and r["packer"] == "bfd" and r["n"] == big_n):
+            continue
+        for t, ratio in r.get("ratio_vs", {}).items():
+            trl = by_key[(r["mix"], r["n"], r["capacity"], t)]
+            ok = ratio["median"] <= 0.5 and r["packs"] <= trl["packs"]
+            where = f"n={big_n:,}" + ("" if big_n >= 1_000_000 else "; the target is at 1M")
+            checks.append({
+                "target": f"packsim BFD >= 2x faster than {t}, equal or better fill ({where}, cap {r['capacity']})",
+                "measured": (
+                    f"time ratio {bu.fmt_spread(ratio)} ({1 / ratio['median']:.1f}x faster); "
+                    f"packs {r['packs']} vs {trl['packs']}"
+                ),
+                "ok": ok,
+            })
+    return checks
+
+
+def results_table(rows: list[dict]) -> str:
+    """One row per (mix, n, capacity, packer)."""
+    headers = ["mix", "n", "cap", "packer", "packs", "fill", "gap to LB", "time s (median [min-max])",
+               "packsim/TRL time (SFT batching)", "packsim/TRL time (one batch)"]
+    body = []
+    for r in rows:
+        ratios = r.get("ratio_vs", {})
+        names = COUNTERPART.get(r["packer"], ())
+        body.append([
+            r["mix"], f"{r['n']:,}", r["capacity"], r["packer"], r["packs"], f"{r['fill']:.2%}",
+            f"{r['gap']:.2%}", bu.fmt_spread(r["time_s"]),
+            *(bu.fmt_spread(ratios.get(t)) for t in (names or ("", ""))),
+        ])
+    return bu.markdown_table(headers, body)
+
+
+def targets_table(checks: list[dict]) -> str:
+    return bu.markdown_table(
+        ["target", "measured", "verdict"], [[c["target"], c["measured"], bu.verdict(c["ok"])] for c in checks]
+    )
+
+
+# ------------------------------------------------------------------------------ main
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="10k lengths only (< 1 minute)")
+    ap.add_argument("--sizes", type=bu.int_list, help="long-tailed sizes (default 10k,100k,1M; quick 10k)")
+    ap.add_argument("--uniform-sizes", type=bu.int_list,
+                    help="uniform-mix sizes (default 10k,100k; quick 10k)")
+    ap.add_argument("--capacities", type=bu.int_list, default=[512, 2048, 8192])
+    ap.add_argument("--repeats", type=int, default=3, help="rounds per configuration (default 3)")
+    ap.add_argument("--no-trl", action="store_true", help="skip TRL even if it is installed")
+    ap.add_argument("--out", help="results folder (default benchmarks/results, quick: runs/bench-quick)")
+    args = ap.parse_args(argv)
+    if args.sizes is None:
+        args.sizes = [10_000] if args.quick else [10_000, 100_000, 1_000_000]
+    if args.uniform_sizes is None:
+        args.uniform_sizes = [10_000] if args.quick else [10_000, 100_000]
+    if args.repeats < 1:
+        ap.error("--repeats must be >= 1")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    before = bu.machine_info(threads=None)
+    has_trl, trl_note = (False, "skipped (--no-trl)") if args.no_trl else trl_status()
+    if not has_trl:
+        print(f"TRL columns skipped: TRL is not importable here ({trl_note}). "
+              "Install it with pip install -e '.[bench]' to compare.", flush=True)
+    packers = list(PACKSIM) + (list(TRL_PACKERS) if has_trl else [])
+    if has_trl:  # one-time costs (imports, first map) outside every timed configuration
+        bench_config(make_lengths("long_tailed", 200), 512, packers, token_dataset(make_lengths("long_tailed", 200)), 1)
+    rows = []
+    t_start = time.perf_counter()
+    for mix, sizes in (("long_tailed", args.sizes), ("uniform", args.uniform_sizes)):
+        for n in sizes:
+            lengths = make_lengths(mix, n)
+            t0 = time.perf_counter()
+            dataset = token_dataset(lengths) if has_trl else None
+            build_s = time.perf_counter() - t0
+            for cap in args.capacities:
+                res = bench_config(lengths, cap, packers, dataset, args.repeats)
+                add_ratios(res)
+                for p in packers:
+                    rows.append({"mix": mix, "n": n, "capacity": cap, "packer": p,
+                                 "dataset_build_s": build_s if p in TRL_PACKERS else None, **res[p]})
+                bfd = res["bfd"]
+                print(f"{mix:11s} n={n:>9,} cap={cap:>5}: bfd {bfd['packs']} packs, fill "
+                      f"{bfd['fill']:.2%}, {bfd['time_s']['median']:.3f} s"
+                      + (f"; trl_bfd {res['trl_bfd']['time_s']['median']:.3f} s" if has_trl else ""),
+                      flush=True)
+            del dataset
+    checks = check_targets(rows, max(args.sizes))
+    after = bu.machine_info(threads=None)
+    out = bu.out_dir(args.out, args.quick)
+    payload = {
+        "benchmark": "packing",
+        "command": " ".join(["python benchmarks/packing.py", *(sys.argv[1:] if argv is None else argv)]),
+        "machine": after,
+        "load": bu.load_note(before, after),
+        "trl": trl_note if has_trl else f"not run: {trl_note}",
+        "mixes": MIXES,
+        "repeats": args.repeats,
+        "wall_s": time.perf_counter() - t_start,
+        "rows": rows,
+        "targets": checks,
+    }
+    path = bu.save_json(Path(out) / "packing.json", payload)
+    print(f"\nwrote {path} ({payload['wall_s']:.0f} s; {payload['load']})\n")
+    print(results_table(rows))
+    print()
+    if not has_trl:
+        print("(TRL columns skipped: TRL not importable; the speed target needs it.)")
+    print(targets_table(checks))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
