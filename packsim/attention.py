@@ -335,50 +335,54 @@ def _length_buckets(lengths: list[int], ratio: float = _BUCKET_RATIO) -> list[li
     return buckets
 
 
-def _bucket_attention(q, k, v, starts, lens, causal, scale):
-    """One bucket: gather S_b sequences, right-pad to L_b, SDPA, return (sum L, H, D) + token ids."""
-    dev = q.device
-    L = max(lens)
-    pos = torch.arange(L, device=dev)  # (L,)
-    start_t = torch.tensor(starts, device=dev)[:, None]  # (S_b, 1)
-    len_t = torch.tensor(lens, device=dev)[:, None]  # (S_b, 1)
-    valid = pos[None, :] < len_t  # (S_b, L)
-    idx = torch.where(valid, start_t + pos[None, :], 0)  # (S_b, L) token index (0 = pad slot)
-    padded = min(lens) < L
+def _bucket_slots(starts, lengths, buckets, N, device):
+    """Slot layout of the buckets: per bucket (S_b, L_b) and its token index per slot (S_b*L_b,).
 
-    def gather(x):  # (N, H, D) -> (S_b, H, L, D), padding slots zeroed
-        g = x[idx]  # (S_b, L, H, D)
-        if padded:
-            g = g.masked_fill(~valid[:, :, None, None], 0)
-        return g.transpose(1, 2)
-
-    qb, kb, vb = gather(q), gather(k), gather(v)
-    if causal:  # right padding is safe: real query t only sees keys <= t, all real
-        ob = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale)
-    else:  # key-padding mask (S_b, 1, 1, L); padded query rows still see real keys, no NaN
-        key_mask = valid[:, None, None, :] if padded else None
-        ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=key_mask, scale=scale)
-    ob = ob.transpose(1, 2)  # (S_b, L, H, D)
-    return ob[valid], idx[valid]  # (sum L, H, D), (sum L,)
+    Sequences of a bucket are right-padded to its longest, L_b; padding slots hold index N
+    (a zero row appended to the inputs).
+    """
+    shapes, index = [], []
+    for bucket in buckets:
+        L = max(lengths[i] for i in bucket)
+        pos = torch.arange(L, device=device)  # (L,)
+        start = torch.tensor([starts[i] for i in bucket], device=device)[:, None]  # (S_b, 1)
+        length = torch.tensor([lengths[i] for i in bucket], device=device)[:, None]  # (S_b, 1)
+        index.append(torch.where(pos[None] < length, start + pos[None], N).reshape(-1))  # (S_b*L,)
+        shapes.append((len(bucket), L))
+    return shapes, index
 
 
 def _blocked(q, k, v, cu, causal, scale):
-    """Trainable path without an N x N mask: (N, H, D) -> (N, H, D), work ~ sum L_i^2."""
-    H, N = q.shape[1], q.shape[0]
+    """Trainable path without an N x N mask: (N, H, D) -> (N, H, D), work ~ sum L_i^2.
+
+    One gather puts every sequence in its length bucket's padded (S_b, H, L_b, D) block, SDPA
+    runs per bucket, and one gather puts the outputs back in pack order (so the backward is two
+    scatters, not one full-size gradient per bucket).
+    """
+    (N, H, D), dev = q.shape, q.device
     k, v = _repeat_kv(k, H), _repeat_kv(v, H)
     offs = cu.tolist()
     starts, lengths = offs[:-1], [b - a for a, b in pairwise(offs)]
-    outs, tokens = [], []
-    for bucket in _length_buckets(lengths):
-        o, t = _bucket_attention(
-            q, k, v, [starts[i] for i in bucket], [lengths[i] for i in bucket], causal, scale
-        )
-        outs.append(o)
-        tokens.append(t)
-    out, token = torch.cat(outs), torch.cat(tokens)  # (N, H, D) in bucket order, (N,)
-    inverse = torch.empty_like(token)
-    inverse[token] = torch.arange(N, device=q.device)
-    return out[inverse]  # (N, H, D) in pack order
+    shapes, index = _bucket_slots(starts, lengths, _length_buckets(lengths), N, dev)
+    slots = torch.cat(index)  # (n_slots,): token per slot, N = padding
+    slot_of = torch.empty(N + 1, dtype=torch.long, device=dev)
+    slot_of[slots] = torch.arange(slots.numel(), device=dev)  # token -> its slot
+    sizes = [S * L for S, L in shapes]
+
+    def gather(x):  # (N, H, D) -> per bucket (S_b*L_b, H, D), zeros in padding slots
+        return torch.cat([x, x.new_zeros(1, H, D)])[slots].split(sizes)
+
+    outs = []
+    for qb, kb, vb, (S, L), idx in zip(gather(q), gather(k), gather(v), shapes, index, strict=True):
+        qb, kb, vb = (x.view(S, L, H, D).transpose(1, 2) for x in (qb, kb, vb))  # (S_b, H, L, D)
+        if causal:  # right padding is safe: real query t only sees keys <= t, all real
+            ob = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale)
+        else:  # key-padding mask (S_b, 1, 1, L); padded query rows still see real keys, no NaN
+            valid = idx.view(S, L) < N
+            mask = None if bool(valid.all()) else valid[:, None, None, :]
+            ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale)
+        outs.append(ob.transpose(1, 2).reshape(S * L, H, D))
+    return torch.cat(outs)[slot_of[:N]]  # (N, H, D) in pack order
 
 
 def _flex(q, k, v, cu, causal, scale):
