@@ -1,8 +1,8 @@
 """Synthetic facts with paraphrased questions: the data design where the loss curve lies (notebook 05).
 
-Each entity (a made-up 5-letter name) has three attributes (colour, home town, year). A fact is
-asked with several paraphrased templates, e.g. ``color of tavin?`` / ``tavin color=`` /
-``what color is tavin?`` -> ``red``. One template per attribute is held out of training.
+Each entity (a made-up 4-letter name) has three attributes (colour, birth year, room number). A
+fact is asked with several paraphrased templates, e.g. ``color of tavo?`` / ``tavo color=`` /
+``what color is tavo?`` -> ``red``. One template per attribute is held out of training.
 
 The training stream puts **two copies of each question side by side** (real data has this shape:
 duplicated or near-duplicated samples that a sequential packer keeps next to each other). Packed
@@ -24,23 +24,26 @@ from .errors import PacksimError
 __all__ = ["ATTRIBUTES", "FactsData", "make_facts"]
 
 # attribute -> (values, seen templates, held-out template); "{e}" is the entity name.
+# Answers carry a few nats each (8 colours, 100 years, 900 rooms), so a fact the model has not
+# memorised costs real loss; names are short (4 letters), so a prompt costs little to predict.
 ATTRIBUTES: dict[str, tuple[tuple[str, ...], tuple[str, ...], str]] = {
     "color": (
         ("red", "blue", "green", "black", "white", "pink", "gray", "gold"),
         ("color of {e}?", "{e} color=", "what color is {e}?"),
         "{e} has which color?",
     ),
-    "home": (
-        ("oslo", "lima", "rome", "kyiv", "baku", "riga", "doha", "bern", "suva", "nuuk", "male", "apia"),
-        ("home of {e}?", "{e} lives in=", "where does {e} live?"),
-        "{e} home town?",
-    ),
     "year": (
-        tuple(str(y) for y in range(1950, 2000)),
+        tuple(str(y) for y in range(1900, 2000)),
         ("year of {e}?", "{e} born in=", "when was {e} born?"),
         "{e} birth year?",
     ),
+    "room": (
+        tuple(str(r) for r in range(100, 1000)),
+        ("room of {e}?", "{e} stays in room=", "which room is {e} in?"),
+        "{e} room number?",
+    ),
 }
+NAME_LENGTH = 4
 
 
 @dataclass
@@ -66,11 +69,11 @@ class FactsData:
 def _entities(n: int, rng: random.Random) -> list[str]:
     names: set[str] = set()
     while len(names) < n:
-        names.add("".join(rng.choices(string.ascii_lowercase, k=5)))
+        names.add("".join(rng.choices(string.ascii_lowercase, k=NAME_LENGTH)))
     return sorted(names)
 
 
-def make_facts(n_entities: int = 400, n_train: int = 20_000, seed: int = 0, copies: int = 2) -> FactsData:
+def make_facts(n_entities: int = 350, n_train: int = 20_000, seed: int = 0, copies: int = 2) -> FactsData:
     """Facts about ``n_entities`` entities; a training stream of ``n_train`` examples.
 
     ``copies`` questions in a row are the same (2 in the course; 1 gives a shuffled stream with no
