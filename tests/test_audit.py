@@ -12,7 +12,7 @@ import time
 
 import pytest
 import torch
-from conftest import EOS, VOCAB, toy_examples
+from toy import EOS, VOCAB, toy_examples
 from transformers import DataCollatorWithFlattening, GPT2Config, GPT2LMHeadModel
 
 import packsim

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from conftest import VOCAB, ToyExample, toy_examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from toy import VOCAB, ToyExample, toy_examples
 from transformers import DataCollatorWithFlattening
 
 from packsim.batch import PackedBatch

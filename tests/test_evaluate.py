@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import VOCAB, toy_examples
+from toy import VOCAB, toy_examples
 
 from packsim.batch import PackedBatch
 from packsim.errors import PacksimError

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import VOCAB, ToyExample
+from toy import VOCAB, ToyExample
 
 from packsim.attention import available_backends
 from packsim.batch import PackedBatch

@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from conftest import VOCAB, toy_examples
+from toy import VOCAB, toy_examples
 
 from packsim.errors import PacksimError
 from packsim.model import build_model

@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 import traitlets
-from conftest import BOS, EOS
+from toy import BOS, EOS
 
 from packsim.batch import PackedBatch
 from packsim.data import make_examples
