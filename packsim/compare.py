@@ -85,7 +85,7 @@ def experiment_config(data: str = "tasks", fast: bool | None = None, **overrides
     if fast:
         cfg.seeds = [0]
         cfg.n_test = 256
-        cfg.throughput_steps = 3
+        cfg.throughput_steps = 1
         cfg.train = replace(cfg.train, steps=300, eval_every=100)
     train_fields = set(TrainConfig.__dataclass_fields__)
     cfg.train = replace(cfg.train, **{k: v for k, v in overrides.items() if k in train_fields})

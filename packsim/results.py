@@ -135,7 +135,7 @@ class Results:
     @classmethod
     def load(cls, path: str | Path) -> Results:
         path = Path(path)
-        if path.is_dir():
+        if path.is_dir() or path.suffix != ".json":
             path = path / "results.json"
         if not path.exists():
             raise PacksimError(f"no results at {path}: run `packsim compare --out {path.parent}` first.")

@@ -30,7 +30,7 @@ def test_save_load_round_trip_and_summary(tmp_path):
 
 
 def test_bad_results_files_say_what_to_do(tmp_path):
-    with pytest.raises(PacksimError, match="packsim compare --out"):
+    with pytest.raises(PacksimError, match=f"packsim compare --out {tmp_path / 'nowhere'}`"):
         Results.load(tmp_path / "nowhere")
     with pytest.raises(PacksimError, match="'runs' list"):
         Results.from_dict({"config": {}})
