@@ -265,10 +265,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="no worker processes (fast tests); peak memory is then not isolated")
     ap.add_argument("--out", help="results folder (default benchmarks/results, quick: runs/bench-quick)")
     args = ap.parse_args(argv)
-    args.paths = [p.strip() for p in args.paths.split(",") if p.strip()]
-    bad = [p for p in args.paths if p not in PATHS]
-    if bad or not args.paths:
-        ap.error(f"unknown path(s) {bad}; choose from {','.join(PATHS)}")
+    args.paths = bu.parse_paths(ap, args.paths, PATHS)
     if "blocked" not in args.paths:
         ap.error("--paths must include blocked (every ratio is against it)")
     if args.sizes is None:

@@ -67,6 +67,15 @@ def time_calls(
     return times
 
 
+def parse_paths(ap: argparse.ArgumentParser, text: str, choices: Sequence[str]) -> list[str]:
+    """Comma-separated ``--paths`` value -> list, or an argparse error naming the unknown ones."""
+    paths = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in paths if p not in choices]
+    if bad or not paths:
+        ap.error(f"unknown path(s) {bad}; choose from {','.join(choices)}")
+    return paths
+
+
 def summarize(values: Sequence[float]) -> dict[str, float]:
     """``{"median", "min", "max", "n"}`` of ``values`` (NaN for an empty list)."""
     vals = [float(v) for v in values]

@@ -71,10 +71,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="cuda (default); 'cpu' only checks this script's logic at tiny sizes")
     ap.add_argument("--out", help="results folder (default benchmarks/results, quick: runs/bench-quick)")
     args = ap.parse_args(argv)
-    args.paths = [p.strip() for p in args.paths.split(",") if p.strip()]
-    bad = [p for p in args.paths if p not in PATHS]
-    if bad or not args.paths:
-        ap.error(f"unknown path(s) {bad}; choose from {','.join(PATHS)}")
+    args.paths = bu.parse_paths(ap, args.paths, PATHS)
     if args.sizes is None:
         args.sizes = QUICK_SIZES if args.quick else DEFAULT_SIZES
     if args.quick and args.steps == 10:
