@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from .batch import PackedBatch
 from .errors import PacksimError
 from .loss import IGNORE_INDEX, Role
+from .model import outside_share
 
 __all__ = ["PROBES", "ProbeResult", "WorstPair", "AuditReport", "audit", "add_arguments", "run"]
 
@@ -635,8 +636,7 @@ def _attention_mass(p: _Pipeline, base, tol) -> tuple[ProbeResult, torch.Tensor 
     if probs is None:
         return ProbeResult("attention_mass", "skipped", None, tol, why), None
     seq = p.seq.to(probs.device)  # (B, T)
-    same = (seq[:, :, None] == seq[:, None, :]) & (seq[:, :, None] >= 0)  # (B, T, T)
-    outside = (probs * (~same)[None, :, None]).sum(-1)  # (L, B, H, T)
+    outside = outside_share(probs, seq)  # (L, B, H, T)
     real_q = (seq >= 0)[None, :, None, :]  # (1, B, 1, T)
     outside = torch.where(real_q, outside, torch.zeros_like(outside))
     per_lh = outside.amax(dim=(1, 3)).cpu()  # (L, H)

@@ -102,7 +102,7 @@ def test_too_few_examples_for_the_budget_is_a_clear_error():
         train(build_model("tiny", vocab_size=VOCAB), _data(10), "correct", CFG, progress=False)
 
 
-def test_training_is_deterministic_on_cpu_despite_threads():
+def test_training_is_deterministic_whatever_the_global_rng_state():
     torch.manual_seed(123)  # global RNG state before the call must not matter
     a = _run("buggy").curves["train"]["reported_loss"]
     torch.manual_seed(999)

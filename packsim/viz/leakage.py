@@ -22,6 +22,7 @@ from ..batch import PackedBatch
 from ..errors import PacksimError
 from ..loss import Role
 from ..model import attention_maps, build_model
+from ..model import outside_share as model_outside_share
 from ..setups import get_setup
 from ._common import (
     LEAK_RED,
@@ -88,8 +89,7 @@ def outside_share(weights: torch.Tensor, seq_ids_row: torch.Tensor, query: int) 
 def mean_outside_share(weights: torch.Tensor, seq_ids_row: torch.Tensor) -> float:
     """Mean over real query tokens of their outside share: weights (T, T) (query x key) -> float."""
     real = seq_ids_row >= 0  # (T,)
-    other = seq_ids_row[:, None] != seq_ids_row[None, :]  # (T, T) key in another example
-    shares = (weights * other).sum(-1)  # (T,)
+    shares = model_outside_share(weights[None, None], seq_ids_row[None])[0, 0]  # (T,)
     return float(shares[real].mean()) if bool(real.any()) else 0.0
 
 
