@@ -27,6 +27,7 @@ help:
 	@echo "make lab    set up (first run only) and open the course in JupyterLab"
 	@echo "make test   set up (first run only) and run the whole test suite"
 	@echo "make check  lint (ruff) and check notebooks carry no outputs"
+	@echo "make html   execute the course into static HTML in site/ (offline; PACKSIM_FAST=1 for the quick one)"
 	@echo "make bench  CPU benchmarks (packing vs TRL, attention, throughput; < 15 min) -> benchmarks/results"
 	@echo "make bench-quick  the same in quick mode (< 2 min) -> runs/bench-quick"
 
@@ -55,8 +56,12 @@ check: setup
 	$(PY) -m ruff check packsim tests benchmarks
 	$(PY) -m packsim.notebook_tools check-clean notebooks
 
+# Static course (packsim/site.py): executes every notebook; npm fetches the widget manager once.
+html: setup
+	$(PY) -m packsim.site notebooks --out site
+
 clean:
-	rm -rf .venv .pytest_cache .ruff_cache .hypothesis site runs
+	rm -rf .venv .pytest_cache .ruff_cache .hypothesis site runs build
 
 # Benchmarks (benchmarks/README.md): speed and memory are measured here, never asserted in tests.
 bench: setup

@@ -27,6 +27,7 @@ import nbformat
 
 __all__ = [
     "NotebookRunError",
+    "execute",
     "execute_notebook",
     "find_notebooks",
     "has_outputs",
@@ -132,6 +133,17 @@ def execute_notebook(path: Path | str, timeout: float = 180) -> float:
     bounds the whole notebook, kernel start included. On failure raises
     :class:`NotebookRunError` with the failing cell's source and error.
     """
+    return execute(path, timeout)[1]
+
+
+def execute(
+    path: Path | str, timeout: float = 180, store_widget_state: bool = False
+) -> tuple[nbformat.NotebookNode, float]:
+    """Like :func:`execute_notebook`, but also return the executed notebook (outputs filled in).
+
+    ``store_widget_state=True`` saves the widgets' state in the notebook's metadata, which the
+    static HTML build (:mod:`packsim.site`) needs to render widgets without a kernel.
+    """
     from nbclient import NotebookClient
 
     path = Path(path)
@@ -151,12 +163,13 @@ def execute_notebook(path: Path | str, timeout: float = 180) -> float:
         timeout_func=lambda cell: max(1, int(deadline - time.monotonic())),
         resources={"metadata": {"path": str(path.parent.resolve())}},
         on_cell_start=on_cell_start,
+        store_widget_state=store_widget_state,
     )
     try:
         client.execute()
     except Exception as err:
         raise _run_error(path, nb, running[0], err, time.monotonic() - start) from err
-    return time.monotonic() - start
+    return nb, time.monotonic() - start
 
 
 # ---- command line ---------------------------------------------------------------------------

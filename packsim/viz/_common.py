@@ -10,6 +10,7 @@ the same with or without a running kernel (the Python tests read it back).
 from __future__ import annotations
 
 import html
+import os
 import sys
 import zlib
 from collections.abc import Sequence
@@ -113,13 +114,17 @@ def figure_bundle(fig: go.Figure) -> dict:
     """The mime bundle ``fig.show()`` sends with the ``plotly_mimetype`` renderer, plus text.
 
     Colab has no renderer for the plotly mime type: there (only) an HTML version is added that
-    loads plotly.js from its CDN, as plotly's own ``colab`` renderer does.
+    loads plotly.js from its CDN, as plotly's own ``colab`` renderer does. In a static HTML
+    build (``PACKSIM_STATIC=1``, :mod:`packsim.site`) an HTML version without plotly.js is
+    added, which the page's widget manager draws with the plotly.js the page embeds.
     """
     bundle = pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict())
     title = fig.layout.title.text or "plotly figure"
     bundle["text/plain"] = f"<plotly figure: {title}>"
     if "google.colab" in sys.modules:
         bundle["text/html"] = fig.to_html(include_plotlyjs="cdn", full_html=False)
+    elif os.environ.get("PACKSIM_STATIC") == "1":  # static build: the page already has plotly.js
+        bundle["text/html"] = fig.to_html(include_plotlyjs=False, full_html=False)
     return bundle
 
 
