@@ -129,6 +129,11 @@ def _cuda_problems(name: str, device: torch.device, dtype: torch.dtype | None) -
             f"{name} runs on CUDA only but the tensors are on {device.type}: move q, k, v to a "
             f"CUDA device"
         )
+    elif not torch.cuda.is_available():
+        problems.append(
+            f"{name} needs CUDA, and this torch build sees no CUDA device "
+            f"(torch {torch.__version__}, built with CUDA {torch.version.cuda})"
+        )
     elif torch.cuda.get_device_capability(device) < (8, 0):
         cap = ".".join(map(str, torch.cuda.get_device_capability(device)))
         problems.append(

@@ -201,6 +201,14 @@ def test_available_backends_statuses():
     assert not st["torch_varlen"].available and "CUDA" in st["torch_varlen"].reason
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_asking_for_cuda_without_cuda_reports_instead_of_crashing():
+    st = available_backends("cuda", torch.bfloat16)  # torch.cuda calls would assert here
+    assert st["blocked"].available
+    for name in ("flash", "torch_varlen"):
+        assert not st[name].available and "CUDA" in st[name].reason
+
+
 def test_length_buckets_cover_every_sequence_once():
     lengths = LENGTH_CASES["random"]
     buckets = _length_buckets(lengths)
