@@ -267,3 +267,14 @@ def test_every_widget_has_its_root_class_and_displays(capsys):
         w.close()
         assert w.widget.comm is None  # closed
     assert "VBox" in capsys.readouterr().out
+
+
+def test_tile_figure_draws_every_boundary_on_both_views():
+    from packsim.viz import tile_figure
+
+    fig = tile_figure([30, 50, 20], tile=16)
+    dotted = [t for t in fig.data if t.type == "scatter" and t.line.dash == "dot"]
+    assert len(dotted) == 2  # one per view
+    for t in dotted:
+        verticals = {x for x, y in zip(t.x, t.y, strict=True) if x is not None and y == 0}
+        assert verticals == {30, 80}
