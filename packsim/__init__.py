@@ -8,6 +8,7 @@ Public API (stable names):
 - :func:`varlen_attention`, :func:`available_backends` -- one varlen interface, many kernels;
 - :func:`train`, :class:`TrainConfig`, :func:`evaluate_isolated` -- the experiment (notebook 05);
 - :func:`audit`, :class:`AuditReport` -- detect contamination in any packed pipeline (notebook 06);
+- :class:`PackingCollator` -- packed, completion-only batches for the transformers ``Trainer`` (06);
 - :func:`get_device` -- the one place that picks CPU or CUDA;
 - ``packsim.viz`` -- the widgets (imported on first use: it pulls in plotly and ipywidgets).
 """
@@ -17,6 +18,7 @@ import importlib
 from .attention import available_backends, varlen_attention
 from .audit import AuditReport, audit
 from .batch import PackedBatch
+from .collator import PackingCollator
 from .device import fast_mode, get_device
 from .errors import PacksimError
 from .evaluate import evaluate_isolated
@@ -30,6 +32,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AuditReport",
     "PackedBatch",
+    "PackingCollator",
     "PacksimError",
     "Results",
     "SETUPS",
