@@ -8,6 +8,8 @@ Offline means no CDN at view time:
 
 - plotly figures: the kernel runs with ``PLOTLY_RENDERER=plotly_mimetype+notebook``, whose
   ``notebook`` half embeds plotly.js in the page once (``plotly_mimetype`` keeps JupyterLab happy);
+- figures inside widgets: every page loads ``_static/plotly.min.js`` (copied from the plotly
+  package) before anything else;
 - widgets: the widgets' state is saved at execution, and the page loads the Jupyter widget
   manager (``@jupyter-widgets/html-manager``) and ``requirejs`` from ``site/_static/``, copied
   from the npm registry's packages (``npm install`` runs once into ``build/web``);
@@ -30,6 +32,8 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+import plotly
+
 from .errors import PacksimError
 from .notebook_tools import NotebookRunError, execute, find_notebooks
 
@@ -41,9 +45,14 @@ DEFAULT_NPM_DIR = ROOT / "build" / "web"
 STATIC = "_static"
 MANAGER_JS = f"{STATIC}/html-manager/embed-amd.js"
 REQUIRE_JS = f"{STATIC}/require.js"
-# The lab template without its MathJax <script> (a CDN; the lessons use no LaTeX) ...
+PLOTLY_JS = f"{STATIC}/plotly.min.js"
+# The lab template with plotly.js loaded first (a page whose only figures sit inside widgets gets
+# none from plotly's renderer) and without its MathJax <script> (a CDN; the lessons use no LaTeX) ...
 _TEMPLATE = (
     "{%- extends 'lab/index.html.j2' -%}"
+    "{%- block html_head_js_requirejs -%}"
+    f'<script src="{PLOTLY_JS}"></script>{{{{ super() }}}}'
+    "{%- endblock html_head_js_requirejs -%}"
     "{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}"
 )
 # ... and plotly's own MathJax <script src=CDN> that its `notebook` renderer puts by each figure.
@@ -52,7 +61,7 @@ KERNEL_ENV = {"PACKSIM_STATIC": "1", "PLOTLY_RENDERER": "plotly_mimetype+noteboo
 
 
 def install_widget_assets(site: Path, npm_dir: Path = DEFAULT_NPM_DIR) -> None:
-    """Copy the widget manager and requirejs into ``site/_static`` (npm install on first use).
+    """Copy the widget manager, requirejs and plotly.js into ``site/_static`` (npm on first use).
 
     Raises PacksimError naming the fix when npm is missing or the install fails.
     """
@@ -80,6 +89,7 @@ def install_widget_assets(site: Path, npm_dir: Path = DEFAULT_NPM_DIR) -> None:
         if f.is_file() and not f.name.endswith(".map"):
             shutil.copy2(f, target / f.name)
     shutil.copy2(require, site / REQUIRE_JS)
+    shutil.copy2(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", site / PLOTLY_JS)
 
 
 @contextmanager

@@ -22,21 +22,16 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "browser"
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 
-def _notebook(path):
-    nb = new_notebook(
-        cells=[
-            new_markdown_cell("# Site test page"),
-            new_code_cell(
-                "import plotly.graph_objects as go\n"
-                "go.Figure(go.Bar(x=[1, 2, 3], y=[3, 1, 2]), layout_title_text='bars')"
-            ),
-            new_code_cell("import packsim\npacksim.viz.packing_playground(n=40)"),
-            new_code_cell("import ipywidgets\nipywidgets.IntSlider(value=7, description='slider')"),
-        ]
-    )
+def _notebook(path, title, *sources):
+    nb = new_notebook(cells=[new_markdown_cell(f"# {title}"), *map(new_code_cell, sources)])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, path)
     return path
+
+
+FIGURE = "import plotly.graph_objects as go\ngo.Figure(go.Bar(x=[1, 2, 3], y=[3, 1, 2]))"
+PLAYGROUND = "import packsim\npacksim.viz.packing_playground(n=40)"
+SLIDER = "import ipywidgets\nipywidgets.IntSlider(value=7, description='slider')"
 
 
 @pytest.fixture(scope="module")
@@ -45,23 +40,31 @@ def site(tmp_path_factory):
     if needs_npm and shutil.which("npm") is None:
         pytest.skip("the static build needs npm (Node.js) to fetch the Jupyter widget manager")
     root = tmp_path_factory.mktemp("site")
-    rows = build_site([_notebook(root / "demo.ipynb")], root / "site", timeout=300)
+    pages = [  # a plain figure, a widget holding a figure, a plain widget; then a widget alone
+        _notebook(root / "a_demo.ipynb", "Site test page", FIGURE, PLAYGROUND, SLIDER),
+        _notebook(root / "b_widget_only.ipynb", "Widget only", PLAYGROUND),
+    ]
+    rows = build_site(pages, root / "site", timeout=300)
     return root / "site", rows
 
 
 def test_build_writes_pages_and_offline_assets(site):
     out, rows = site
-    assert [(p.name, t) for p, _, t in rows] == [("demo.html", "Site test page")]
-    page = (out / "demo.html").read_text()
+    assert [(p.name, t) for p, _, t in rows] == [
+        ("a_demo.html", "Site test page"),
+        ("b_widget_only.html", "Widget only"),
+    ]
+    page = (out / "a_demo.html").read_text()
     assert "_static/html-manager/embed-amd.js" in page and "_static/require.js" in page
     assert "application/vnd.jupyter.widget-state+json" in page  # widget state saved
     assert re.findall(r"<(?:script|link)[^>]*(?:src|href)=\"https?://", page) == []  # no CDN
     assert (out / "_static" / "html-manager" / "embed-amd.js").stat().st_size > 1e6
-    assert "demo.html" in (out / "index.html").read_text()
+    assert (out / "_static" / "plotly.min.js").exists()
+    assert "b_widget_only.html" in (out / "index.html").read_text()
 
 
-def test_page_draws_figures_and_widgets_offline(site, browser):
-    out, _ = site
+def _open_offline(browser, page_path):
+    """Open a built page with every non-file request aborted; return (page, remote, errors)."""
     page = browser.new_page()
     remote, errors = [], []
 
@@ -74,14 +77,24 @@ def test_page_draws_figures_and_widgets_offline(site, browser):
 
     page.route("**/*", only_files)
     page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(page_path.as_uri())
+    return page, remote, errors
+
+
+def _drawn(page, count, where=""):
+    page.wait_for_function(
+        f"document.querySelectorAll('{where} .plotly-graph-div .main-svg').length >= {count}",
+        timeout=20000,
+    )
+
+
+def test_page_draws_figures_and_widgets_offline(site, browser):
+    out, _ = site
+    page, remote, errors = _open_offline(browser, out / "a_demo.html")
     try:
-        page.goto((out / "demo.html").as_uri())
-        # two figures drawn by plotly.js: the plain one and the one inside the widget's Output
-        page.wait_for_function(
-            "document.querySelectorAll('.plotly-graph-div .main-svg').length >= 4", timeout=20000
-        )
+        _drawn(page, 4)  # the plain figure and the one inside the widget's Output (2 svgs each)
         assert page.locator(".packsim-playground").count() == 1
-        assert page.locator(".packsim-playground .plotly-graph-div .main-svg").count() >= 2
+        _drawn(page, 2, ".packsim-playground")
         assert page.locator(".widget-slider").count() >= 1
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "site-demo.png"), full_page=True)
@@ -89,3 +102,13 @@ def test_page_draws_figures_and_widgets_offline(site, browser):
         page.close()
     assert remote == [], f"the page asked the network for {remote}"
     assert errors == [], errors
+
+
+def test_widget_figure_draws_on_a_page_without_plain_figures(site, browser):
+    out, _ = site
+    page, remote, errors = _open_offline(browser, out / "b_widget_only.html")
+    try:
+        _drawn(page, 2, ".packsim-playground")
+    finally:
+        page.close()
+    assert remote == [] and errors == [], (remote, errors)
