@@ -10,7 +10,7 @@ import math
 
 from ..batch import PackedBatch
 from ..data import make_examples
-from . import check, fail, ok
+from . import Feedback, check, fail, ok
 
 __all__ = ["check_padding_share"]
 
@@ -25,7 +25,7 @@ def _cases() -> list[tuple[str, PackedBatch]]:
 
 
 @check("padding share")
-def check_padding_share(fn) -> object:
+def check_padding_share(fn) -> Feedback:
     """``fn(batch)`` must return padding slots / all B*T slots, as a Python float in [0, 1]."""
     shares = []
     for name, batch in _cases():
