@@ -64,6 +64,7 @@ class ExperimentConfig:
     model_size: str = "tiny"
     n_test: int = 512
     n_entities: int = 350  # facts design only: hard enough that memorising takes the whole budget
+    copies: int = 2  # facts design only: copies of each question side by side in the stream
     throughput_steps: int = 8  # long-tailed packed-vs-padded measurement, per setup (0: skip)
 
     def as_dict(self) -> dict:
@@ -96,6 +97,11 @@ def experiment_config(data: str = "tasks", fast: bool | None = None, **overrides
             setattr(cfg, key, value)
     for s in cfg.setups:
         get_setup(s)  # fail early on a typo, before any training
+    if cfg.n_entities < 1 or cfg.copies < 1:
+        raise PacksimError(
+            f"the facts design needs n_entities >= 1 and copies >= 1, got {cfg.n_entities} and "
+            f"{cfg.copies}: e.g. --entities 350 --copies 2 (copies 1 is the no-duplicates control)."
+        )
     return cfg
 
 
@@ -122,7 +128,7 @@ def design_data(cfg: ExperimentConfig, seed: int) -> DesignData:
     if cfg.data == "tasks":
         train_ex, test = make_dataset(n_train, cfg.n_test, seed=seed)
         return DesignData(train_ex, {"isolated": test})
-    facts = make_facts(cfg.n_entities, n_train, seed=seed)
+    facts = make_facts(cfg.n_entities, n_train, seed=seed, copies=cfg.copies)
     return DesignData(
         facts.train,
         {
@@ -385,6 +391,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-test", type=int, help="held-out examples per test set (default 256 fast, 512 full)")
     p.add_argument("--throughput-steps", type=int, help="steps of the long-tailed throughput measurement")
     p.add_argument("--entities", type=int, help="facts design: number of entities (default 350)")
+    p.add_argument("--copies", type=int, help="facts design: copies of each question in a row (default 2)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: packsim.get_device())")
     p.add_argument("--jobs", type=int, help="runs in parallel processes (default: one per CPU core on CPU, 1 on CUDA)")
     p.add_argument("--out", help="output folder (default: runs/<data>-<mode>)")
@@ -400,6 +407,7 @@ def run(args: argparse.Namespace) -> int:
             "n_test": args.n_test,
             "throughput_steps": args.throughput_steps,
             "n_entities": args.entities,
+            "copies": args.copies,
         }.items()
         if v is not None
     }

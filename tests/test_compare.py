@@ -63,6 +63,17 @@ def test_facts_design_records_first_and_repeat_copies(tmp_path):
     assert {"response_loss_first", "response_loss_repeat", "heldout_exact_match"} <= set(run.final)
 
 
+def test_facts_copies_reach_the_training_stream():
+    from packsim.compare import design_data
+
+    cfg = experiment_config("facts", fast=True, steps=2, examples_per_step=12, n_entities=5, copies=3)
+    data = design_data(cfg, seed=0)
+    assert data.groups[:6] == ["first", "repeat", "repeat"] * 2
+    assert data.train[0] is data.train[2] and data.train[2] is not data.train[3]
+    with pytest.raises(PacksimError, match="copies >= 1, got 350 and 0"):
+        main(["compare", "--copies", "0", "--data", "facts", "--steps", "1"])  # before training
+
+
 def test_budgets_and_bad_options():
     fast, full = experiment_config("tasks", fast=True), experiment_config("tasks", fast=False)
     assert fast.setups == ["buggy", "correct"] and len(fast.seeds) == 1
