@@ -5,8 +5,8 @@ the optimiser; only the setup differs. Two data designs:
 
 - ``tasks`` (default): i.i.d. synthetic tasks (reverse, add, sort, key-value). The mask is the
   dominant fix: attention spread over unrelated examples makes the tasks harder to learn.
-- ``facts``: synthetic facts, each question twice in a row (:mod:`packsim.facts`). Under the
-  buggy setup the second copy reads the answer off the first: its reported loss ends *below*
+- ``facts``: synthetic facts, each question three times in a row (:mod:`packsim.facts`). Under
+  the buggy setup the later copies read the answer off the first: its reported loss ends *below*
   the correct setup's while it answers far fewer questions alone. The loss curve lies.
 
 Outputs ``DIR/results.json`` (:class:`~packsim.results.Results`), ``DIR/report.html``
@@ -63,8 +63,10 @@ class ExperimentConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     model_size: str = "tiny"
     n_test: int = 512
-    n_entities: int = 350  # facts design only: hard enough that memorising takes the whole budget
-    copies: int = 2  # facts design only: copies of each question side by side in the stream
+    # facts design only. 225 entities x 3 copies: measured so that, at the full budget, correct has
+    # memorised part of the facts while buggy's reported loss is still lower (README, "Measured").
+    n_entities: int = 225
+    copies: int = 3  # copies of each question side by side in the stream (1: no duplicates)
     throughput_steps: int = 8  # long-tailed packed-vs-padded measurement, per setup (0: skip)
 
     def as_dict(self) -> dict:
@@ -100,7 +102,7 @@ def experiment_config(data: str = "tasks", fast: bool | None = None, **overrides
     if cfg.n_entities < 1 or cfg.copies < 1:
         raise PacksimError(
             f"the facts design needs n_entities >= 1 and copies >= 1, got {cfg.n_entities} and "
-            f"{cfg.copies}: e.g. --entities 350 --copies 2 (copies 1 is the no-duplicates control)."
+            f"{cfg.copies}: e.g. --entities 225 --copies 3 (copies 1 is the no-duplicates control)."
         )
     return cfg
 
@@ -390,8 +392,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--examples-per-step", type=int, help="examples per step (default 224)")
     p.add_argument("--n-test", type=int, help="held-out examples per test set (default 256 fast, 512 full)")
     p.add_argument("--throughput-steps", type=int, help="steps of the long-tailed throughput measurement")
-    p.add_argument("--entities", type=int, help="facts design: number of entities (default 350)")
-    p.add_argument("--copies", type=int, help="facts design: copies of each question in a row (default 2)")
+    p.add_argument("--entities", type=int, help="facts design: number of entities (default 225)")
+    p.add_argument("--copies", type=int, help="facts design: copies of each question in a row (default 3)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: packsim.get_device())")
     p.add_argument("--jobs", type=int, help="runs in parallel processes (default: one per CPU core on CPU, 1 on CUDA)")
     p.add_argument("--out", help="output folder (default: runs/<data>-<mode>)")

@@ -4,9 +4,10 @@ Each entity (a made-up 4-letter name) has three attributes (colour, birth year, 
 fact is asked with several paraphrased templates, e.g. ``color of tavo?`` / ``tavo color=`` /
 ``what color is tavo?`` -> ``red``. One template per attribute is held out of training.
 
-The training stream puts **two copies of each question side by side** (real data has this shape:
-duplicated or near-duplicated samples that a sequential packer keeps next to each other). Packed
-with the default causal mask, the second copy can read the answer off the first: the buggy
+The training stream puts **copies of each question side by side** (three in the course; real
+data has this shape: duplicated or near-duplicated samples that a sequential packer keeps next
+to each other). Packed with the default causal mask, the later copies can read the answer off
+the first: the buggy
 trainer's reported loss falls fast, below the correct trainer's, while the model learns less of
 what works alone. :class:`FactsData` records which training example is a repeat, so the trainer
 can report the in-pack loss of first and repeated copies separately (the copying made visible).
@@ -51,9 +52,9 @@ class FactsData:
     """Training stream and test sets of the facts design.
 
     Attributes:
-        train: the training stream, copies adjacent: ``train[2k]`` and ``train[2k + 1]`` are the
+        train: the training stream, copies adjacent: with ``c`` copies, ``train[c*k : c*(k+1)]`` are the
             same question; the stream repeats shuffled epochs until it holds ``n_train`` examples.
-        is_repeat: ``is_repeat[i]`` is True when ``train[i]`` is the second copy.
+        is_repeat: ``is_repeat[i]`` is True when ``train[i]`` is a second (or later) copy.
         test_seen: every (entity, attribute, seen template) once: questions seen in training.
         test_heldout: every (entity, attribute) with its held-out template: new wording.
         facts: ``{entity: {attribute: value}}``.
@@ -73,10 +74,10 @@ def _entities(n: int, rng: random.Random) -> list[str]:
     return sorted(names)
 
 
-def make_facts(n_entities: int = 350, n_train: int = 20_000, seed: int = 0, copies: int = 2) -> FactsData:
+def make_facts(n_entities: int = 225, n_train: int = 20_000, seed: int = 0, copies: int = 3) -> FactsData:
     """Facts about ``n_entities`` entities; a training stream of ``n_train`` examples.
 
-    ``copies`` questions in a row are the same (2 in the course; 1 gives a shuffled stream with no
+    ``copies`` questions in a row are the same (3 in the course; 1 gives a shuffled stream with no
     duplicates, the control). The facts and test sets depend on ``seed``; so does the stream order.
     """
     if n_entities < 1 or n_train < 1 or copies < 1:

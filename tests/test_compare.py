@@ -70,7 +70,7 @@ def test_facts_copies_reach_the_training_stream():
     data = design_data(cfg, seed=0)
     assert data.groups[:6] == ["first", "repeat", "repeat"] * 2
     assert data.train[0] is data.train[2] and data.train[2] is not data.train[3]
-    with pytest.raises(PacksimError, match="copies >= 1, got 350 and 0"):
+    with pytest.raises(PacksimError, match="copies >= 1, got 225 and 0"):
         main(["compare", "--copies", "0", "--data", "facts", "--steps", "1"])  # before training
 
 

@@ -7,13 +7,19 @@ from packsim.facts import ATTRIBUTES, make_facts
 from packsim.packing import pack
 
 
-def test_copies_sit_side_by_side_and_are_flagged():
-    fd = make_facts(n_entities=20, n_train=400, seed=0)
-    assert len(fd.train) == len(fd.is_repeat) == 400
-    for i in range(0, 400, 2):
-        assert fd.train[i] == fd.train[i + 1]
-        assert (fd.is_repeat[i], fd.is_repeat[i + 1]) == (False, True)
-    assert fd.train[0] != fd.train[2]
+@pytest.mark.parametrize("copies", [2, 3])
+def test_copies_sit_side_by_side_and_are_flagged(copies):
+    fd = make_facts(n_entities=20, n_train=402, seed=0, copies=copies)
+    assert len(fd.train) == len(fd.is_repeat) == 402
+    for i in range(0, 402 - copies + 1, copies):
+        assert all(fd.train[i + j] == fd.train[i] for j in range(copies))
+        assert fd.is_repeat[i : i + copies] == [False] + [True] * (copies - 1)
+    assert fd.train[0] != fd.train[copies]
+
+
+def test_course_default_is_three_copies():
+    fd = make_facts(n_entities=5, n_train=9, seed=0)
+    assert fd.is_repeat == [False, True, True] * 3
 
 
 def test_test_sets_cover_every_fact_and_heldout_templates_are_never_trained():
@@ -29,7 +35,7 @@ def test_test_sets_cover_every_fact_and_heldout_templates_are_never_trained():
 
 
 def test_sequential_packing_keeps_copies_in_the_same_row():
-    fd = make_facts(n_entities=20, n_train=400, seed=1)
+    fd = make_facts(n_entities=20, n_train=400, seed=1, copies=2)
     packs = pack([len(ex) for ex in fd.train], 256, "sequential")
     row_of = {i: r for r, p in enumerate(packs) for i in p}
     split = sum(row_of[i] != row_of[i + 1] for i in range(0, 400, 2))
