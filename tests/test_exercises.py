@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+from pathlib import Path
+
 import pytest
 
+from packsim import exercises
 from packsim.errors import PacksimError
 from packsim.exercises import Feedback, check, fail, ok, show_solution, solution_source
 
@@ -48,3 +53,48 @@ def test_solution_source_and_errors(capsys):
         solution_source("nope", "x")
     with pytest.raises(PacksimError, match="has no 'nope'.*padding_share"):
         solution_source("start_here", "nope")
+
+
+# ---- every lesson's checks -------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _course_checks() -> list[tuple[str, str, object]]:
+    """(lesson module, exercise name, check) for every ``check_<name>`` in packsim.exercises."""
+    found = []
+    for info in pkgutil.iter_modules(exercises.__path__):
+        module = importlib.import_module(f"packsim.exercises.{info.name}")
+        for attr, fn in vars(module).items():
+            if attr.startswith("check_") and hasattr(fn, "exercise"):
+                found.append((info.name, attr.removeprefix("check_"), fn))
+    return found
+
+
+COURSE_CHECKS = _course_checks()
+IDS = [f"{lesson}.{name}" for lesson, name, _ in COURSE_CHECKS]
+
+
+def test_every_lesson_has_checks():
+    assert len({lesson for lesson, _, _ in COURSE_CHECKS}) == 9 and len(COURSE_CHECKS) >= 18
+
+
+@pytest.mark.parametrize(("lesson", "name", "check_fn"), COURSE_CHECKS, ids=IDS)
+def test_reference_solution_passes_and_stub_is_not_done_yet(lesson, name, check_fn):
+    solution = getattr(importlib.import_module(f"packsim.solutions.{lesson}"), name)
+    fb = check_fn(solution)
+    assert fb.passed and fb.attempted, fb
+    assert solution_source(lesson, name)  # what show_solution prints
+
+    def stub(*args, **kwargs):
+        raise NotImplementedError
+
+    for unfinished in (..., stub) if callable(solution) else (...,):  # the notebook's stub
+        fb = check_fn(unfinished)
+        assert not fb.passed and not fb.attempted and fb.status == "not done yet", fb
+
+
+@pytest.mark.parametrize(("lesson", "name", "check_fn"), COURSE_CHECKS, ids=IDS)
+def test_every_check_is_used_by_a_notebook(lesson, name, check_fn):
+    sources = [p.read_text() for p in (ROOT / "notebooks").glob("*.ipynb")]
+    assert any(f"check_{name}(" in s and f"exercises.{lesson} import" in s for s in sources)
