@@ -12,19 +12,23 @@ so a learner opens them only on purpose: ``show_solution("why_pack", "fill_rate"
 or open ``packsim/solutions/why_pack.py``. The tests run every check both ways: the reference
 solution passes, and typical wrong answers fail with a message that names the mistake.
 
-=====================  ==================  ==========================
-module                 notebook            checks
-=====================  ==================  ==========================
-``start_here``         00_start_here       see the module
-``why_pack``           01_why_pack
-``the_leak``           02_the_leak
-``block_diagonal``     03_block_diagonal
-``completion_loss``    04_completion_only_loss
-``side_by_side``       05_train_side_by_side
-``contamination``      06_detect_contamination
-``varlen_internals``   07_flash_varlen_internals
-``interview``          08_interview_drills
-=====================  ==================  ==========================
+=====================  ===========================  ==============================================
+module                 notebook                     checks
+=====================  ===========================  ==============================================
+``start_here``         00_start_here                padding_share
+``why_pack``           01_why_pack                  lower_bound, padding_waste, ffd_pack
+``the_leak``           02_the_leak                  which_examples_move, outside_attention_share
+``block_diagonal``     03_block_diagonal            cu_seqlens_from_lengths, block_causal_mask,
+                                                    position_ids_from_lengths
+``completion_loss``    04_completion_only_loss      completion_labels, per_token_loss, correct_row
+``side_by_side``       05_train_side_by_side        em_gap, warning_sign, fix_share
+``contamination``      06_detect_contamination      gradient_leak, name_the_fix, isolating_call
+``varlen_internals``   07_flash_varlen_internals    count_tiles, work_ratio, classify_tiles
+``interview``          08_interview_drills          review, q1_answer, diagnosis
+=====================  ===========================  ==============================================
+
+Each check is ``check_<name>`` in the module; its reference solution is ``<name>`` in
+``packsim.solutions.<module>``. ``tests/test_exercises.py`` finds them all and runs both.
 """
 
 from __future__ import annotations
