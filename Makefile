@@ -38,7 +38,7 @@ $(STAMP): pyproject.toml | $(NEW_VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install "$(TORCH_SPEC)"
 	$(PY) -m pip install -e ".[dev]"
-	$(PY) -m packsim.check_env --quiet
+	$(PY) -m packsim.course.check_env --quiet
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -54,11 +54,11 @@ test: setup
 
 check: setup
 	$(PY) -m ruff check packsim tests benchmarks
-	$(PY) -m packsim.notebook_tools check-clean notebooks
+	$(PY) -m packsim.course.notebook_tools check-clean notebooks
 
-# Static course (packsim/site.py): executes every notebook; npm fetches the widget manager once.
+# Static course (packsim/course/static_site.py): executes every notebook; npm fetches the widget manager once.
 html: setup
-	$(PY) -m packsim.site notebooks --out site
+	$(PY) -m packsim.course.static_site notebooks --out site
 
 clean:
 	rm -rf .venv .pytest_cache .ruff_cache .hypothesis site runs build

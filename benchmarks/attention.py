@@ -33,7 +33,7 @@ import numpy as np
 
 PATHS = ("dense", "blocked", "flex", "causal")
 TRAINS = {"dense": True, "blocked": True, "flex": False, "causal": True}
-MIX = "long-tailed: lognormal, median 90, sigma 0.9, clipped to [8, 2048] (packsim.data.long_tailed_lengths)"
+MIX = "long-tailed: lognormal, median 90, sigma 0.9, clipped to [8, 2048] (packsim.core.data.long_tailed_lengths)"
 
 
 # ------------------------------------------------------------------------------ one measurement
@@ -47,7 +47,7 @@ def _steps(path: str, q, k, v, cu, max_len: int, grad):
     import torch
     import torch.nn.functional as F
 
-    from packsim.attention import varlen_attention
+    from packsim.core.attention import varlen_attention
 
     info: dict = {}
     if path in ("dense", "blocked"):
@@ -60,7 +60,7 @@ def _steps(path: str, q, k, v, cu, max_len: int, grad):
     elif path == "flex":
         from torch.nn.attention.flex_attention import flex_attention
 
-        from packsim.masks import flex_block_mask, seq_ids_from_cu_seqlens
+        from packsim.core.masks import flex_block_mask, seq_ids_from_cu_seqlens
 
         t0 = time.perf_counter()
         block_mask = flex_block_mask(seq_ids_from_cu_seqlens(cu))
@@ -132,8 +132,8 @@ def measure(spec: dict) -> dict:
 
 
 def theory(n: int) -> dict:
-    """Score pairs each path computes for the pack of ``n`` tokens (packsim.attention.attention_work)."""
-    from packsim.attention import attention_work
+    """Score pairs each path computes for the pack of ``n`` tokens (packsim.core.attention.attention_work)."""
+    from packsim.core.attention import attention_work
 
     w = attention_work(bu.cu_from_lengths(bu.pack_lengths(n)), causal=True, tile=128)
     return {"dense_pairs": w.dense_pairs, "causal_pairs": w.pack_pairs, "varlen_pairs": w.varlen_pairs,

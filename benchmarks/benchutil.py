@@ -104,11 +104,11 @@ def paired_ratio(num: Sequence[float], den: Sequence[float]) -> dict[str, float]
 def pack_lengths(n_tokens: int, seed: int = 0) -> list[int]:
     """Example lengths from the course's long-tailed mix filling exactly ``n_tokens`` tokens.
 
-    Lengths are ``packsim.data.long_tailed_lengths`` draws (lognormal, median 90, sigma 0.9,
+    Lengths are ``packsim.core.data.long_tailed_lengths`` draws (lognormal, median 90, sigma 0.9,
     clipped to [8, 2048]) in order until the pack is full; the last one is trimmed to fit.
     About 64 examples at 8k tokens. Used by attention.py and gpu.py.
     """
-    from packsim.data import long_tailed_lengths
+    from packsim.core.data import long_tailed_lengths
 
     draws = long_tailed_lengths(max(1, n_tokens // 8), seed=seed)  # each >= 8: always enough
     lengths: list[int] = []

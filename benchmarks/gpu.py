@@ -244,7 +244,7 @@ def reference(base, cu, max_len: int) -> dict:
     """float32 out, dq, dk, dv from per-example SDPA (packsim ``blocked``) on the bf16-rounded inputs."""
     import torch
 
-    from packsim.attention import varlen_attention
+    from packsim.core.attention import varlen_attention
 
     q, k, v = (t.to(torch.bfloat16).float().requires_grad_() for t in base[:3])
     grad = base[3].to(torch.bfloat16).float()
@@ -258,7 +258,7 @@ def make_forward(path: str, q, k, v, cu, max_len: int):
     import torch
     import torch.nn.functional as F
 
-    from packsim.attention import varlen_attention
+    from packsim.core.attention import varlen_attention
 
     notes: dict = {}
     if path in PACKSIM_BACKEND:
@@ -273,7 +273,7 @@ def make_forward(path: str, q, k, v, cu, max_len: int):
     if path == "flex":
         from torch.nn.attention.flex_attention import flex_attention
 
-        from packsim.masks import flex_block_mask, seq_ids_from_cu_seqlens
+        from packsim.core.masks import flex_block_mask, seq_ids_from_cu_seqlens
 
         sync = _sync(q.device)
         sync()
@@ -390,7 +390,7 @@ def run_training(args) -> dict:
     import torch
     from throughput import run_modes, summarize_modes
 
-    from packsim.data import make_long_tailed_examples
+    from packsim.core.data import make_long_tailed_examples
 
     device = torch.device(args.device)
     examples = make_long_tailed_examples((args.steps + 1) * args.examples_per_step, seed=args.seed)

@@ -37,8 +37,8 @@ import benchutil as bu
 import numpy as np
 
 import packsim
-from packsim.data import long_tailed_lengths, uniform_lengths
-from packsim.packing import packing_stats
+from packsim.core.data import long_tailed_lengths, uniform_lengths
+from packsim.core.packing import packing_stats
 
 PACKSIM = ("wrapped", "ffd", "bfd")
 # name -> (TRL strategy, map_kwargs)
@@ -55,8 +55,8 @@ COUNTERPART = {
     "bfd": ("trl_bfd", "trl_bfd_1batch"),
 }
 MIXES = {
-    "long_tailed": "lognormal, median 90, sigma 1.0, clipped to [1, 2048] (packsim.data.long_tailed_lengths)",
-    "uniform": "uniform on [1, 512] (packsim.data.uniform_lengths)",
+    "long_tailed": "lognormal, median 90, sigma 1.0, clipped to [1, 2048] (packsim.core.data.long_tailed_lengths)",
+    "uniform": "uniform on [1, 512] (packsim.core.data.uniform_lengths)",
 }
 
 

@@ -1,7 +1,7 @@
 """Benchmark 3: training throughput, packed vs padded, same real-token budget (notebooks 01, 05).
 
-The tiny model (``packsim.model.build_model("tiny")``, random init) trains on the long-tailed mix
-of copy examples (``packsim.data.make_long_tailed_examples``: lognormal lengths, median 90, sigma
+The tiny model (``packsim.core.model.build_model("tiny")``, random init) trains on the long-tailed mix
+of copy examples (``packsim.core.data.make_long_tailed_examples``: lognormal lengths, median 90, sigma
 0.9, clipped to [8, 2048]). Every optimizer step sees the same ``--examples-per-step`` examples
 (default 256, about 35k real tokens) in both modes, each mode with its own model and AdamW
 (same init):
@@ -42,8 +42,8 @@ def step_batches(examples: Sequence, mode: str, capacity: int, padded_batch: int
                  packed_rows: int = 1) -> list:
     """The PackedBatches of one optimizer step: packed micro-batches of ``packed_rows`` rows
     (0: the whole step in one batch), or padded micro-batches of ``padded_batch`` examples."""
-    from packsim.batch import PackedBatch
-    from packsim.packing import pack
+    from packsim.core.batch import PackedBatch
+    from packsim.core.packing import pack
 
     if mode == "packed":
         if packed_rows <= 0:
@@ -66,8 +66,8 @@ def train_step(model, opt, batches: list, sync: Callable[[], None] | None = None
     whole step (``packed_cross_entropy(..., num_items=...)``), so both modes weigh every
     response token the same. Batches must already be on the model's device.
     """
-    from packsim.loss import count_targets, packed_cross_entropy
-    from packsim.model import forward
+    from packsim.core.loss import count_targets, packed_cross_entropy
+    from packsim.core.model import forward
 
     num_items = sum(count_targets(b.labels) for b in batches)
     if sync:
@@ -95,7 +95,7 @@ def make_trainer(size: str, seed: int, device=None, dtype=None, lr: float = 1e-3
     """(model in train mode, AdamW) built the same way for every mode."""
     import torch
 
-    from packsim.model import build_model
+    from packsim.core.model import build_model
 
     model = build_model(size, seed=seed)
     if device is not None or dtype is not None:
@@ -166,7 +166,7 @@ def token_ceilings(examples: Sequence, capacity: int, per_step: int, batch_sizes
     The speed-up packing would give if every token cost the same: the ceiling for the measured
     ratio at each padded batch size. Keys are the micro-batch sizes (as strings, for JSON).
     """
-    from packsim.packing import pack
+    from packsim.core.packing import pack
 
     lengths = [len(ex.tokens) for ex in examples]
     steps = [lengths[i: i + per_step] for i in range(0, len(lengths), per_step)]
@@ -232,7 +232,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
-    from packsim.data import make_long_tailed_examples
+    from packsim.core.data import make_long_tailed_examples
 
     torch.set_num_threads(args.threads)
     before = bu.machine_info(threads=args.threads)

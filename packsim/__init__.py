@@ -15,17 +15,17 @@ Public API (stable names):
 
 import importlib
 
-from .attention import available_backends, varlen_attention
-from .audit import AuditReport, audit
-from .batch import PackedBatch
-from .collator import PackingCollator
-from .device import fast_mode, get_device
-from .errors import PacksimError
-from .evaluate import evaluate_isolated
-from .packing import pack
-from .results import Results
-from .setups import SETUPS, Setup, get_setup
-from .train import TrainConfig, train
+from packsim.auditing import AuditReport, audit
+from packsim.core.attention import available_backends, varlen_attention
+from packsim.core.batch import PackedBatch
+from packsim.core.collator import PackingCollator
+from packsim.core.device import fast_mode, get_device
+from packsim.core.errors import PacksimError
+from packsim.core.packing import pack
+from packsim.core.setups import SETUPS, Setup, get_setup
+from packsim.experiment.evaluation import evaluate_isolated
+from packsim.experiment.results import Results
+from packsim.experiment.training import TrainConfig, train
 
 __version__ = "0.1.0"
 

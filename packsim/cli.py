@@ -16,10 +16,10 @@ import importlib
 
 # name -> (module, help)
 SUBCOMMANDS = {
-    "doctor": ("packsim.check_env", "check the environment: packages, device, attention backends"),
-    "compare": ("packsim.compare", "train setups side by side; write results.json and report.html"),
-    "report": ("packsim.report", "rebuild report.html from a comparison's results.json"),
-    "audit": ("packsim.audit", "audit the built-in tiny pipeline for contamination under each setup"),
+    "doctor": ("packsim.course.check_env", "check the environment: packages, device, attention backends"),
+    "compare": ("packsim.experiment.comparison", "train setups side by side; write results.json and report.html"),
+    "report": ("packsim.experiment.report", "rebuild report.html from a comparison's results.json"),
+    "audit": ("packsim.auditing.command", "audit the built-in tiny pipeline for contamination under each setup"),
 }
 
 

@@ -17,6 +17,6 @@ def examples():
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    from packsim.model import build_model
+    from packsim.core.model import build_model
 
     return build_model("tiny", vocab_size=VOCAB, seed=0)

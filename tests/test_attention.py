@@ -1,4 +1,4 @@
-"""Tests for packsim.attention: every backend equals per-sequence attention, exactly (fp32, CPU).
+"""Tests for packsim.core.attention: every backend equals per-sequence attention, exactly (fp32, CPU).
 
 GPU tests (``-m gpu``) compare flash / torch_varlen / flex in bf16 with the fp32 dense reference
 and skip cleanly without CUDA.
@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from packsim.attention import (
+from packsim.core.attention import (
     BACKENDS,
     _flash_import_error,
     _flex_cpu_trains,
@@ -23,8 +23,8 @@ from packsim.attention import (
     resolve_backend,
     varlen_attention,
 )
-from packsim.errors import PacksimError
-from packsim.masks import block_sparsity, flex_block_mask, seq_ids_from_cu_seqlens
+from packsim.core.errors import PacksimError
+from packsim.core.masks import block_sparsity, flex_block_mask, seq_ids_from_cu_seqlens
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

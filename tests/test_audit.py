@@ -17,10 +17,10 @@ from transformers import DataCollatorWithFlattening, GPT2Config, GPT2LMHeadModel
 
 import packsim
 from packsim import PackedBatch, PacksimError, Setup
-from packsim.audit import PROBES, AuditReport
+from packsim.auditing import PROBES, AuditReport
 from packsim.cli import main
-from packsim.loss import IGNORE_INDEX, Role
-from packsim.model import build_model
+from packsim.core.loss import IGNORE_INDEX, Role
+from packsim.core.model import build_model
 
 LEAK = {"perturbation", "gradient", "attention_mass"}  # what a cross-example leak breaks (eager/packsim)
 LEAK_NO_PROBS = {"perturbation", "gradient"}  # sdpa: no attention probabilities to read

@@ -7,10 +7,10 @@ from hypothesis import strategies as st
 from toy import VOCAB, ToyExample, toy_examples
 from transformers import DataCollatorWithFlattening
 
-from packsim.batch import PackedBatch
-from packsim.errors import PacksimError
-from packsim.loss import IGNORE_INDEX, Role
-from packsim.masks import seq_ids_from_cu_seqlens
+from packsim.core.batch import PackedBatch
+from packsim.core.errors import PacksimError
+from packsim.core.loss import IGNORE_INDEX, Role
+from packsim.core.masks import seq_ids_from_cu_seqlens
 
 SHAPES = st.lists(st.tuples(st.integers(0, 12), st.integers(0, 12)), min_size=1, max_size=12)
 
@@ -161,7 +161,7 @@ BAD_CASES = [
      "token id 99 outside the vocabulary"),
     ("unknown setup", lambda ex: PackedBatch.from_examples(ex, 32, setup="fixed"), "unknown setup"),
     ("unknown strategy", lambda ex: PackedBatch.from_examples(ex, 32, strategy="greedy"), "greedy"),
-    ("not an example", lambda ex: PackedBatch.from_examples([[1, 2, 3]], 32), "pass packsim.data.Example"),
+    ("not an example", lambda ex: PackedBatch.from_examples([[1, 2, 3]], 32), "pass packsim.core.data.Example"),
     ("layout switch", lambda ex: PackedBatch.from_examples(ex, 32).with_setup("padded"), "different row"),
     ("no boundaries", lambda ex: PackedBatch.from_flattening({"input_ids": torch.ones(1, 5, dtype=torch.long)}),
      "no boundary information"),

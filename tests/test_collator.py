@@ -1,4 +1,4 @@
-"""packsim.collator.PackingCollator: DataCollatorWithFlattening's format, isolation, the Trainer."""
+"""packsim.core.collator.PackingCollator: DataCollatorWithFlattening's format, isolation, the Trainer."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from toy import VOCAB, toy_examples
 from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
 
 import packsim
-from packsim.collator import PackingCollator
-from packsim.data import make_examples
-from packsim.errors import PacksimError
-from packsim.loss import IGNORE_INDEX
-from packsim.model import build_model
+from packsim.core.collator import PackingCollator
+from packsim.core.data import make_examples
+from packsim.core.errors import PacksimError
+from packsim.core.loss import IGNORE_INDEX
+from packsim.core.model import build_model
 
 SHAPES = [(4, 3), (6, 5), (2, 5), (5, 6), (3, 4)]
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from packsim.cli import main
-from packsim.compare import experiment_config, load_model
-from packsim.errors import PacksimError
-from packsim.results import Results
+from packsim.experiment.comparison import experiment_config, load_model
+from packsim.core.errors import PacksimError
+from packsim.experiment.results import Results
 
 TINY = ["--steps", "4", "--examples-per-step", "16", "--n-test", "12", "--throughput-steps", "1", "--quiet"]
 
@@ -64,7 +64,7 @@ def test_facts_design_records_first_and_repeat_copies(tmp_path):
 
 
 def test_facts_copies_reach_the_training_stream():
-    from packsim.compare import design_data
+    from packsim.experiment.comparison import design_data
 
     cfg = experiment_config("facts", fast=True, steps=2, examples_per_step=12, n_entities=5, copies=3)
     data = design_data(cfg, seed=0)
@@ -89,7 +89,7 @@ def test_budgets_and_bad_options():
 
 
 def test_parallel_runs_stream_records_and_match_in_process_runs():
-    from packsim.compare import run_comparison
+    from packsim.experiment.comparison import run_comparison
 
     cfg = experiment_config("tasks", fast=True, steps=2, examples_per_step=8, n_test=8, throughput_steps=0)
     records = []

@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from packsim.data import (
+from packsim.core.data import (
     DEFAULT_TASKS,
     TASKS,
     Example,
@@ -19,14 +19,14 @@ from packsim.data import (
     make_long_tailed_examples,
     uniform_lengths,
 )
-from packsim.errors import PacksimError
-from packsim.tokenizer import BOS_ID, EOS_ID, PAD_ID, encode
+from packsim.core.errors import PacksimError
+from packsim.core.tokenizer import BOS_ID, EOS_ID, PAD_ID, encode
 
 # ------------------------------------------------------------------ answers, recomputed from text
 
 
 def solve(task: str, prompt: str) -> str:
-    """Recompute the answer from the prompt text alone (independent of packsim.data)."""
+    """Recompute the answer from the prompt text alone (independent of packsim.core.data)."""
     if task == "reverse":
         (s,) = re.fullmatch(r"rev ([a-z]{3,7})=", prompt).groups()
         return s[::-1]

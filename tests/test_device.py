@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from packsim.device import fast_mode, get_device
-from packsim.errors import PacksimError
+from packsim.core.device import fast_mode, get_device
+from packsim.core.errors import PacksimError
 
 
 def test_default_device_follows_cuda_availability(monkeypatch):

@@ -4,11 +4,11 @@ import pytest
 import torch
 from toy import VOCAB, toy_examples
 
-from packsim.batch import PackedBatch
-from packsim.errors import PacksimError
-from packsim.evaluate import evaluate_isolated, evaluate_packed, example_scores, greedy_decode
-from packsim.model import build_model
-from packsim.train import TrainConfig, train
+from packsim.core.batch import PackedBatch
+from packsim.core.errors import PacksimError
+from packsim.experiment.evaluation import evaluate_isolated, evaluate_packed, example_scores, greedy_decode
+from packsim.core.model import build_model
+from packsim.experiment.training import TrainConfig, train
 
 
 def _copy_examples(n, seed=0):
@@ -68,7 +68,7 @@ def test_one_pass_exact_match_equals_greedy_decoding(trained):
 
 
 def test_exact_match_by_task_and_empty_input():
-    from packsim.data import make_examples
+    from packsim.core.data import make_examples
 
     model = build_model("tiny", seed=0)
     out = evaluate_isolated(model, make_examples(12, seed=0))
@@ -85,8 +85,8 @@ def test_evaluation_leaves_the_model_in_eval_mode_and_untouched(trained):
 
 
 def test_held_out_metrics_uses_the_result_format_keys(trained):
-    from packsim.evaluate import held_out_metrics
-    from packsim.results import EVAL_KEYS
+    from packsim.experiment.evaluation import held_out_metrics
+    from packsim.experiment.results import EVAL_KEYS
 
     test = _copy_examples(12, seed=3)
     out = held_out_metrics(trained, test, "buggy", capacity=64)

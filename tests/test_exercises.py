@@ -1,4 +1,4 @@
-"""The exercise framework (packsim.exercises): verdicts, never-raising checks, solutions on demand."""
+"""The exercise framework (packsim.course.exercises): verdicts, never-raising checks, solutions on demand."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from packsim import exercises
-from packsim.errors import PacksimError
-from packsim.exercises import Feedback, check, fail, ok, show_solution, solution_source
+from packsim.course import exercises
+from packsim.core.errors import PacksimError
+from packsim.course.exercises import Feedback, check, fail, ok, show_solution, solution_source
 
 
 @check("double")
@@ -61,10 +61,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _course_checks() -> list[tuple[str, str, object]]:
-    """(lesson module, exercise name, check) for every ``check_<name>`` in packsim.exercises."""
+    """(lesson module, exercise name, check) for every ``check_<name>`` in packsim.course.exercises."""
     found = []
     for info in pkgutil.iter_modules(exercises.__path__):
-        module = importlib.import_module(f"packsim.exercises.{info.name}")
+        module = importlib.import_module(f"packsim.course.exercises.{info.name}")
         for attr, fn in vars(module).items():
             if attr.startswith("check_") and hasattr(fn, "exercise"):
                 found.append((info.name, attr.removeprefix("check_"), fn))
@@ -81,7 +81,7 @@ def test_every_lesson_has_checks():
 
 @pytest.mark.parametrize(("lesson", "name", "check_fn"), COURSE_CHECKS, ids=IDS)
 def test_reference_solution_passes_and_stub_is_not_done_yet(lesson, name, check_fn):
-    solution = getattr(importlib.import_module(f"packsim.solutions.{lesson}"), name)
+    solution = getattr(importlib.import_module(f"packsim.course.solutions.{lesson}"), name)
     fb = check_fn(solution)
     assert fb.passed and fb.attempted, fb
     assert solution_source(lesson, name)  # what show_solution prints

@@ -2,9 +2,9 @@
 
 import pytest
 
-from packsim.errors import PacksimError
-from packsim.facts import ATTRIBUTES, make_facts
-from packsim.packing import pack
+from packsim.core.errors import PacksimError
+from packsim.experiment.facts import ATTRIBUTES, make_facts
+from packsim.core.packing import pack
 
 
 @pytest.mark.parametrize("copies", [2, 3])

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from packsim.errors import PacksimError
-from packsim.loss import (
+from packsim.core.errors import PacksimError
+from packsim.core.loss import (
     IGNORE_INDEX,
     Role,
     count_targets,

@@ -1,4 +1,4 @@
-"""Tests for packsim.masks: hand-written small masks, conversions, additive 4D, Flex BlockMasks."""
+"""Tests for packsim.core.masks: hand-written small masks, conversions, additive 4D, Flex BlockMasks."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from packsim.errors import PacksimError
-from packsim.masks import (
+from packsim.core.errors import PacksimError
+from packsim.core.masks import (
     block_diagonal_mask,
     block_diagonal_mask_from_cu_seqlens,
     block_sparsity,
@@ -254,7 +254,7 @@ def test_flex_block_mask_errors():
 
 
 def test_cu_seqlens_from_position_ids_splits_at_resets_and_rows():
-    from packsim.masks import cu_seqlens_from_position_ids
+    from packsim.core.masks import cu_seqlens_from_position_ids
 
     assert cu_seqlens_from_position_ids(torch.tensor([0, 1, 2, 0, 1])).tolist() == [0, 3, 5]
     # rows never share a sequence, even when positions would continue across them

@@ -4,11 +4,11 @@ import pytest
 import torch
 from toy import VOCAB, ToyExample
 
-from packsim.attention import available_backends
-from packsim.batch import PackedBatch
-from packsim.errors import PacksimError
-from packsim.loss import token_losses
-from packsim.model import build_model, forward
+from packsim.core.attention import available_backends
+from packsim.core.batch import PackedBatch
+from packsim.core.errors import PacksimError
+from packsim.core.loss import token_losses
+from packsim.core.model import build_model, forward
 
 TOL = 1e-5
 
@@ -175,7 +175,7 @@ def test_packsim_attention_rejects_segments_that_do_not_cover_the_batch(tiny_mod
 
 
 def test_attention_maps_show_the_leak_only_under_the_causal_mask(examples):
-    from packsim.model import attention_maps, outside_share
+    from packsim.core.model import attention_maps, outside_share
 
     model = build_model("tiny", vocab_size=VOCAB, seed=0)
     for setup in ("buggy", "correct"):

@@ -1,4 +1,4 @@
-"""Tests for packsim.packing: exact small cases, property tests for every strategy and overflow
+"""Tests for packsim.core.packing: exact small cases, property tests for every strategy and overflow
 policy (checked against a naive reference packer), statistics, and bad input."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packsim.errors import PacksimError
-from packsim.packing import (
+from packsim.core.errors import PacksimError
+from packsim.core.packing import (
     OVERFLOW_POLICIES,
     STRATEGIES,
     PackingStats,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from packsim import check_env
+from packsim.course import check_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -137,7 +137,7 @@ def test_check_env_quiet_passes_here(capsys):
 @pytest.mark.slow
 def test_check_env_runs_as_module():
     proc = subprocess.run(
-        [sys.executable, "-m", "packsim.check_env"],
+        [sys.executable, "-m", "packsim.course.check_env"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from packsim.errors import PacksimError
-from packsim.results import Results, RunResult, StepRecord, spread
+from packsim.core.errors import PacksimError
+from packsim.experiment.results import Results, RunResult, StepRecord, spread
 
 
 def test_records_append_aligned_columns():

@@ -1,7 +1,7 @@
 import pytest
 
-from packsim.errors import PacksimError
-from packsim.setups import SETUPS, Setup, get_setup
+from packsim.core.errors import PacksimError
+from packsim.core.setups import SETUPS, Setup, get_setup
 
 
 def test_presets_are_the_documented_switches():

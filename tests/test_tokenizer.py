@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from packsim.data import TASKS, make_examples
-from packsim.errors import PacksimError
-from packsim.tokenizer import (
+from packsim.core.data import TASKS, make_examples
+from packsim.core.errors import PacksimError
+from packsim.core.tokenizer import (
     BOS_ID,
     CHARS,
     EOS_ID,

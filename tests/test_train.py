@@ -6,11 +6,11 @@ import pytest
 import torch
 from toy import VOCAB, toy_examples
 
-from packsim.errors import PacksimError
-from packsim.model import build_model
-from packsim.results import StepRecord
-from packsim.setups import SETUPS
-from packsim.train import TrainConfig, lr_at, make_batches, train
+from packsim.core.errors import PacksimError
+from packsim.core.model import build_model
+from packsim.experiment.results import StepRecord
+from packsim.core.setups import SETUPS
+from packsim.experiment.training import TrainConfig, lr_at, make_batches, train
 
 
 def _data(n=160, seed=3):

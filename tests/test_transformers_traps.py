@@ -5,7 +5,7 @@ failure does not mean packsim is broken: it means transformers changed behaviour
 (notebook 03, DESIGN.md "Facts measured on this stack") must be updated to match.
 
 Setup: four random examples (lengths 5, 12, 1, 7) concatenated into one row (1, 25) and run
-through a tiny ``LlamaForCausalLM`` (``packsim.model.build_model``) in fp32. The reference for
+through a tiny ``LlamaForCausalLM`` (``packsim.core.model.build_model``) in fp32. The reference for
 each example is that example run alone (1, L) with ``position_ids = arange(L)`` on the same
 attention backend. "Isolated" means max |packed - alone| <= 1e-5 for every example; "leaks"
 means > 1e-3 (measured leaks are 0.5-0.8).
@@ -32,7 +32,7 @@ import transformers.masking_utils as hf_masking
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 from transformers import DataCollatorWithFlattening, LlamaConfig
 
-from packsim.model import build_model
+from packsim.core.model import build_model
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:flex_attention called without torch.compile:UserWarning"  # on purpose, see above

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from packsim.errors import PacksimError
-from packsim.results import Results, RunResult, StepRecord
+from packsim.core.errors import PacksimError
+from packsim.experiment.results import Results, RunResult, StepRecord
 from packsim.viz import curves, curves_figure
 from packsim.viz._common import shown_figure
 
@@ -155,9 +155,9 @@ def test_bad_input():
 
 def test_fed_live_by_the_real_trainer():
     """The trainer's callback drives the widget: one point per step, eval drawn at once."""
-    from packsim.data import make_examples
-    from packsim.model import build_model
-    from packsim.train import TrainConfig, train
+    from packsim.core.data import make_examples
+    from packsim.core.model import build_model
+    from packsim.experiment.training import TrainConfig, train
 
     view = curves(every=100, min_interval_s=1e9)
     cfg = TrainConfig(steps=3, examples_per_step=4, capacity=64, warmup_steps=1, eval_every=0)

@@ -9,10 +9,10 @@ import torch
 import traitlets
 from toy import BOS, EOS
 
-from packsim.batch import PackedBatch
-from packsim.data import make_examples
-from packsim.errors import PacksimError
-from packsim.model import attention_maps, build_model
+from packsim.core.batch import PackedBatch
+from packsim.core.data import make_examples
+from packsim.core.errors import PacksimError
+from packsim.core.model import attention_maps, build_model
 from packsim.viz import leakage_explorer, leakage_figure
 from packsim.viz._common import token_glyphs
 from packsim.viz.leakage import key_weights, mean_outside_share, outside_share, share_html

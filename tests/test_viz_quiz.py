@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from packsim.errors import PacksimError
+from packsim.core.errors import PacksimError
 from packsim.viz import load_quizzes, quiz, quiz_figure
 from packsim.viz.quizzes import grade, split_words
 

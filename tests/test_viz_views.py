@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from packsim.attention import attention_work
-from packsim.batch import PackedBatch
-from packsim.data import make_examples
-from packsim.errors import PacksimError
-from packsim.loss import Role
-from packsim.masks import block_diagonal_mask, block_sparsity, flex_block_mask
-from packsim.packing import Piece, pack, packing_stats
-from packsim.tokenizer import BOS_ID, EOS_ID, PAD_ID, encode
+from packsim.core.attention import attention_work
+from packsim.core.batch import PackedBatch
+from packsim.core.data import make_examples
+from packsim.core.errors import PacksimError
+from packsim.core.loss import Role
+from packsim.core.masks import block_diagonal_mask, block_sparsity, flex_block_mask
+from packsim.core.packing import Piece, pack, packing_stats
+from packsim.core.tokenizer import BOS_ID, EOS_ID, PAD_ID, encode
 from packsim.viz import (
     label_viewer,
     labels_figure,

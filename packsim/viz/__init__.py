@@ -18,13 +18,13 @@ widget                                 static figure               notebook
 =====================================  ==========================  ========
 """
 
-from .labels import label_viewer, labels_figure
-from .leakage import leakage_explorer, leakage_figure
-from .mask_view import mask_explorer, mask_figure
-from .playground import packing_figure, packing_playground
-from .quizzes import load_quizzes, quiz, quiz_figure
-from .tiles import tile_figure, tile_map
-from .training_curves import curves, curves_figure
+from packsim.viz.labels import label_viewer, labels_figure
+from packsim.viz.leakage import leakage_explorer, leakage_figure
+from packsim.viz.mask_view import mask_explorer, mask_figure
+from packsim.viz.playground import packing_figure, packing_playground
+from packsim.viz.quizzes import load_quizzes, quiz, quiz_figure
+from packsim.viz.tiles import tile_figure, tile_map
+from packsim.viz.training_curves import curves, curves_figure
 
 __all__ = [
     "curves",

@@ -19,8 +19,8 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from ..batch import PackedBatch
-from ..errors import PacksimError
+from packsim.core.batch import PackedBatch
+from packsim.core.errors import PacksimError
 
 __all__ = [
     "EXAMPLE_COLOURS",
@@ -74,7 +74,7 @@ def token_glyphs(ids) -> list[str]:
 
     ``ids``: a list of ints or a 1-D tensor (T,). Ids outside packsim's vocabulary show as ``#id``.
     """
-    from ..tokenizer import build_tokenizer
+    from packsim.core.tokenizer import build_tokenizer
 
     ids = [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
     toks = build_tokenizer().convert_ids_to_tokens(ids)
@@ -95,7 +95,7 @@ def as_batch(
     if examples_or_batch is None or isinstance(examples_or_batch, (str, bytes)):
         raise PacksimError(
             f"expected a list of examples or a PackedBatch, got {examples_or_batch!r}: "
-            "pass e.g. packsim.data.make_examples(6, seed=0)."
+            "pass e.g. packsim.core.data.make_examples(6, seed=0)."
         )
     return PackedBatch.from_examples(
         list(examples_or_batch), capacity, setup=setup, strategy=strategy
@@ -115,7 +115,7 @@ def figure_bundle(fig: go.Figure) -> dict:
 
     Colab has no renderer for the plotly mime type: there (only) an HTML version is added that
     loads plotly.js from its CDN, as plotly's own ``colab`` renderer does. In a static HTML
-    build (``PACKSIM_STATIC=1``, :mod:`packsim.site`) an HTML version without plotly.js is
+    build (``PACKSIM_STATIC=1``, :mod:`packsim.course.static_site`) an HTML version without plotly.js is
     added, which the page's widget manager draws with the plotly.js the page embeds.
     """
     bundle = pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict())

@@ -3,7 +3,7 @@
 For each setup (``buggy`` = loss on all tokens, ``correct`` = completion-only by default) the
 tokens of one packed row are drawn as chips: green when the token is a counted target, grey when
 ignored (label ``-100``). Hovering a chip gives the reason, from the token's
-:class:`~packsim.loss.Role` (prompt, padding, boundary, response, EOS, first token of the row).
+:class:`~packsim.core.loss.Role` (prompt, padding, boundary, response, EOS, first token of the row).
 A token ``t`` is a target when ``labels[t] != -100`` and ``t > 0`` (the model predicts token
 ``t`` from position ``t - 1``; the first token of a row has nothing before it).
 """
@@ -13,10 +13,10 @@ from __future__ import annotations
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from ..data import make_examples
-from ..loss import IGNORE_INDEX, Role
-from ..setups import get_setup
-from ._common import (
+from packsim.core.data import make_examples
+from packsim.core.loss import IGNORE_INDEX, Role
+from packsim.core.setups import get_setup
+from packsim.viz._common import (
     PacksimWidget,
     as_batch,
     check_row,

@@ -7,7 +7,7 @@ share of that attention landing outside the query's own example. Keys of another
 get any weight are underlined in red with their weight: under ``buggy`` every example after the
 first in a row reads its neighbours; under ``correct`` the share is exactly 0.
 
-Attention comes from :func:`packsim.model.attention_maps` (``(L, B, H, T, T)``) under each
+Attention comes from :func:`packsim.core.model.attention_maps` (``(L, B, H, T, T)``) under each
 panel's setup, computed once when the widget is built (packs here are short: 48-96 tokens).
 """
 
@@ -18,13 +18,13 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from ..batch import PackedBatch
-from ..errors import PacksimError
-from ..loss import Role
-from ..model import attention_maps, build_model
-from ..model import outside_share as model_outside_share
-from ..setups import get_setup
-from ._common import (
+from packsim.core.batch import PackedBatch
+from packsim.core.errors import PacksimError
+from packsim.core.loss import Role
+from packsim.core.model import attention_maps, build_model
+from packsim.core.model import outside_share as model_outside_share
+from packsim.core.setups import get_setup
+from packsim.viz._common import (
     LEAK_RED,
     PacksimWidget,
     as_batch,
@@ -96,7 +96,7 @@ def mean_outside_share(weights: torch.Tensor, seq_ids_row: torch.Tensor) -> floa
 def _models_for(models, batch: PackedBatch, seed: int, setups) -> dict:
     """``{setup name: model}``; None -> one untrained tiny model shared by every setup."""
     if models is None:
-        from ..tokenizer import VOCAB_SIZE
+        from packsim.core.tokenizer import VOCAB_SIZE
 
         vocab = max(VOCAB_SIZE, int(batch.input_ids.max()) + 1)
         model = build_model("tiny", vocab_size=vocab, seed=seed)

@@ -15,10 +15,10 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from ..data import make_examples
-from ..errors import PacksimError
-from ..masks import block_diagonal_mask, block_sparsity, causal_mask, flex_block_mask
-from ._common import (
+from packsim.core.data import make_examples
+from packsim.core.errors import PacksimError
+from packsim.core.masks import block_diagonal_mask, block_sparsity, causal_mask, flex_block_mask
+from packsim.viz._common import (
     TILE_SCALE,
     PacksimWidget,
     as_batch,
@@ -43,7 +43,7 @@ def _check_block(block_size) -> int:
 
 
 def row_sparsity(seq_ids_row: torch.Tensor, block_size: int, document: bool = True):
-    """:class:`~packsim.masks.BlockSparsity` of one row (T,): document mask, or plain causal."""
+    """:class:`~packsim.core.masks.BlockSparsity` of one row (T,): document mask, or plain causal."""
     ids = seq_ids_row if document else torch.zeros_like(seq_ids_row)  # one "document" per row
     return block_sparsity(flex_block_mask(ids, causal=True, block_size=_check_block(block_size)))
 

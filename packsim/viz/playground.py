@@ -14,10 +14,10 @@ import ipywidgets as widgets
 import numpy as np
 import plotly.graph_objects as go
 
-from ..data import long_tailed_lengths, uniform_lengths
-from ..errors import PacksimError
-from ..packing import STRATEGIES, Piece, pack, packing_stats
-from ._common import PacksimWidget, escape, example_colour, show_figure, style_html
+from packsim.core.data import long_tailed_lengths, uniform_lengths
+from packsim.core.errors import PacksimError
+from packsim.core.packing import STRATEGIES, Piece, pack, packing_stats
+from packsim.viz._common import PacksimWidget, escape, example_colour, show_figure, style_html
 
 __all__ = ["PackingPlayground", "packing_playground", "packing_figure", "draw_lengths"]
 

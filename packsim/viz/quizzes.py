@@ -38,8 +38,8 @@ import plotly.graph_objects as go
 import yaml
 from plotly.subplots import make_subplots
 
-from ..errors import PacksimError
-from ._common import PacksimWidget, close_tree, escape, style_html
+from packsim.core.errors import PacksimError
+from packsim.viz._common import PacksimWidget, close_tree, escape, style_html
 
 __all__ = [
     "QuizData",
@@ -230,7 +230,7 @@ def _read_file(path: Path) -> list[QuizData]:
 
 def _files(path) -> list[Path]:
     if path is None:
-        root = resources.files("packsim") / "quizzes"
+        root = resources.files("packsim.course") / "quizzes"
         return sorted(
             (Path(str(p)) for p in root.iterdir() if p.name.endswith(".yaml")), key=lambda p: p.name
         )

@@ -8,7 +8,7 @@ Two views of the same pack of ``N`` tokens, cut into ``tile x tile`` blocks:
 - a flash-style varlen kernel: tiles start at each sequence's own offset (``cu_seqlens``), so
   no tile straddles two sequences and nothing across sequences is ever visited.
 
-The numbers come from :func:`packsim.attention.attention_work`: score pairs of dense-mask SDPA
+The numbers come from :func:`packsim.core.attention.attention_work`: score pairs of dense-mask SDPA
 (N^2, nothing skipped), of a causal kernel over the whole pack (the leaky setup) and of varlen
 (sum of L_i^2 / 2), and the tile counts of both views.
 """
@@ -23,11 +23,11 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from ..attention import AttentionWork, attention_work
-from ..batch import PackedBatch
-from ..errors import PacksimError
-from ..masks import check_cu_seqlens, seq_ids_from_cu_seqlens
-from ._common import (
+from packsim.core.attention import AttentionWork, attention_work
+from packsim.core.batch import PackedBatch
+from packsim.core.errors import PacksimError
+from packsim.core.masks import check_cu_seqlens, seq_ids_from_cu_seqlens
+from packsim.viz._common import (
     TILE_SCALE,
     PacksimWidget,
     check_row,

@@ -9,8 +9,8 @@ Three panels, one colour per setup:
 3. exact match on held-out examples run alone (``eval`` ``isolated_exact_match``).
 
 With several seeds of a setup, the line is the mean over seeds and a band spans min..max.
-The widget reads the format of :mod:`packsim.results`: a :class:`~packsim.results.Results`
-(or its ``results.json``) and/or live :class:`~packsim.results.StepRecord` s passed to
+The widget reads the format of :mod:`packsim.experiment.results`: a :class:`~packsim.experiment.results.Results`
+(or its ``results.json``) and/or live :class:`~packsim.experiment.results.StepRecord` s passed to
 ``.callback`` while training runs (redraws are throttled; eval records always redraw).
 """
 
@@ -24,9 +24,9 @@ import plotly.graph_objects as go
 from plotly.colors import hex_to_rgb
 from plotly.subplots import make_subplots
 
-from ..errors import PacksimError
-from ..results import Results, RunResult, StepRecord
-from ._common import PacksimWidget, escape, setup_colour, show_figure, style_html
+from packsim.core.errors import PacksimError
+from packsim.experiment.results import Results, RunResult, StepRecord
+from packsim.viz._common import PacksimWidget, escape, setup_colour, show_figure, style_html
 
 __all__ = ["Curves", "curves", "curves_figure", "PANELS"]
 
@@ -60,7 +60,7 @@ def _as_runs(results) -> list[RunResult]:
         return list(results)
     raise PacksimError(
         f"curves() takes a packsim Results, a path to results.json, or a list of RunResult; got "
-        f"{type(results).__name__}. Load one with packsim.results.Results.load(path)."
+        f"{type(results).__name__}. Load one with packsim.experiment.results.Results.load(path)."
     )
 
 
@@ -154,8 +154,8 @@ def _figure(runs: list[RunResult], title: str = "") -> go.Figure:
 def curves_figure(results, title: str = "") -> go.Figure:
     """Static curves figure (three panels, see the module doc) for HTML export (notebook 05).
 
-    ``results``: a :class:`~packsim.results.Results`, a path to ``results.json`` (or its
-    directory), its dict, or a list of :class:`~packsim.results.RunResult`.
+    ``results``: a :class:`~packsim.experiment.results.Results`, a path to ``results.json`` (or its
+    directory), its dict, or a list of :class:`~packsim.experiment.results.RunResult`.
     """
     return _figure(_as_runs(results), title)
 
@@ -203,7 +203,7 @@ class Curves(PacksimWidget):
                 record = StepRecord(**record)
             except TypeError as err:
                 raise PacksimError(
-                    f"not a step record: {record!r} ({err}); pass packsim.results.StepRecord "
+                    f"not a step record: {record!r} ({err}); pass packsim.experiment.results.StepRecord "
                     "objects (kind, setup, seed, step, values)."
                 ) from err
         if not isinstance(record, StepRecord) or record.kind not in ("train", "eval"):
@@ -264,7 +264,7 @@ class Curves(PacksimWidget):
 def curves(results=None, every: int = 25, min_interval_s: float = 0.5) -> Curves:
     """Side-by-side training curves widget (notebook 05); ``.callback`` feeds it live.
 
-    ``results``: None (start empty and fill it live), a :class:`~packsim.results.Results`, a
+    ``results``: None (start empty and fill it live), a :class:`~packsim.experiment.results.Results`, a
     path to ``results.json``, or a list of RunResult. Example::
 
         view = packsim.viz.curves()

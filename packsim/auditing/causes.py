@@ -1,0 +1,103 @@
+"""Likely causes, read from the probes and the batch: which field or kwarg breaks isolation.
+
+Used by lesson 06 through :func:`packsim.audit`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from packsim.auditing.pipeline import Out, Pipeline
+from packsim.auditing.report import ProbeResult
+
+_FA_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
+def likely_causes(p: Pipeline, probes: dict[str, ProbeResult], base_out: Out) -> list[str]:
+    causes = []
+    leak = any(probes[n].failed for n in ("perturbation", "gradient", "attention_mass"))
+    if leak:
+        causes += _packed_leak_causes(p) if p.context["kind"] == "packed" else _dict_leak_causes(p, probes, base_out)
+        causes += _layer_cause(probes["attention_mass"])
+    causes += _loss_causes(probes["loss_coverage"])
+    pos = probes["positions"]
+    if pos.failed:
+        causes.append("position_ids continue across examples and this model uses absolute positions, "
+                      "so every later example is computed at positions it never has alone: reset "
+                      "position_ids to 0 at each example.")
+    return causes
+
+
+def _packed_leak_causes(p: Pipeline) -> list[str]:
+    setup = p.context["setup"]
+    if setup.mask == "causal" and setup.packed:
+        return [f"setup {setup.name!r} uses mask='causal': one causal mask over the whole pack lets "
+                "each example read the ones packed before it. Use a block-diagonal setup (e.g. "
+                "'correct')."]
+    return ["the setup is block-diagonal, yet attention still crosses examples: some attention "
+            "call ignores the segments it is given (custom attention code, a patched layer)."]
+
+
+def _dict_leak_causes(p: Pipeline, probes, base_out: Out) -> list[str]:
+    fields, impl = p.context["fields"], p.context["impl"] or "unknown"
+    mask = fields.get("attention_mask")
+    mask = mask if isinstance(mask, torch.Tensor) else None
+    causes = []
+    if mask is not None and mask.dim() == 4:
+        if mask.dtype == torch.bool and impl == "eager":
+            causes.append("a boolean 4D attention_mask reached eager attention, which ADDS the mask to "
+                          "the scores (True/False become +1/+0), so it masks nothing: pass a float "
+                          "mask with 0 where allowed and -inf (or finfo.min) elsewhere.")
+        else:
+            causes.append("the 4D attention_mask passed with the batch lets examples see each other: "
+                          "check the boundaries it was built from (an off-by-one puts an example's "
+                          "first token in the previous block).")
+    elif impl.startswith("flash"):
+        if mask is not None and bool((mask == 0).any()):
+            causes.append("an attention_mask with zeros was passed, so flash attention unpadded from "
+                          "it and ignored position_ids: drop it for a padding-free batch.")
+    elif mask is not None:
+        causes.append("an attention_mask was passed, so position_ids were ignored: transformers "
+                      "finds packed examples from position_ids only when attention_mask is None "
+                      "(even an all-ones mask turns that off). Drop attention_mask from the batch.")
+    elif base_out.cache is not None:
+        causes.append("transformers skipped packed-sequence detection because a cache was created "
+                      "(use_cache is true in the call or in model.config, the default for a "
+                      "hand-built config): pass use_cache=False.")
+    elif not probes["positions"].details.get("reset"):
+        causes.append("position_ids do not restart at each example, so transformers sees one long "
+                      "sequence per row and applies a plain causal mask: pass per-example "
+                      "position_ids (DataCollatorWithFlattening does).")
+    if any(k in fields for k in _FA_KWARGS) and not impl.startswith("flash"):
+        causes.append(f"note: cu_seq_lens_*/max_length_* are read only by flash attention; "
+                      f"{impl!r} ignores them and isolates only through position_ids or a mask.")
+    if not causes:
+        causes.append("the batch looks right, yet attention crosses examples: check custom "
+                      "attention code or patched layers.")
+    return causes
+
+
+def _layer_cause(attn: ProbeResult) -> list[str]:
+    leaky, n = attn.details.get("leaking_layers"), attn.details.get("n_layers")
+    if attn.failed and leaky and len(leaky) < n:
+        return [f"only layer(s) {leaky} of {n} leak: look at what attention those layers receive "
+                "(a patched or differently configured layer)."]
+    return []
+
+
+def _loss_causes(loss: ProbeResult) -> list[str]:
+    fixes = {
+        "prompt": "labels count prompt tokens: set them to -100 (completion-only loss).",
+        "padding": "labels count padding: set the labels of padding tokens to -100.",
+        "boundary": "labels count the first token of each later example, predicted from the previous "
+                    "example's last token: set it to -100 (DataCollatorWithFlattening does).",
+        "response": "some response tokens are not counted: only prompt, padding and boundary "
+                    "tokens should be -100.",
+        "EOS": "the EOS label is -100, so the model never learns to stop: keep EOS counted.",
+        "every": "every token inside the examples is counted, so prompts are in the loss: mask them "
+                 "with -100 (for plain language modelling without prompts, pass "
+                 "response_mask=all True).",
+    }
+    return [fixes[key] for key in loss.details.get("problems", [])]
+
+

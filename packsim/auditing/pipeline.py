@@ -1,0 +1,321 @@
+"""The pipeline under audit: one forward and what it knows about the batch, whatever its format.
+
+A :class:`Pipeline` wraps a PackedBatch (run with ``packsim.core.model.forward``) or a collator dict
+(run as ``model(**batch, **kwargs)``): input_ids (B, T), seq (B, T) example index (-1 padding),
+roles (B, T), positions (B, T). Used by lesson 06 through :func:`packsim.audit`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from packsim.core.batch import PackedBatch
+from packsim.core.errors import PacksimError
+from packsim.core.loss import Role
+
+UNKNOWN = 6  # role code for "inside an example, prompt or response not known" (dict batches)
+
+
+@dataclass
+class Out:
+    logits: torch.Tensor  # (B, T, V)
+    cache: object = None
+    attentions: tuple | None = None
+
+
+@dataclass
+class Pipeline:
+    """Everything the probes need, whatever the batch format.
+
+    run(input_ids=None, inputs_embeds=None, output_attentions=False) -> Out runs the pipeline's
+    forward with the tokens (or embeddings) replaced. seq (B, T) long: dense example index
+    0..S-1, -1 on padding. roles (B, T): packsim Role codes, or UNKNOWN.
+    """
+
+    model: torch.nn.Module
+    run: Callable[..., Out]
+    input_ids: torch.Tensor
+    seq: torch.Tensor
+    example_ids: list[int]
+    boundaries: str
+    labels: torch.Tensor | None
+    roles: torch.Tensor
+    role_notes: list[str]
+    positions: torch.Tensor | None  # (B, T) as the forward gets them; None = model default
+    expected_positions: torch.Tensor  # (B, T) positions that restart at each example
+    forward: str
+    context: dict
+
+
+def model_device(model) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except StopIteration:
+        return torch.device("cpu")
+
+
+@contextmanager
+def same_randomness(seed: int, device: torch.device):
+    """Every forward sees the same RNG state, so dropout in train mode cancels out of differences."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
+
+
+def logits_of(out) -> Out:
+    if isinstance(out, torch.Tensor):
+        return Out(out)
+    logits = getattr(out, "logits", None)
+    if logits is None:
+        raise PacksimError(
+            f"the model returned {type(out).__name__} without .logits: audit a causal LM whose "
+            "forward returns logits (B, T, V), e.g. a transformers *ForCausalLM."
+        )
+    fields = out if isinstance(out, Mapping) else getattr(out, "__dict__", {})  # ModelOutput: a dict
+    keys = list(fields.keys())  # not .get("past_key_values"): transformers 5 warns on the old name
+    cache = next((fields[k] for k in ("cache", "past_key_values") if k in keys), None)
+    return Out(logits, cache, fields.get("attentions"))
+
+
+def _check_response_mask(response_mask, shape) -> torch.Tensor | None:
+    if response_mask is None:
+        return None
+    mask = torch.as_tensor(response_mask)
+    if tuple(mask.shape) != tuple(shape):
+        raise PacksimError(
+            f"response_mask has shape {tuple(mask.shape)} but input_ids has {tuple(shape)}: pass one "
+            "bool per token (True on response tokens and EOS)."
+        )
+    return mask.bool()
+
+
+def _dense_ids(ids: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+    """Relabel example ids (B, T) (-1 = padding) to 0..S-1 in order of value; return the labels."""
+    real = ids >= 0
+    values, inverse = torch.unique(ids[real], return_inverse=True)
+    dense = torch.full_like(ids, -1)
+    dense[real] = inverse
+    return dense, values.tolist()
+
+
+def _expected_positions(seq: torch.Tensor) -> torch.Tensor:
+    """(B, T): 0, 1, ... inside each run of one example id (padding runs count too)."""
+    B, T = seq.shape
+    starts = torch.ones_like(seq, dtype=torch.bool)
+    starts[:, 1:] = seq[:, 1:] != seq[:, :-1]
+    idx = torch.arange(T, device=seq.device).expand(B, T)
+    run_start = torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=1).values
+    return idx - run_start
+
+
+# ---------------------------------------------------------------------------- PackedBatch
+
+
+def packed_pipeline(model, batch: PackedBatch, response_mask, forward_kwargs) -> Pipeline:
+    from packsim.core.model import forward
+
+    def run(input_ids=None, inputs_embeds=None, output_attentions=False) -> Out:
+        b = batch if input_ids is None else _replace_ids(batch, input_ids)
+        return Out(forward(model, b, inputs_embeds=inputs_embeds, **forward_kwargs))
+
+    seq, ids = _dense_ids(batch.seq_ids)
+    roles, notes = _packed_roles(model, batch, response_mask)
+    kw = "".join(f", {k}={v!r}" for k, v in forward_kwargs.items())
+    return Pipeline(
+        model=model, run=run, input_ids=batch.input_ids, seq=seq, example_ids=ids,
+        boundaries="PackedBatch.seq_ids (how the examples were packed)",
+        labels=batch.labels, roles=roles, role_notes=notes, positions=batch.position_ids,
+        expected_positions=batch.example_positions,
+        forward=f"packsim.core.model.forward(model, batch{kw}) under setup {batch.setup.name!r}",
+        context={"kind": "packed", "setup": batch.setup, "batch": batch},
+    )
+
+
+def _replace_ids(batch: PackedBatch, input_ids: torch.Tensor) -> PackedBatch:
+    from dataclasses import replace
+
+    return replace(batch, input_ids=input_ids)
+
+
+def _packed_roles(model, batch: PackedBatch, response_mask) -> tuple[torch.Tensor, list[str]]:
+    roles = batch.roles.long().clone()
+    roles[roles == Role.FIRST] = -1  # the first token of a row is never a target
+    mask = _check_response_mask(response_mask, batch.shape)
+    if mask is not None:
+        inside = (roles == Role.PROMPT) | (roles == Role.RESPONSE)
+        roles[inside] = torch.where(mask[inside], int(Role.RESPONSE), int(Role.PROMPT))
+        return roles, ["prompt/response from response_mask"]
+    if batch.strategy == "given":  # from_flattening: roles were inferred from the labels
+        inside = (roles == Role.PROMPT) | (roles == Role.RESPONSE)
+        roles[inside] = UNKNOWN
+        roles = _mark_eos(model, batch.input_ids, _dense_ids(batch.seq_ids)[0], roles)
+        return roles, ["prompt/response unknown (PackedBatch.from_flattening infers them from the "
+                       "labels): pass response_mask to check them"]
+    return roles, ["prompt/response/EOS from PackedBatch.roles"]
+
+
+# ---------------------------------------------------------------------------- plain dicts
+
+
+def dict_pipeline(model, batch: Mapping, response_mask, forward_kwargs) -> Pipeline:
+    fields = dict(batch)
+    ids = fields.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise PacksimError(
+            f"batch['input_ids'] must be a (B, T) tensor, got {got}: pass the collator's output "
+            "(e.g. DataCollatorWithFlattening returns input_ids of shape (1, total_tokens))."
+        )
+    _check_field_shapes(fields, ids.shape)
+    seq, ex_ids, source = _dict_boundaries(fields, ids.shape)
+    roles, notes = _dict_roles(model, fields, seq, _check_response_mask(response_mask, ids.shape))
+    fields_no_ids = {k: v for k, v in fields.items() if k != "input_ids"}
+
+    def run(input_ids=None, inputs_embeds=None, output_attentions=False) -> Out:
+        extra = {"output_attentions": True} if output_attentions else {}
+        if inputs_embeds is not None:
+            return logits_of(model(inputs_embeds=inputs_embeds, **fields_no_ids, **forward_kwargs, **extra))
+        x = ids if input_ids is None else input_ids
+        return logits_of(model(input_ids=x, **fields_no_ids, **forward_kwargs, **extra))
+
+    pos = fields.get("position_ids")
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    kw = "".join(f", {k}={v!r}" for k, v in forward_kwargs.items())
+    return Pipeline(
+        model=model, run=run, input_ids=ids, seq=seq, example_ids=ex_ids, boundaries=source,
+        labels=fields.get("labels"), roles=roles, role_notes=notes,
+        positions=None if pos is None else torch.as_tensor(pos).expand(ids.shape),
+        expected_positions=_expected_positions(seq),
+        forward=f"model(**batch{kw}), batch keys {sorted(fields)}, attn_implementation={impl!r}",
+        context={"kind": "dict", "fields": fields, "impl": impl, "forward_kwargs": forward_kwargs},
+    )
+
+
+def _check_field_shapes(fields: dict, shape) -> None:
+    B, T = shape
+    for key in ("labels", "position_ids", "seq_idx"):
+        if fields.get(key) is not None and tuple(torch.as_tensor(fields[key]).shape[-1:]) != (T,):
+            raise PacksimError(
+                f"batch[{key!r}] has shape {tuple(torch.as_tensor(fields[key]).shape)} but input_ids has "
+                f"{tuple(shape)}: every per-token field must have one entry per token; rebuild them "
+                "from the same examples."
+            )
+    mask = fields.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() in (2, 4):
+        ok = tuple(mask.shape) == (B, T) if mask.dim() == 2 else tuple(mask.shape[-2:]) == (T, T)
+        if not ok:
+            raise PacksimError(
+                f"batch['attention_mask'] has shape {tuple(mask.shape)}, which does not fit input_ids "
+                f"{tuple(shape)}: pass a (B, T) or (B, 1, T, T) mask of the same batch."
+            )
+
+
+def _dict_boundaries(fields: dict, shape) -> tuple[torch.Tensor, list[int], str]:
+    """Example index per token (B, T) from cu_seq_lens_q, else seq_idx, else position_ids resets.
+
+    Padding (-1): tokens past cu_seq_lens_q[-1], negative seq_idx, attention_mask == 0.
+    """
+    B, T = shape
+    device = fields["input_ids"].device
+    starts, pad, source = _starts(fields, B, T)
+    starts, pad = starts.to(device), pad.to(device)
+    starts[:, 0] = True  # rows never share an example
+    seq = starts.reshape(-1).cumsum(0).reshape(B, T) - 1
+    seq[pad] = -1
+    mask = fields.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2:
+        seq[mask == 0] = -1
+        source += "; padding from attention_mask == 0"
+    seq, ids = _dense_ids(seq)
+    if len(ids) < 2:
+        raise _no_boundaries(f"{source} describes {len(ids)} example(s)")
+    return seq, list(range(len(ids))), source
+
+
+def _starts(fields: dict, B: int, T: int) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """(starts (B, T) bool: a new example begins here, padding (B, T) bool, source name)."""
+    no_pad = torch.zeros(B, T, dtype=torch.bool)
+    if fields.get("cu_seq_lens_q") is not None:
+        cu = fields["cu_seq_lens_q"]
+        return _starts_from_cu(cu, B, T), _beyond_cu(cu, B, T), "cu_seq_lens_q"
+    for key, source in (("seq_idx", "seq_idx"), ("position_ids", "position_ids (where they restart)")):
+        if fields.get(key) is not None:
+            ids = torch.as_tensor(fields[key]).expand(B, T).cpu()
+            starts = torch.ones(B, T, dtype=torch.bool)
+            step = 0 if key == "seq_idx" else 1  # same id continues / position continues by +1
+            starts[:, 1:] = ids[:, 1:] - ids[:, :-1] != step
+            return starts, (ids < 0) if key == "seq_idx" else no_pad, source
+    raise _no_boundaries("it has none of cu_seq_lens_q, seq_idx, position_ids")
+
+
+def _no_boundaries(why: str) -> PacksimError:
+    return PacksimError(
+        f"the batch carries no example boundaries the audit can use ({why}): pass cu_seq_lens_q, "
+        "seq_idx, or position_ids that restart at 0 for each example "
+        "(DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True) gives all "
+        "three), with at least two examples."
+    )
+
+
+def _starts_from_cu(cu, B: int, T: int) -> torch.Tensor:
+    from packsim.core.masks import check_cu_seqlens
+
+    cu = torch.as_tensor(cu).reshape(-1).to(torch.int32).cpu()
+    end = int(cu[-1]) if cu.numel() else 0
+    if end > B * T:
+        raise PacksimError(
+            f"cu_seq_lens_q ends at {end} but input_ids holds {B}x{T}={B * T} tokens: the offsets "
+            "belong to a different (longer) batch; rebuild them from the same examples."
+        )
+    offsets = check_cu_seqlens(cu, end, name="cu_seq_lens_q")
+    starts = torch.zeros(B * T, dtype=torch.bool)
+    starts[torch.tensor(offsets[:-1], dtype=torch.long)] = True
+    return starts.view(B, T)
+
+
+def _beyond_cu(cu, B: int, T: int) -> torch.Tensor:
+    end = int(torch.as_tensor(cu).reshape(-1)[-1])
+    beyond = torch.zeros(B * T, dtype=torch.bool)
+    beyond[end:] = True  # tokens after the last offset: padding (flash-attn ignores them)
+    return beyond.view(B, T)
+
+
+def _dict_roles(model, fields: dict, seq: torch.Tensor, mask) -> tuple[torch.Tensor, list[str]]:
+    """Role per token (B, T) for a dict batch: padding, row start, boundary, then prompt/response."""
+    roles = torch.full_like(seq, UNKNOWN)
+    notes = []
+    if mask is not None:
+        roles = torch.where(mask.to(seq.device), int(Role.RESPONSE), int(Role.PROMPT))
+        notes.append("prompt/response from response_mask")
+    else:
+        notes.append("prompt/response unknown: pass response_mask (bool per token) to check them")
+    roles = _mark_eos(model, fields["input_ids"], seq, roles)
+    starts = torch.zeros_like(seq, dtype=torch.bool)
+    starts[:, 1:] = seq[:, 1:] != seq[:, :-1]
+    roles[starts & (seq >= 0)] = int(Role.BOUNDARY)
+    roles[:, 0] = -1  # never a target (the shift drops it)
+    roles[seq < 0] = int(Role.PAD)
+    if not (isinstance(fields.get("attention_mask"), torch.Tensor) and fields["attention_mask"].dim() == 2):
+        notes.append("padding unknown (no 2D attention_mask)")
+    return roles, notes
+
+
+def _mark_eos(model, input_ids: torch.Tensor, seq: torch.Tensor, roles: torch.Tensor) -> torch.Tensor:
+    """Mark the last token of each example as EOS when it is the model's eos_token_id."""
+    eos = getattr(getattr(model, "config", None), "eos_token_id", None)
+    eos = {eos} if isinstance(eos, int) else set(eos or [])
+    if not eos:
+        return roles
+    last = torch.zeros_like(seq, dtype=torch.bool)
+    last[:, :-1] = seq[:, :-1] != seq[:, 1:]
+    last[:, -1] = True
+    is_eos = torch.isin(input_ids, torch.tensor(sorted(eos), device=input_ids.device))
+    roles = roles.clone()
+    roles[last & (seq >= 0) & is_eos] = int(Role.EOS)
+    return roles
+
+

@@ -1,0 +1,8 @@
+"""The library core: from examples to a packed batch, its attention, its loss and the model.
+
+Data flow: examples (``data``, ``tokenizer``) -> ``packing`` (which example goes in which row)
+-> ``batch.PackedBatch`` (rows, labels, positions; ``setups`` picks mask x positions x loss)
+-> ``segments`` (where the examples are) -> ``masks`` / ``attention`` (the backends) -> ``loss``
+-> ``model``. ``collator`` hands the same rows to the transformers ``Trainer``; ``device`` and
+``errors`` serve every layer.
+"""

@@ -1,0 +1,585 @@
+"""Varlen (packed) attention: one interface, five backends, all tested equal.
+
+Every backend takes q, k, v flattened over a pack plus ``cu_seqlens`` (int32 offsets), in the
+shape FlashAttention's ``flash_attn_varlen_func`` uses, and returns attention computed *inside*
+each example only (block-diagonal, causal by default)::
+
+    q: (total_q, H, D)    k, v: (total_k, H_kv, D)    H % H_kv == 0 (GQA)
+    cu_seqlens_q/k: (S+1,) int32    ->    out: (total_q, H, D)
+
+Backends (``BACKENDS``):
+
+- ``dense``: reference. Builds the explicit (N, N) block-diagonal mask and calls SDPA. O(N^2)
+  memory and work, no tile is skipped. For teaching and tests.
+- ``blocked``: CPU/GPU path that trains and never builds an N x N mask: sequences are sorted by
+  length, grouped into buckets of similar length, right-padded to (S_b, H, L_b, D) and sent to
+  SDPA. Work ~ sum L_i^2. The default on CPU.
+- ``flex``: FlexAttention with a document ``BlockMask``. Eager (unfused: it materializes the
+  score matrix; ``torch.compile(flex_attention)`` is much faster). On CPU it runs forward only.
+- ``flash``: ``flash_attn.flash_attn_varlen_func`` (CUDA, fp16/bf16, Ampere or newer).
+- ``torch_varlen``: ``torch.nn.attention.varlen.varlen_attn`` (torch >= 2.10, CUDA only).
+
+``backend="auto"`` picks the best available one and logs the choice once at INFO on the
+``packsim`` logger. Used by notebooks 03_block_diagonal and 07_flash_varlen_internals.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import math
+from dataclasses import dataclass
+from itertools import pairwise
+
+import torch
+import torch.nn.functional as F
+
+from packsim.core.device import get_device
+from packsim.core.errors import PacksimError
+from packsim.core.masks import (
+    block_diagonal_mask_from_cu_seqlens,
+    check_cu_seqlens,
+    flex_block_mask,
+    seq_ids_from_cu_seqlens,
+)
+
+__all__ = [
+    "BACKENDS",
+    "BackendStatus",
+    "available_backends",
+    "resolve_backend",
+    "varlen_attention",
+    "AttentionWork",
+    "attention_work",
+]
+
+BACKENDS = ("dense", "blocked", "flex", "flash", "torch_varlen")
+_SELF_ONLY = ("dense", "blocked", "flex")  # backends that need cu_seqlens_q == cu_seqlens_k
+_HALF = (torch.float16, torch.bfloat16)
+_BUCKET_RATIO = 0.8  # blocked: a bucket holds lengths in [0.8 * L_max, L_max]
+_INSTEAD = "use backend='blocked' (trains on CPU and GPU) or 'flex' instead"
+
+log = logging.getLogger("packsim")
+_logged: set[tuple[str, str]] = set()
+
+
+# ----------------------------------------------------------------------------- availability
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """Whether a backend can run on a device/dtype, why (or why not), and if it supports backward."""
+
+    available: bool
+    reason: str
+    trains: bool
+
+
+@functools.lru_cache(maxsize=1)
+def _flash_import_error() -> str | None:
+    """None if ``flash_attn.flash_attn_varlen_func`` imports, else the import error text."""
+    try:
+        from flash_attn import flash_attn_varlen_func  # noqa: F401
+    except Exception as err:  # ImportError, or an ABI mismatch raising OSError/RuntimeError
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def _torch_varlen_fn():
+    """``torch.nn.attention.varlen.varlen_attn`` or None when this torch lacks it."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+@functools.lru_cache(maxsize=1)
+def _flex_cpu_trains() -> bool:
+    """Probe once: does FlexAttention support backward on CPU in this torch? (2.13: no)."""
+    try:
+        from torch.nn.attention.flex_attention import flex_attention
+    except ImportError:
+        return False
+    x = torch.zeros(1, 1, 16, 8, requires_grad=True)
+    try:
+        flex_attention(x, x, x).sum().backward()
+    except NotImplementedError:
+        return False
+    except Exception:  # any other failure: treat as not trainable, the forward path will tell
+        return False
+    return True
+
+
+def _flex_available() -> str | None:
+    """None if FlexAttention imports, else why not."""
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError as err:  # pragma: no cover - torch < 2.5
+        return f"FlexAttention is missing in torch {torch.__version__} ({err}); upgrade to torch >= 2.5"
+    return None
+
+
+def _cuda_problems(name: str, device: torch.device, dtype: torch.dtype | None) -> list[str]:
+    """Problems that stop a CUDA-only fp16/bf16 kernel (flash, torch_varlen) on device/dtype."""
+    problems = []
+    if device.type != "cuda":
+        problems.append(
+            f"{name} runs on CUDA only but the tensors are on {device.type}: move q, k, v to a "
+            f"CUDA device"
+        )
+    elif not torch.cuda.is_available():
+        problems.append(
+            f"{name} needs CUDA, and this torch build sees no CUDA device "
+            f"(torch {torch.__version__}, built with CUDA {torch.version.cuda})"
+        )
+    elif torch.cuda.get_device_capability(device) < (8, 0):
+        cap = ".".join(map(str, torch.cuda.get_device_capability(device)))
+        problems.append(
+            f"{name} needs an Ampere or newer GPU (compute capability >= 8.0), got {cap}"
+        )
+    if dtype is not None and dtype not in _HALF:
+        problems.append(
+            f"{name} supports float16/bfloat16 only, got {dtype}: cast q, k, v with "
+            f".to(torch.bfloat16) (or keep fp32 and use backend='blocked')"
+        )
+    return problems
+
+
+def _status(name: str, device: torch.device, dtype: torch.dtype | None) -> BackendStatus:
+    """Status of one backend on ``device`` with ``dtype`` (None: do not check the dtype)."""
+    if name == "dense":
+        return BackendStatus(True, "reference: explicit (N, N) mask + SDPA, O(N^2) memory", True)
+    if name == "blocked":
+        return BackendStatus(True, "per-example SDPA in length buckets, no N x N mask", True)
+    if name == "flex":
+        missing = _flex_available()
+        if missing:
+            return BackendStatus(False, f"{missing}; use backend='blocked' instead", False)
+        if device.type == "cpu":
+            trains = _flex_cpu_trains()
+            note = (
+                "" if trains else " (forward only: no FlexAttention backward on CPU in this torch)"
+            )
+            return BackendStatus(
+                True, f"eager FlexAttention with a document BlockMask{note}", trains
+            )
+        return BackendStatus(True, "eager FlexAttention with a document BlockMask", True)
+    if name == "flash":
+        err = _flash_import_error()
+        missing = (
+            f"flash-attn is not installed ({err}); pip install 'packsim[gpu]' builds it from "
+            f"source and needs nvcc and a CUDA GPU"
+        ) if err else None
+        return _cuda_kernel_status(
+            "flash-attn", device, dtype, missing,
+            "flash_attn_varlen_func: per-sequence tiles, O(sum L_i^2)",
+        )  # fmt: skip
+    if name == "torch_varlen":
+        missing = (
+            f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn: "
+            f"upgrade to torch >= 2.10"
+        ) if _torch_varlen_fn() is None else None
+        return _cuda_kernel_status(
+            "torch varlen_attn", device, dtype, missing,
+            "torch varlen_attn (flash kernel in torch), O(sum L_i^2)",
+        )  # fmt: skip
+    raise _unknown_backend(name)
+
+
+def _cuda_kernel_status(label, device, dtype, missing: str | None, ok: str) -> BackendStatus:
+    """Status of a CUDA-only fp16/bf16 kernel: every problem listed at once, or ``ok``."""
+    problems = _cuda_problems(label, device, dtype) + ([missing] if missing else [])
+    if problems:
+        return BackendStatus(False, "; ".join(problems) + f". Otherwise {_INSTEAD}", True)
+    return BackendStatus(True, ok, True)
+
+
+def _unknown_backend(name) -> PacksimError:
+    choices = ", ".join(repr(b) for b in ("auto",) + BACKENDS)
+    return PacksimError(f"unknown attention backend {name!r}. Choose one of: {choices}.")
+
+
+def available_backends(device=None, dtype: torch.dtype | None = None) -> dict[str, BackendStatus]:
+    """Status of every backend on ``device`` (default: :func:`get_device`) for ``dtype``.
+
+    ``dtype=None`` skips the dtype check (flash and torch_varlen need fp16/bf16).
+    Notebooks 00_start_here and 07_flash_varlen_internals print this table.
+    """
+    device = get_device() if device is None else torch.device(device)
+    return {name: _status(name, device, dtype) for name in BACKENDS}
+
+
+def resolve_backend(backend: str, q: torch.Tensor, requires_grad: bool) -> tuple[str, str]:
+    """Pick the backend for ``q``'s device and dtype: returns ``(name, why)``.
+
+    ``"auto"``: CUDA: flash > torch_varlen > blocked (each only if it handles the dtype);
+    CPU: blocked (it trains; eager flex is forward-only and, like dense, materializes N x N).
+    Eager flex is not auto-picked on CUDA either: unfused, it materializes the score matrix.
+    A backend asked for by name that cannot run raises :class:`PacksimError` saying why.
+    """
+    if backend != "auto" and backend not in BACKENDS:
+        raise _unknown_backend(backend)
+    mode = "training" if requires_grad else "no grad"
+    if backend != "auto":
+        status = _status(backend, q.device, q.dtype)
+        if not status.available:
+            raise PacksimError(f"backend {backend!r} cannot run here: {status.reason}.")
+        if requires_grad and not status.trains:
+            raise PacksimError(
+                f"backend {backend!r} cannot train on {q.device.type}: FlexAttention has no CPU "
+                f"backward in torch {torch.__version__}. Use backend='blocked' to train on CPU, run "
+                f"on CUDA, or call it under torch.no_grad() for inference."
+            )
+        return backend, f"{backend} requested by name ({q.device.type}, {q.dtype}, {mode})"
+    order = ("flash", "torch_varlen", "blocked") if q.device.type == "cuda" else ("blocked",)
+    skipped = []
+    for name in order:
+        status = _status(name, q.device, q.dtype)
+        if status.available and (status.trains or not requires_grad):
+            why = f"auto on {q.device.type} ({q.dtype}, {mode}): {name}: {status.reason}"
+            if skipped:
+                why += "; skipped " + "; ".join(skipped)
+            return name, why
+        skipped.append(f"{name} ({status.reason.split(';')[0]})")
+    raise PacksimError("no attention backend can run here: " + "; ".join(skipped))  # unreachable
+
+
+def _log_choice(name: str, why: str) -> None:
+    """Log the backend choice at INFO, once per distinct (name, why)."""
+    if (name, why) not in _logged:
+        _logged.add((name, why))
+        log.info("packsim attention backend: %s", why)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _validate(q, k, v, cu_q, cu_k, max_q, max_k) -> tuple[list[int], list[int]]:
+    """Check shapes, dtypes, devices and offsets; return the offsets as lists. No compute."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise PacksimError(
+                f"{name} must be 3-D (total_tokens, heads, head_dim), got {shape}. For (B, T, H, D) "
+                f"tensors, flatten the batch: {name}.reshape(-1, H, D) with matching cu_seqlens."
+            )
+    if k.shape != v.shape:
+        raise PacksimError(
+            f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}."
+        )
+    if q.shape[2] != k.shape[2]:
+        raise PacksimError(
+            f"head_dim of q ({q.shape[2]}) and k/v ({k.shape[2]}) must match. Check the head split "
+            f"of your projections (hidden_size // num_heads)."
+        )
+    H, H_kv = q.shape[1], k.shape[1]
+    if H_kv == 0 or H % H_kv != 0:
+        raise PacksimError(
+            f"q has {H} heads, which is not a multiple of the {H_kv} k/v heads (GQA needs "
+            f"num_heads % num_kv_heads == 0). Fix num_key_value_heads in the model config."
+        )
+    if not (q.dtype == k.dtype == v.dtype):
+        raise PacksimError(
+            f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}. Cast them, e.g. "
+            f"k = k.to(q.dtype)."
+        )
+    if not q.dtype.is_floating_point:
+        raise PacksimError(f"q, k, v must be floating point, got {q.dtype}. Call q.float().")
+    if not (q.device == k.device == v.device):
+        raise PacksimError(
+            f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}. Move them "
+            f"with .to(q.device)."
+        )
+    offs_q = check_cu_seqlens(cu_q, q.shape[0], "cu_seqlens_q")
+    offs_k = check_cu_seqlens(cu_k, k.shape[0], "cu_seqlens_k")
+    if len(offs_q) != len(offs_k):
+        raise PacksimError(
+            f"cu_seqlens_q describes {len(offs_q) - 1} sequences but cu_seqlens_k describes "
+            f"{len(offs_k) - 1}. They must list the same sequences."
+        )
+    for name, offs, given in (("max_seqlen_q", offs_q, max_q), ("max_seqlen_k", offs_k, max_k)):
+        longest = max(b - a for a, b in pairwise(offs))
+        if int(given) < longest:
+            raise PacksimError(
+                f"{name} = {int(given)} is smaller than the longest sequence ({longest} tokens); "
+                f"kernels would silently drop tokens. Pass {name}=int(cu_seqlens.diff().max())."
+            )
+    return offs_q, offs_k
+
+
+# ----------------------------------------------------------------------------- backends
+
+
+def _repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """GQA: (N, H_kv, D) -> (N, H, D); query head h uses kv head h // (H // H_kv)."""
+    n_rep = heads // x.shape[1]
+    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
+
+
+def _dense(q, k, v, cu, causal, scale):
+    """Reference: (N, H, D) -> (N, H, D) via SDPA with an explicit (N, N) bool mask."""
+    H = q.shape[1]
+    k, v = _repeat_kv(k, H), _repeat_kv(v, H)
+    mask = block_diagonal_mask_from_cu_seqlens(cu.to(q.device), causal=causal)  # (N, N)
+    qh, kh, vh = (t.transpose(0, 1)[None] for t in (q, k, v))  # (1, H, N, D)
+    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)  # (1, H, N, D)
+    return out[0].transpose(0, 1)  # (N, H, D)
+
+
+def _length_buckets(lengths: list[int], ratio: float = _BUCKET_RATIO) -> list[list[int]]:
+    """Group sequence indices by length, longest first; each bucket spans [ratio*L_max, L_max]."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    buckets: list[list[int]] = []
+    for i in order:
+        if buckets and lengths[i] >= ratio * lengths[buckets[-1][0]]:
+            buckets[-1].append(i)
+        else:
+            buckets.append([i])
+    return buckets
+
+
+def _bucket_slots(starts, lengths, buckets, N, device):
+    """Slot layout of the buckets: per bucket (S_b, L_b) and its token index per slot (S_b*L_b,).
+
+    Sequences of a bucket are right-padded to its longest, L_b; padding slots hold index N
+    (a zero row appended to the inputs).
+    """
+    shapes, index = [], []
+    for bucket in buckets:
+        L = max(lengths[i] for i in bucket)
+        pos = torch.arange(L, device=device)  # (L,)
+        start = torch.tensor([starts[i] for i in bucket], device=device)[:, None]  # (S_b, 1)
+        length = torch.tensor([lengths[i] for i in bucket], device=device)[:, None]  # (S_b, 1)
+        index.append(torch.where(pos[None] < length, start + pos[None], N).reshape(-1))  # (S_b*L,)
+        shapes.append((len(bucket), L))
+    return shapes, index
+
+
+def _blocked(q, k, v, cu, causal, scale):
+    """Trainable path without an N x N mask: (N, H, D) -> (N, H, D), work ~ sum L_i^2.
+
+    One gather puts every sequence in its length bucket's padded (S_b, H, L_b, D) block, SDPA
+    runs per bucket, and one gather puts the outputs back in pack order (so the backward is two
+    scatters, not one full-size gradient per bucket).
+    """
+    (N, H, D), dev = q.shape, q.device
+    k, v = _repeat_kv(k, H), _repeat_kv(v, H)
+    offs = cu.tolist()
+    starts, lengths = offs[:-1], [b - a for a, b in pairwise(offs)]
+    shapes, index = _bucket_slots(starts, lengths, _length_buckets(lengths), N, dev)
+    slots = torch.cat(index)  # (n_slots,): token per slot, N = padding
+    slot_of = torch.empty(N + 1, dtype=torch.long, device=dev)
+    slot_of[slots] = torch.arange(slots.numel(), device=dev)  # token -> its slot
+    sizes = [S * L for S, L in shapes]
+
+    def gather(x):  # (N, H, D) -> per bucket (S_b*L_b, H, D), zeros in padding slots
+        return torch.cat([x, x.new_zeros(1, H, D)])[slots].split(sizes)
+
+    outs = []
+    for qb, kb, vb, (S, L), idx in zip(gather(q), gather(k), gather(v), shapes, index, strict=True):
+        qb, kb, vb = (x.view(S, L, H, D).transpose(1, 2) for x in (qb, kb, vb))  # (S_b, H, L, D)
+        if causal:  # right padding is safe: real query t only sees keys <= t, all real
+            ob = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale)
+        else:  # key-padding mask (S_b, 1, 1, L); padded query rows still see real keys, no NaN
+            valid = idx.view(S, L) < N
+            mask = None if bool(valid.all()) else valid[:, None, None, :]
+            ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale)
+        outs.append(ob.transpose(1, 2).reshape(S * L, H, D))
+    return torch.cat(outs)[slot_of[:N]]  # (N, H, D) in pack order
+
+
+def _flex(q, k, v, cu, causal, scale):
+    """FlexAttention with a document BlockMask: (N, H, D) -> (N, H, D). Eager (unfused)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if q.device.type == "cpu" and not torch.is_grad_enabled():
+        # torch 2.13 refuses CPU flex whenever an input has requires_grad, even under no_grad
+        q, k, v = q.detach(), k.detach(), v.detach()
+    ids = seq_ids_from_cu_seqlens(cu.to(q.device))  # (N,)
+    block_mask = flex_block_mask(ids, causal=causal, device=q.device)
+    qh, kh, vh = (t.transpose(0, 1)[None] for t in (q, k, v))  # (1, H, N, D), kv (1, H_kv, N, D)
+    gqa = q.shape[1] != k.shape[1]
+    out = flex_attention(qh, kh, vh, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+    return out[0].transpose(0, 1)  # (N, H, D)
+
+
+def _flash(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
+    """flash-attn varlen kernel (CUDA, fp16/bf16): (total_q, H, D) -> (total_q, H, D)."""
+    from flash_attn import flash_attn_varlen_func
+
+    cu_q, cu_k = (c.to(q.device, torch.int32).contiguous() for c in (cu_q, cu_k))
+    return flash_attn_varlen_func(
+        q, k, v, cu_q, cu_k, int(max_q), int(max_k),
+        dropout_p=0.0, softmax_scale=scale, causal=causal,
+    )  # fmt: skip
+
+
+def _torch_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
+    """torch.nn.attention.varlen.varlen_attn (CUDA): (total_q, H, D) -> (total_q, H, D)."""
+    varlen_attn = _torch_varlen_fn()
+    params = inspect.signature(varlen_attn).parameters
+    cu_q, cu_k = (c.to(q.device, torch.int32).contiguous() for c in (cu_q, cu_k))
+    kwargs = {}
+    if "window_size" in params:  # torch >= 2.12: causal is window_size=(-1, 0)
+        kwargs["window_size"] = (-1, 0) if causal else (-1, -1)
+    elif causal:  # torch 2.10/2.11: is_causal flag
+        kwargs["is_causal"] = True
+    if scale is not None:
+        kwargs["scale"] = scale
+    if q.shape[1] != k.shape[1]:
+        if "enable_gqa" in params:
+            kwargs["enable_gqa"] = True
+        else:
+            k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])
+    return varlen_attn(q, k, v, cu_q, cu_k, int(max_q), int(max_k), **kwargs)
+
+
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool = True,
+    softmax_scale: float | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Attention inside each packed sequence only: q (total_q, H, D) -> out (total_q, H, D).
+
+    k, v: (total_k, H_kv, D) with H % H_kv == 0; cu_seqlens_q/k: (S+1,) int32 offsets;
+    ``max_seqlen_*`` >= the longest sequence. ``causal`` is bottom-right aligned (as flash-attn);
+    ``softmax_scale`` defaults to 1/sqrt(D). ``backend``: "auto" or one of :data:`BACKENDS`.
+    dense/blocked/flex need ``cu_seqlens_q == cu_seqlens_k`` (self-attention over one pack).
+    All input errors raise :class:`PacksimError` before any compute.
+    Used by notebooks 03_block_diagonal and 07_flash_varlen_internals.
+    """
+    if backend != "auto" and backend not in BACKENDS:
+        raise _unknown_backend(backend)
+    if not isinstance(causal, bool):
+        raise PacksimError(f"causal must be True or False, got {causal!r}.")
+    if softmax_scale is not None and not (
+        isinstance(softmax_scale, (int, float)) and softmax_scale > 0
+    ):
+        raise PacksimError(
+            f"softmax_scale must be a positive number or None (1/sqrt(head_dim)), got {softmax_scale!r}."
+        )
+    offs_q, offs_k = _validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    name, why = resolve_backend(backend, q, needs_grad)
+    if name in _SELF_ONLY and offs_q != offs_k:
+        raise PacksimError(
+            f"backend {name!r} supports only self-attention over one pack, so cu_seqlens_q must "
+            f"equal cu_seqlens_k (got {offs_q[:6]}... vs {offs_k[:6]}...). For cross-attention "
+            f"with different q/k lengths use backend='flash' or 'torch_varlen' on CUDA."
+        )
+    _log_choice(name, why)
+    scale = None if softmax_scale is None else float(softmax_scale)
+    if name == "dense":
+        return _dense(q, k, v, cu_seqlens_q, causal, scale)
+    if name == "blocked":
+        return _blocked(q, k, v, cu_seqlens_q, causal, scale)
+    if name == "flex":
+        return _flex(q, k, v, cu_seqlens_q, causal, scale)
+    kernel = _flash if name == "flash" else _torch_varlen
+    return kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale)
+
+
+# ----------------------------------------------------------------------------- work accounting
+
+
+@dataclass(frozen=True)
+class AttentionWork:
+    """How much attention work a pack needs, dense vs varlen (see :func:`attention_work`).
+
+    Pair counts are (query, key) scores. Tile counts (when ``tile`` is set) are
+    ``tile x tile`` blocks: ``tiles_*`` on the pack-aligned grid (FlexAttention's view: full,
+    partial or skipped), ``varlen_tiles`` per sequence (what a flash-style varlen kernel visits).
+    """
+
+    tokens: int
+    num_seqs: int
+    causal: bool
+    dense_pairs: int
+    pack_pairs: int
+    varlen_pairs: int
+    tile: int | None = None
+    tiles_total: int | None = None
+    tiles_full: int | None = None
+    tiles_partial: int | None = None
+    tiles_skipped: int | None = None
+    varlen_tiles: int | None = None
+
+    @property
+    def tiles_computed(self) -> int | None:
+        """Pack-grid tiles a block-sparse kernel visits (full + partial)."""
+        return None if self.tile is None else self.tiles_full + self.tiles_partial
+
+    @property
+    def saving(self) -> float:
+        """dense_pairs / varlen_pairs: how many times less score work varlen does."""
+        return self.dense_pairs / self.varlen_pairs
+
+
+def _tile_counts(cu: torch.Tensor, tile: int, causal: bool) -> tuple[int, int, int, int]:
+    """(total, full, partial, skipped) tiles of the pack grid, without building an N x N mask."""
+    ids = seq_ids_from_cu_seqlens(cu.cpu())  # (N,) non-decreasing
+    N = ids.numel()
+    n = -(-N // tile)
+    start = torch.arange(n) * tile  # (n,)
+    end = torch.clamp(start + tile, max=N)  # (n,)
+    first, last = ids[start], ids[end - 1]  # (n,) seq-id range of each tile
+    whole = (end - start) == tile  # (n,) edge tiles count as partial (as FlexAttention does)
+    overlap = (first[:, None] <= last[None, :]) & (first[None, :] <= last[:, None])  # (n, n)
+    single = (first == last) & whole  # (n,)
+    full = single[:, None] & single[None, :] & (first[:, None] == first[None, :])
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    if causal:
+        overlap = overlap & (j <= i)
+        full = full & (j < i)
+    n_full, n_comp = int(full.sum()), int(overlap.sum())
+    return n * n, n_full, n_comp - n_full, n * n - n_comp
+
+
+def attention_work(
+    cu_seqlens: torch.Tensor, causal: bool = True, tile: int | None = None
+) -> AttentionWork:
+    """Score pairs (and tiles) computed by dense-mask attention vs a varlen kernel for one pack.
+
+    ``cu_seqlens`` (S+1,) int32. ``dense_pairs`` = N^2 (SDPA with a dense mask skips nothing);
+    ``pack_pairs`` = N(N+1)/2 causal (a causal kernel over the whole pack: the leaky setup);
+    ``varlen_pairs`` = sum L_i(L_i+1)/2 causal or sum L_i^2. With ``tile=128``, also counts
+    tiles computed vs skipped. Used by notebook 07_flash_varlen_internals.
+    """
+    total = (
+        int(cu_seqlens[-1]) if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.numel() else 0
+    )
+    offs = check_cu_seqlens(cu_seqlens, total)
+    if tile is not None and (isinstance(tile, bool) or not isinstance(tile, int) or tile < 1):
+        raise PacksimError(f"tile must be a positive int (e.g. 128) or None, got {tile!r}.")
+    lengths = [b - a for a, b in pairwise(offs)]
+    N = total
+    tri = (lambda L: L * (L + 1) // 2) if causal else (lambda L: L * L)
+    work = dict(
+        tokens=N,
+        num_seqs=len(lengths),
+        causal=causal,
+        dense_pairs=N * N,
+        pack_pairs=tri(N),
+        varlen_pairs=sum(tri(L) for L in lengths),
+    )
+    if tile is None:
+        return AttentionWork(**work)
+    t_total, t_full, t_partial, t_skip = _tile_counts(cu_seqlens, tile, causal)
+    return AttentionWork(
+        **work,
+        tile=tile,
+        tiles_total=t_total,
+        tiles_full=t_full,
+        tiles_partial=t_partial,
+        tiles_skipped=t_skip,
+        varlen_tiles=sum(tri(math.ceil(L / tile)) for L in lengths),
+    )

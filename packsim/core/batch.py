@@ -1,0 +1,338 @@
+"""PackedBatch: examples packed into rows, with everything a setup needs to run and score them.
+
+Used from notebook 01 on; ``from_examples`` is the one builder the course, the trainer and the
+audit share. Layout: ``B`` rows of ``T`` tokens (``T`` = capacity for packed setups, the longest
+example for ``padded``), padding at the end of each row.
+
+Two kinds of boundaries live here, and the difference matters:
+
+- ``cu_seqlens`` (int32, ``(S+1,)``) delimits the *examples* over the real tokens only, in
+  row-major order with padding left out: exactly what FlashAttention's ``cu_seqlens`` and
+  transformers' ``DataCollatorWithFlattening`` (``cu_seq_lens_q``) mean.
+- :meth:`PackedBatch.attention_segments` gives the segments the *setup's mask* uses over all
+  ``B*T`` tokens: one per row for the causal mask (examples see each other: the bug), one per
+  example and per padding run for the block-diagonal mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from packsim.core.errors import PacksimError
+from packsim.core.loss import IGNORE_INDEX, Role, make_labels
+from packsim.core.masks import (
+    check_cu_seqlens,
+    cu_seqlens_from_position_ids,
+    cu_seqlens_from_seq_ids,
+)
+from packsim.core.packing import Piece, pack_pieces, packing_stats
+from packsim.core.setups import Setup, get_setup
+
+__all__ = ["PackedBatch", "Segment"]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Where one example (or a piece of it) sits: row, [start, stop) in that row, example index."""
+
+    row: int
+    start: int
+    stop: int
+    example: int
+
+
+def _example_parts(ex) -> tuple[list[int], int]:
+    """(tokens, n_prompt) of an Example-like object: ``.tokens`` and ``.n_prompt``."""
+    try:
+        tokens, n_prompt = list(ex.tokens), int(ex.n_prompt)
+    except AttributeError as err:
+        raise PacksimError(
+            f"cannot read an example of type {type(ex).__name__}: pass packsim.core.data.Example objects "
+            "(anything with .tokens and .n_prompt), e.g. from packsim.core.data.make_examples()."
+        ) from err
+    return tokens, n_prompt
+
+
+def _validate(examples: Sequence, capacity: int, vocab_size: int | None) -> list[tuple[list[int], int]]:
+    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
+        raise PacksimError(f"capacity must be a positive int (tokens per row), got {capacity!r}.")
+    if len(examples) == 0:
+        raise PacksimError("no examples to pack: pass at least one example.")
+    parts = [_example_parts(ex) for ex in examples]
+    for i, (tokens, n_prompt) in enumerate(parts):
+        if len(tokens) == 0:
+            raise PacksimError(f"example {i} is empty: drop empty examples before packing.")
+        if not 0 < n_prompt < len(tokens):
+            raise PacksimError(
+                f"example {i} has no response tokens (n_prompt={n_prompt}, {len(tokens)} tokens): "
+                "every example needs at least one response token (its EOS counts); drop or fix it."
+            )
+        if vocab_size is not None:
+            bad = [t for t in tokens if not 0 <= t < vocab_size]
+            if bad:
+                raise PacksimError(
+                    f"example {i} has token id {bad[0]} outside the vocabulary [0, {vocab_size}): "
+                    "encode with the same tokenizer the model was built for."
+                )
+    return parts
+
+
+def _rows_for(lengths: list[int], capacity: int, setup: Setup, strategy: str, overflow: str):
+    """Rows as lists of Pieces: packs for packed setups, one piece per row for ``padded``."""
+    packs = pack_pieces(lengths, capacity, strategy=strategy, overflow=overflow)
+    if setup.packed:
+        return packs
+    pieces = sorted((p for pk in packs for p in pk), key=lambda p: (p.index, p.start))
+    return [[p] for p in pieces]
+
+
+def _piece_roles(start: int, stop: int, n_prompt: int, n_tokens: int, row_start: bool) -> list[int]:
+    roles = [
+        Role.PROMPT if j < n_prompt else Role.EOS if j == n_tokens - 1 else Role.RESPONSE
+        for j in range(start, stop)
+    ]
+    roles[0] = Role.FIRST if row_start else Role.BOUNDARY
+    return roles
+
+
+@dataclass(repr=False)
+class PackedBatch:
+    """A batch of packed rows. Tensors are (B, T) unless noted.
+
+    Attributes:
+        input_ids, labels (-100 where ignored), position_ids: what the model sees;
+        seq_ids: example index per token, -1 on padding; roles: :class:`packsim.core.loss.Role` per token;
+        example_positions: each token's index inside its example (padding: 0.. per run);
+        cu_seqlens (S+1,) int32 and max_seqlen: example boundaries over real tokens (see module doc);
+        segments: one :class:`Segment` per example piece, in row-major order;
+        setup, capacity, strategy; lengths: token count of each input example (before any
+        truncate/split).
+    """
+
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    position_ids: torch.Tensor
+    seq_ids: torch.Tensor
+    roles: torch.Tensor
+    example_positions: torch.Tensor
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    segments: list[Segment]
+    setup: Setup
+    capacity: int
+    strategy: str = "bfd"
+    lengths: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_examples(
+        cls,
+        examples: Sequence,
+        capacity: int,
+        setup: str | Setup = "correct",
+        strategy: str = "bfd",
+        overflow: str = "error",
+        pad_id: int = 0,
+        vocab_size: int | None = None,
+    ) -> PackedBatch:
+        """Pack ``examples`` (objects with ``.tokens`` and ``.n_prompt``) into rows for ``setup``.
+
+        Packed setups get rows of ``capacity`` tokens from ``strategy`` (``wrapped`` | ``ffd`` |
+        ``bfd``); ``padded`` gets one example per row padded to the longest. Every input is
+        checked before anything is built.
+        """
+        setup = get_setup(setup)
+        parts = _validate(examples, capacity, vocab_size)
+        lengths = [len(tokens) for tokens, _ in parts]
+        rows = _rows_for(lengths, capacity, setup, strategy, overflow)
+        T = capacity if setup.packed else max(p.stop - p.start for row in rows for p in row)
+        return cls._build(parts, rows, T, setup, capacity, strategy, pad_id, lengths)
+
+    @classmethod
+    def _build(cls, parts, rows: list[list[Piece]], T, setup, capacity, strategy, pad_id, lengths):
+        B = len(rows)
+        ids = torch.full((B, T), pad_id, dtype=torch.long)
+        seq = torch.full((B, T), -1, dtype=torch.long)
+        roles = torch.full((B, T), int(Role.PAD), dtype=torch.uint8)
+        reset_pos = torch.zeros((B, T), dtype=torch.long)
+        segments = []
+        for r, row in enumerate(rows):
+            t = 0
+            for p in row:
+                tokens, n_prompt = parts[p.index]
+                n = p.stop - p.start
+                ids[r, t : t + n] = torch.tensor(tokens[p.start : p.stop])
+                seq[r, t : t + n] = p.index
+                reset_pos[r, t : t + n] = torch.arange(p.start, p.stop)
+                roles[r, t : t + n] = torch.tensor(
+                    _piece_roles(p.start, p.stop, n_prompt, len(tokens), row_start=t == 0), dtype=torch.uint8
+                )
+                segments.append(Segment(r, t, t + n, p.index))
+                t += n
+            reset_pos[r, t:] = torch.arange(T - t)  # padding run: its own positions 0..n_pad-1
+        seg_lens = torch.tensor([s.stop - s.start for s in segments])
+        cu = torch.zeros(len(segments) + 1, dtype=torch.int32)
+        cu[1:] = torch.cumsum(seg_lens, 0)
+        return cls(
+            input_ids=ids,
+            labels=make_labels(ids, roles, setup.loss),
+            position_ids=_positions(reset_pos, setup),
+            seq_ids=seq,
+            roles=roles,
+            example_positions=reset_pos,
+            cu_seqlens=cu,
+            max_seqlen=int(seg_lens.max()),
+            segments=segments,
+            setup=setup,
+            capacity=capacity,
+            strategy=strategy,
+            lengths=lengths,
+        )
+
+    def with_setup(self, setup: str | Setup) -> PackedBatch:
+        """The same rows under another setup: labels and positions rebuilt, tokens untouched.
+
+        Packed and one-example-per-row layouts differ, so ``padded`` <-> packed raises.
+        """
+        setup = get_setup(setup)
+        if setup.packed != self.setup.packed:
+            raise PacksimError(
+                f"this batch was built for {self.setup.name!r}; {setup.name!r} needs a different row "
+                "layout (packed vs one example per row): build it with PackedBatch.from_examples."
+            )
+        return replace(
+            self,
+            setup=setup,
+            labels=make_labels(self.input_ids, self.roles, setup.loss),
+            position_ids=_positions(self.example_positions, setup),
+        )
+
+    def __repr__(self) -> str:
+        B, T = self.shape
+        fill = self.n_real_tokens / (B * T)
+        return (f"PackedBatch(setup={self.setup.name!r}, rows={B}, T={T}, examples={len(self.segments)}, "
+                f"real_tokens={self.n_real_tokens}, fill={fill:.1%}, max_seqlen={self.max_seqlen})")
+
+    # ---- views -------------------------------------------------------------------------------
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.input_ids.shape)
+
+    @property
+    def real_mask(self) -> torch.Tensor:
+        """(B, T) bool: True on tokens of an example, False on padding."""
+        return self.seq_ids >= 0
+
+    @property
+    def response_mask(self) -> torch.Tensor:
+        """(B, T) bool: the tokens a completion-only loss counts (response and EOS)."""
+        return (self.roles == Role.RESPONSE) | (self.roles == Role.EOS)
+
+    @property
+    def n_real_tokens(self) -> int:
+        return int(self.real_mask.sum())
+
+    def stats(self):
+        """Packing statistics (fill ratio, lower bound, padding waste) of this batch's rows."""
+        loads = [s.stop - s.start for s in self.segments]
+        packs: list[list[int]] = [[] for _ in range(self.shape[0])]
+        for i, s in enumerate(self.segments):
+            packs[s.row].append(i)
+        return packing_stats(loads, packs, self.shape[1])
+
+    def attention_segments(self) -> tuple[torch.Tensor, int]:
+        """Segments the setup's mask uses over all B*T tokens: (cu (S'+1,) int32, max length).
+
+        Causal mask: one segment per row, so every example sees the ones before it in its row.
+        Block-diagonal: one per example piece plus one per padding run (padding attends only
+        to padding; its outputs are never counted under a completion loss). Those are exactly
+        the runs of consecutive ``example_positions``, the rule transformers also uses.
+        """
+        B, T = self.shape
+        if self.setup.mask == "causal":
+            cu = torch.arange(0, B * T + 1, T, dtype=torch.int32)
+            return cu, T
+        cu = cu_seqlens_from_position_ids(self.example_positions)  # positions restart per example
+        return cu, int((cu[1:] - cu[:-1]).max())
+
+    def to(self, device) -> PackedBatch:
+        """A copy with every tensor on ``device`` (cu_seqlens included)."""
+        names = ("input_ids", "labels", "position_ids", "seq_ids", "roles", "example_positions", "cu_seqlens")
+        return replace(self, **{k: getattr(self, k).to(device) for k in names})
+
+    # ---- transformers' DataCollatorWithFlattening format ----------------------------------------
+
+    def to_flattening(self) -> dict:
+        """This batch as ``DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)`` returns it.
+
+        One row of the real tokens (padding dropped): ``input_ids``, ``labels`` (first token of
+        every example set to -100), ``position_ids`` (reset per example), ``cu_seq_lens_q/k``
+        (int32), ``max_length_q/k`` (int), ``seq_idx`` (int32, 0..S-1 in order).
+        """
+        real = self.real_mask.reshape(-1)
+        labels = self.labels.reshape(-1)[real].clone()
+        starts = self.cu_seqlens[:-1].long()
+        labels[starts] = IGNORE_INDEX
+        lens = (self.cu_seqlens[1:] - self.cu_seqlens[:-1]).long()
+        seq_idx = torch.repeat_interleave(torch.arange(len(lens), dtype=torch.int32), lens)
+        position_ids = torch.arange(int(lens.sum())) - torch.repeat_interleave(starts, lens)
+        return {
+            "input_ids": self.input_ids.reshape(-1)[real].unsqueeze(0),
+            "labels": labels.unsqueeze(0),
+            "position_ids": position_ids.unsqueeze(0),
+            "cu_seq_lens_q": self.cu_seqlens.clone(),
+            "cu_seq_lens_k": self.cu_seqlens.clone(),
+            "max_length_q": self.max_seqlen,
+            "max_length_k": self.max_seqlen,
+            "seq_idx": seq_idx.unsqueeze(0),
+        }
+
+    @classmethod
+    def from_flattening(cls, features: dict, setup: str | Setup = "correct") -> PackedBatch:
+        """One-row PackedBatch from a ``DataCollatorWithFlattening``-style dict.
+
+        Boundaries come from ``cu_seq_lens_q`` if present, else ``seq_idx``, else resets of
+        ``position_ids``. Roles are inferred from the labels (counted -> RESPONSE, ignored ->
+        PROMPT; the collator's own -100 at each example start -> FIRST/BOUNDARY), so the
+        batch's ``labels`` are kept as given rather than rebuilt for ``setup.loss``.
+        """
+        input_ids = torch.as_tensor(features["input_ids"]).reshape(1, -1)
+        N = input_ids.shape[1]
+        labels = torch.as_tensor(features.get("labels", input_ids)).reshape(1, -1)
+        cu = _boundaries_from_features(features, N)
+        check_cu_seqlens(cu, N, name="cu_seq_lens_q")
+        lens = (cu[1:] - cu[:-1]).long()
+        starts = torch.repeat_interleave(cu[:-1].long(), lens)
+        positions = (torch.arange(N) - starts).unsqueeze(0)
+        roles = torch.where(labels[0] != IGNORE_INDEX, int(Role.RESPONSE), int(Role.PROMPT)).to(torch.uint8)
+        roles[cu[1:-1].long()] = Role.BOUNDARY
+        roles[0] = Role.FIRST
+        seq = torch.repeat_interleave(torch.arange(len(lens)), lens).unsqueeze(0)
+        segments = [Segment(0, int(a), int(b), i) for i, (a, b) in enumerate(zip(cu[:-1], cu[1:], strict=True))]
+        return cls(input_ids, labels, positions, seq, roles.unsqueeze(0), positions.clone(), cu,
+                   int(lens.max()), segments, get_setup(setup), N, "given", lens.tolist())
+
+
+def _positions(example_positions: torch.Tensor, setup: Setup) -> torch.Tensor:
+    """Position ids (B, T) for a setup: per-example (reset) or 0..T-1 across the row (continuous)."""
+    if setup.positions == "reset":
+        return example_positions.clone()
+    B, T = example_positions.shape
+    return torch.arange(T, device=example_positions.device).expand(B, T).clone()
+
+
+def _boundaries_from_features(features: dict, N: int) -> torch.Tensor:
+    """cu_seqlens (S+1,) of a flattened row from cu_seq_lens_q, else seq_idx, else position_ids."""
+    if features.get("cu_seq_lens_q") is not None:
+        return torch.as_tensor(features["cu_seq_lens_q"]).reshape(-1)
+    if features.get("seq_idx") is not None:
+        return cu_seqlens_from_seq_ids(torch.as_tensor(features["seq_idx"]).reshape(-1))
+    if features.get("position_ids") is not None:
+        return cu_seqlens_from_position_ids(torch.as_tensor(features["position_ids"]).reshape(-1))
+    raise PacksimError(
+        "the batch carries no boundary information: pass cu_seq_lens_q, seq_idx or "
+        "position_ids that restart at 0 for each example (DataCollatorWithFlattening does)."
+    )

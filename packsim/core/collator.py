@@ -1,0 +1,152 @@
+"""A padding-free packing collator for the transformers ``Trainer`` (notebook 06).
+
+:class:`PackingCollator` turns a list of features into ONE flattened row in the format of
+transformers' ``DataCollatorWithFlattening``: no padding, no ``attention_mask``, and the
+example boundaries carried by ``position_ids`` (restarting at 0 for each example) and, on
+request, ``cu_seq_lens_q/k`` + ``max_length_q/k`` (what flash attention's varlen kernels read)
+and ``seq_idx``. Unlike transformers' collator, it builds the labels itself from the setup's
+loss: ``"correct"`` counts only response tokens and EOS (completion-only loss), and every
+example's first token is -100, so no example is trained to predict the next one's start.
+
+Features (choose one kind per batch, or mix):
+
+- :class:`packsim.core.data.Example` objects, or anything with ``.tokens`` and ``.n_prompt``
+  (packsim's tokenizer: ``tokens`` already holds ``<bos>`` and ``<eos>``);
+- mappings ``{"prompt_ids": [...], "response_ids": [...]}`` for any tokenizer: the sequence is
+  ``prompt_ids + response_ids`` as given (add your own BOS/EOS), the prompt is
+  ``len(prompt_ids)`` tokens.
+
+It reuses :meth:`packsim.PackedBatch.from_examples` (packed in input order) and
+:meth:`~packsim.PackedBatch.to_flattening`. Whether the examples then stay apart is up to the
+forward: with transformers' eager / sdpa / flex attention, call the model with no
+``attention_mask`` and ``use_cache=False`` (the ``Trainer`` does); ``packsim.audit`` checks it.
+
+Example::
+
+    from transformers import Trainer, TrainingArguments
+    collator = PackingCollator(setup="correct", return_flash_attn_kwargs=True)
+    trainer = Trainer(model=model, args=TrainingArguments(..., remove_unused_columns=False),
+                      train_dataset=examples, data_collator=collator)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from packsim.core.batch import PackedBatch
+from packsim.core.errors import PacksimError
+from packsim.core.setups import Setup, get_setup
+
+__all__ = ["PackingCollator"]
+
+_FA_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
+@dataclass(frozen=True)
+class _Ids:
+    """A feature from any tokenizer: ``tokens`` as given, the first ``n_prompt`` are the prompt."""
+
+    tokens: list[int]
+    n_prompt: int
+
+
+def _as_example(feature, i: int):
+    """An object with ``.tokens`` and ``.n_prompt`` for feature ``i`` (validated later by PackedBatch)."""
+    if hasattr(feature, "tokens") and hasattr(feature, "n_prompt"):
+        return feature
+    if isinstance(feature, Mapping):
+        if "prompt_ids" in feature and "response_ids" in feature:
+            prompt, response = _id_list(feature["prompt_ids"], i, "prompt_ids"), _id_list(
+                feature["response_ids"], i, "response_ids")
+            if not prompt:
+                raise PacksimError(
+                    f"feature {i} has no prompt_ids: put at least one token (e.g. BOS) before the "
+                    "response; the first token of an example is never a target."
+                )
+            if not response:
+                raise PacksimError(
+                    f"feature {i} has no response_ids: a completion-only loss needs at least one "
+                    "response token (its EOS counts); drop the example or fill it."
+                )
+            return _Ids(prompt + response, len(prompt))
+        raise PacksimError(
+            f"feature {i} is a dict with keys {sorted(feature)}: PackingCollator needs "
+            "'prompt_ids' and 'response_ids' (lists of token ids) to know which tokens the loss "
+            "counts. With the Trainer, pass remove_unused_columns=False so these keys reach it."
+        )
+    raise PacksimError(
+        f"feature {i} is a {type(feature).__name__}: pass packsim.core.data.Example objects (anything "
+        "with .tokens and .n_prompt) or dicts with 'prompt_ids' and 'response_ids'."
+    )
+
+
+def _id_list(ids, i: int, key: str) -> list[int]:
+    if hasattr(ids, "tolist"):  # tensor / numpy array
+        ids = ids.tolist()
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+        raise PacksimError(f"feature {i}[{key!r}] must be a list of token ids, got {type(ids).__name__}: "
+                           "tokenize the text first.")
+    bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int)]
+    if bad:
+        raise PacksimError(f"feature {i}[{key!r}] holds {bad[0]!r} ({type(bad[0]).__name__}), not a token id.")
+    return list(ids)
+
+
+class PackingCollator:
+    """Collate features into one padding-free row (``DataCollatorWithFlattening`` format).
+
+    Args:
+        setup: a preset name or :class:`packsim.Setup`; its ``loss`` decides the labels
+            (``"completion"``: response + EOS only; ``"all"``: every token). The first token of
+            each example is always -100. The mask is not in the batch: the forward decides it.
+        return_flash_attn_kwargs: add ``cu_seq_lens_q/k`` (int32, (S+1,)) and ``max_length_q/k``
+            (int), read by flash attention's varlen path and by packsim's attention.
+        return_position_ids: add ``position_ids`` (1, N), restarting at 0 for each example. Keep
+            it: eager / sdpa / flex find the example boundaries from it.
+        return_seq_idx: add ``seq_idx`` (1, N) int32, the example index of each token.
+        vocab_size: if given, token ids are checked to lie in ``[0, vocab_size)``.
+
+    Calling it on a list of S features returns ``input_ids``, ``labels`` (1, N) int64 and the
+    fields asked for, N = total tokens. Bad input raises :class:`packsim.PacksimError`.
+    """
+
+    def __init__(self, setup: str | Setup = "correct", return_flash_attn_kwargs: bool = False,
+                 return_position_ids: bool = True, return_seq_idx: bool = False,
+                 vocab_size: int | None = None):
+        self.setup = get_setup(setup)
+        self.return_flash_attn_kwargs = bool(return_flash_attn_kwargs)
+        self.return_position_ids = bool(return_position_ids)
+        self.return_seq_idx = bool(return_seq_idx)
+        self.vocab_size = vocab_size
+
+    def __repr__(self) -> str:
+        return (f"PackingCollator(setup={self.setup.name!r}, return_flash_attn_kwargs="
+                f"{self.return_flash_attn_kwargs}, return_position_ids={self.return_position_ids}, "
+                f"return_seq_idx={self.return_seq_idx})")
+
+    def batch(self, features: Sequence) -> PackedBatch:
+        """The features as one :class:`PackedBatch` row, in input order (what ``__call__`` flattens)."""
+        if isinstance(features, (Mapping, str, bytes)) or not isinstance(features, Sequence):
+            raise PacksimError(
+                f"PackingCollator takes a list of features, got {type(features).__name__}: pass "
+                "[example, example, ...] (the Trainer does)."
+            )
+        if len(features) == 0:
+            raise PacksimError("PackingCollator got an empty list of features: nothing to collate.")
+        examples = [_as_example(f, i) for i, f in enumerate(features)]
+        total = sum(len(ex.tokens) for ex in examples)
+        # One row of exactly `total` tokens, packed sequentially: input order, no padding.
+        return PackedBatch.from_examples(examples, capacity=max(total, 1), setup=self.setup,
+                                         strategy="sequential", vocab_size=self.vocab_size)
+
+    def __call__(self, features: Sequence) -> dict:
+        out = self.batch(features).to_flattening()
+        if not self.return_flash_attn_kwargs:
+            for key in _FA_KEYS:
+                del out[key]
+        if not self.return_position_ids:
+            del out["position_ids"]
+        if not self.return_seq_idx:
+            del out["seq_idx"]
+        return out

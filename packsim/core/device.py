@@ -1,0 +1,39 @@
+"""Device and run-mode switches: the one place that decides CPU vs CUDA and fast vs full mode.
+
+Used by every notebook (00_start_here prints both) and by the trainer.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from packsim.core.errors import PacksimError
+
+__all__ = ["get_device", "fast_mode"]
+
+
+def get_device(prefer: str | None = None) -> torch.device:
+    """Return the device packsim runs on.
+
+    Order: the argument, then the ``PACKSIM_DEVICE`` env var, then CUDA if available, else CPU.
+    Asking for CUDA on a machine without it raises :class:`PacksimError` saying what to do.
+    """
+    name = prefer or os.environ.get("PACKSIM_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise PacksimError(f"unknown device {name!r} ({err}): use 'cpu', 'cuda' or 'cuda:N'.") from err
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise PacksimError(
+            f"device {name!r} was requested but torch sees no CUDA device "
+            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda is not None}). "
+            "Use device='cpu' (or unset PACKSIM_DEVICE), or install a CUDA build of torch."
+        )
+    return device
+
+
+def fast_mode() -> bool:
+    """True when ``PACKSIM_FAST`` is set to a truthy value (CI and quick notebook runs)."""
+    return os.environ.get("PACKSIM_FAST", "").strip().lower() not in ("", "0", "false", "no")

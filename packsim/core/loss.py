@@ -1,0 +1,97 @@
+"""Labels and the loss: which tokens count, and how to normalise so every response token weighs the same.
+
+Notebook 04_completion_only_loss teaches this module step by step.
+
+Labels follow the transformers convention: ``labels`` is aligned with ``input_ids`` and the
+model predicts ``labels[:, t + 1]`` from position ``t``; ``-100`` means "not counted".
+Every token of a packed row has a *role* that says why it is (or is not) counted:
+
+======== =========================================================================
+role     meaning of the label at this token
+======== =========================================================================
+PAD      padding after the last example of a row
+FIRST    first token of a row: nothing precedes it, so it is never a target
+BOUNDARY first token (BOS) of a later example: predicting it from the previous
+         example's EOS is the "boundary token" bug
+PROMPT   BOS and prompt tokens of an example
+RESPONSE response tokens: what fine-tuning should learn
+EOS      the end-of-response token: counted, so the model learns to stop
+======== =========================================================================
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import torch
+import torch.nn.functional as F
+
+from packsim.core.errors import PacksimError
+
+__all__ = ["Role", "IGNORE_INDEX", "make_labels", "count_targets", "packed_cross_entropy", "token_losses"]
+
+IGNORE_INDEX = -100
+
+
+class Role(IntEnum):
+    PAD = 0
+    FIRST = 1
+    BOUNDARY = 2
+    PROMPT = 3
+    RESPONSE = 4
+    EOS = 5
+
+
+def make_labels(input_ids: torch.Tensor, roles: torch.Tensor, loss: str) -> torch.Tensor:
+    """Labels (B, T) for a loss mode: ``"all"`` counts every token, ``"completion"`` only RESPONSE and EOS.
+
+    ``"all"`` is what ``labels = input_ids.clone()`` gives: prompt, padding and boundary tokens
+    are all targets. ``"completion"`` masks everything but the response and its EOS.
+    """
+    if loss == "all":
+        return input_ids.clone()  # (B, T)
+    if loss == "completion":
+        keep = (roles == Role.RESPONSE) | (roles == Role.EOS)  # (B, T)
+        return torch.where(keep, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
+    raise PacksimError(f"unknown loss mode {loss!r}: use 'all' or 'completion'.")
+
+
+def count_targets(labels: torch.Tensor) -> int:
+    """Number of counted targets in (B, T) labels after the one-token shift."""
+    return int((labels[:, 1:] != IGNORE_INDEX).sum())
+
+
+def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per-token cross-entropy (B, T-1) of the shifted prediction; 0 where the label is ignored."""
+    B, T, V = logits.shape
+    flat = F.cross_entropy(
+        logits[:, :-1].reshape(-1, V).float(),  # (B*(T-1), V)
+        labels[:, 1:].reshape(-1),  # (B*(T-1),)
+        ignore_index=IGNORE_INDEX,
+        reduction="none",
+    )
+    return flat.view(B, T - 1)
+
+
+def packed_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, num_items: int | None = None
+) -> torch.Tensor:
+    """Sum of per-token losses divided by ``num_items`` (default: the counted targets in this batch).
+
+    logits (B, T, V), labels (B, T) -> scalar. For gradient accumulation pass the number of
+    counted targets over *all* micro-batches of the optimizer step, so each response token has
+    the same weight whatever pack it landed in (a per-pack or per-micro-batch mean would
+    over-weight tokens in sparse packs).
+    """
+    if logits.shape[:2] != labels.shape:
+        raise PacksimError(
+            f"logits {tuple(logits.shape)} and labels {tuple(labels.shape)} disagree on (B, T): "
+            "pass the logits of the same batch the labels came from."
+        )
+    n = count_targets(labels) if num_items is None else int(num_items)
+    if n <= 0:
+        raise PacksimError(
+            "no label is counted in this batch (all are -100): check the loss mode and that "
+            "examples have response tokens, or skip this batch."
+        )
+    return token_losses(logits, labels).sum() / n

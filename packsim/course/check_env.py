@@ -1,0 +1,330 @@
+"""Check that this environment can run packsim: ``python -m packsim.course.check_env [--quiet]``.
+
+Prints one line per requirement (``OK``, ``FAIL``, or ``--`` for an optional thing that is
+missing here) and a summary; exits 1 when a required check fails. ``packsim doctor`` runs the same checks.
+
+Checked: the Python version, every dependency in ``pyproject.toml`` ``[project].dependencies``
+(installed version against its lower bound), the optional extras, the device, ``PACKSIM_FAST``,
+that the tokenizer builds offline, and which attention backends work here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as metadata
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Check", "Requirement", "run_checks", "main", "project_requirements"]
+
+_PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the report. ``required=False`` checks never make the exit code 1."""
+
+    name: str
+    ok: bool
+    detail: str
+    required: bool = True
+
+    @property
+    def label(self) -> str:
+        if self.ok:
+            return "OK"
+        return "FAIL" if self.required else "--"
+
+
+# ---------------------------------------------------------------------------------------------
+# requirements
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One line of packsim's requirements, reduced to what the checks need."""
+
+    name: str
+    lower: str | None  # the ">=" bound, if any
+    extra: str | None  # None for a core dependency
+
+
+_REQ_RE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*([^;]*?)\s*(?:;(.*))?$")
+
+
+def _parse_req(text: str, extra: str | None = None) -> Requirement:
+    m = _REQ_RE.match(text)
+    if not m:
+        return Requirement(text.strip(), None, extra)
+    name, spec, marker = m.groups()
+    lower = None
+    for part in spec.split(","):
+        part = part.strip()
+        if part.startswith(">="):
+            lower = part[2:].strip()
+    if marker:
+        em = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", marker)
+        if em:
+            extra = em.group(1)
+    return Requirement(name, lower, extra)
+
+
+def _load_toml(path: Path) -> dict | None:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ImportError:
+            return None
+    with open(path, "rb") as f:
+        return tomllib.load(f)
+
+
+def project_requirements() -> tuple[list[Requirement], str, str | None]:
+    """(requirements, where they came from, requires-python) for packsim.
+
+    From ``pyproject.toml`` next to the package (a source checkout) when it can be read, else
+    from the installed ``packsim`` distribution's metadata.
+    """
+    if _PYPROJECT.is_file():
+        data = _load_toml(_PYPROJECT)
+        project = (data or {}).get("project", {})
+        if project.get("name") == "packsim":
+            reqs = [_parse_req(r) for r in project.get("dependencies", [])]
+            for extra, items in project.get("optional-dependencies", {}).items():
+                reqs += [_parse_req(r, extra) for r in items]
+            return reqs, str(_PYPROJECT), project.get("requires-python")
+    try:
+        dist = metadata.distribution("packsim")
+    except metadata.PackageNotFoundError:
+        return [], "nowhere (no pyproject.toml and packsim is not installed)", None
+    reqs = [_parse_req(r) for r in (dist.requires or [])]
+    return reqs, "installed packsim metadata", dist.metadata.get("Requires-Python")
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    """Numeric release part of a version, e.g. '2.13.0+cpu' -> (2, 13, 0); '0.20rc1' -> (0, 20)."""
+    nums = []
+    for piece in v.split("+")[0].split("."):
+        m = re.match(r"\d+", piece)
+        if not m:
+            break
+        nums.append(int(m.group()))
+        if m.group() != piece:  # '20rc1': stop after the number
+            break
+    while len(nums) > 1 and nums[-1] == 0:
+        nums.pop()
+    return tuple(nums)
+
+
+def _at_least(installed: str, lower: str) -> bool:
+    try:
+        from packaging.version import Version
+
+        return Version(installed).release >= Version(lower).release
+    except Exception:  # packaging missing, or an odd version string
+        return _version_tuple(installed) >= _version_tuple(lower)
+
+
+def _installed(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _req_check(req: Requirement) -> Check:
+    installed = _installed(req.name)
+    bound = f">={req.lower}" if req.lower else "(any version)"
+    if req.extra is None:
+        name = req.name
+        if installed is None:
+            return Check(
+                name, False, f"not installed, need {bound}: run pip install -e . (or make setup)"
+            )
+        if req.lower and not _at_least(installed, req.lower):
+            return Check(
+                name,
+                False,
+                f"{installed} is too old, need {bound}: pip install -U '{req.name}{bound}'",
+            )
+        return Check(name, True, f"{installed} (need {bound})")
+
+    name = f"{req.name} [{req.extra}]"
+    why = "optional, GPU only" if req.extra == "gpu" else f"optional, extra '{req.extra}'"
+    if installed is None:
+        hint = "" if req.extra == "gpu" else f": pip install -e '.[{req.extra}]'"
+        return Check(name, False, f"not installed ({why}){hint}", required=False)
+    if req.lower and not _at_least(installed, req.lower):
+        return Check(
+            name, False, f"{installed} is older than {bound} ({why}); upgrade it", required=False
+        )
+    return Check(name, True, f"{installed} (need {bound}, {why})", required=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# checks
+
+
+def _python_check(requires_python: str | None) -> Check:
+    have = ".".join(map(str, sys.version_info[:3]))
+    m = re.search(r">=\s*([\d.]+)", requires_python or "")
+    lower = m.group(1) if m else "3.10"
+    if _at_least(have, lower):
+        return Check("python", True, f"{have} (need >={lower}) at {sys.executable}")
+    return Check("python", False, f"{have} is too old, need >={lower}: install a newer Python")
+
+
+def _device_checks() -> list[Check]:
+    try:
+        import torch
+
+        from packsim.core.device import get_device
+
+        device = get_device()
+    except Exception as e:  # torch missing, or PACKSIM_DEVICE asks for something absent
+        return [Check("device", False, f"{type(e).__name__}: {e}")]
+    cuda_build = torch.version.cuda
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        name = torch.cuda.get_device_name(index)
+        detail = f"cuda:{index} ({name}), torch {torch.__version__}, CUDA {cuda_build}"
+    else:
+        build = f"CUDA {cuda_build} build" if cuda_build else "CPU-only build"
+        detail = f"{device.type} (torch {torch.__version__}, {build}; no GPU needed for the course)"
+    return [Check("device", True, detail)]
+
+
+def _fast_mode_check() -> Check:
+    from packsim.core.device import fast_mode
+
+    raw = os.environ.get("PACKSIM_FAST")
+    if raw is None:
+        detail = "not set (full mode: notebooks run full-size experiments)"
+    else:
+        detail = f"set to {raw!r}: " + ("fast mode (small, quick runs)" if fast_mode() else "full mode")
+    return Check("PACKSIM_FAST", True, detail)
+
+
+def _tokenizer_check() -> Check:
+    try:
+        from packsim.core.tokenizer import build_tokenizer, decode, encode_strict
+
+        tok = build_tokenizer()
+        sample = "rev abc=cba"
+        if decode(encode_strict(sample)) != sample:
+            return Check("tokenizer", False, "encode/decode roundtrip failed: please report this")
+        return Check("tokenizer", True, f"built offline, {len(tok)} tokens, roundtrip exact")
+    except Exception as e:
+        return Check("tokenizer", False, f"could not build: {type(e).__name__}: {e}")
+
+
+def _attention_checks() -> list[Check]:
+    try:
+        from packsim.core.attention import available_backends
+    except Exception as e:
+        return [
+            Check(
+                "attention",
+                False,
+                f"attention module unavailable ({type(e).__name__}: {e}); "
+                "reinstall packsim (pip install -e .) or report this",
+            )
+        ]
+    try:
+        backends = dict(available_backends())
+    except Exception as e:
+        return [
+            Check(
+                "attention",
+                False,
+                f"available_backends() failed ({type(e).__name__}: {e}); please report this",
+            )
+        ]
+    checks = []
+    usable = [name for name, st in backends.items() if st.available and st.trains]
+    for name, st in backends.items():
+        if st.available:
+            detail = f"available, {'trains' if st.trains else 'inference only'} ({st.reason})"
+        else:
+            detail = f"not available: {st.reason}"
+        checks.append(Check(f"attention: {name}", st.available, detail, required=False))
+    if usable:
+        checks.append(Check("attention", True, f"{len(usable)} backend(s) can train here"))
+    else:
+        checks.append(
+            Check("attention", False, "no attention backend can train here; see the lines above")
+        )
+    return checks
+
+
+def run_checks() -> list[Check]:
+    """Run every check and return them in report order (nothing is printed)."""
+    reqs, _source, requires_python = project_requirements()
+    checks = [_python_check(requires_python)]
+    if not reqs:
+        checks.append(
+            Check(
+                "dependencies",
+                False,
+                "could not find packsim's requirements: run from a source checkout "
+                "or pip install -e .",
+            )
+        )
+    checks += [_req_check(r) for r in reqs if r.extra is None]
+    checks += [_req_check(r) for r in reqs if r.extra is not None]
+    checks += _device_checks()
+    checks.append(_fast_mode_check())
+    checks.append(_tokenizer_check())
+    checks += _attention_checks()
+    return checks
+
+
+def _line(c: Check) -> str:
+    return f"{c.label:<4}  {c.name:<24} {c.detail}"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``packsim doctor`` / ``python -m packsim.course.check_env``."""
+    parser.add_argument(
+        "--quiet", "-q", action="store_true", help="print only failures and a one-line summary"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the report; return 0 when every required check passes, else 1."""
+    parser = argparse.ArgumentParser(
+        prog="python -m packsim.course.check_env",
+        description="Check that this environment can run packsim.",
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """``packsim doctor``: see :func:`main`."""
+    checks = run_checks()
+    failed = [c for c in checks if not c.ok and c.required]
+    if not args.quiet:
+        _reqs, source, _ = project_requirements()
+        print(f"packsim environment check (requirements from {source})")
+    for c in checks:
+        if not args.quiet or (not c.ok and c.required):
+            print(_line(c))
+    n_ok = sum(c.ok for c in checks)
+    if failed:
+        print(
+            f"packsim check_env: {len(failed)} FAIL, {n_ok} OK of {len(checks)} checks: "
+            "fix the FAIL lines above, then rerun python -m packsim.course.check_env"
+        )
+        return 1
+    print(f"packsim check_env: all required checks passed ({n_ok} OK of {len(checks)} checks)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

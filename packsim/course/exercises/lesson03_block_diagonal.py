@@ -1,0 +1,193 @@
+"""Checks for the exercises of notebook 03_block_diagonal.
+
+- :func:`check_cu_seqlens_from_lengths`: example lengths -> int32 offsets ``cu_seqlens``;
+- :func:`check_block_causal_mask`: sequence ids (T,) -> the block-diagonal causal mask (T, T);
+- :func:`check_position_ids_from_lengths`: example lengths -> position ids that restart at 0.
+
+Each check runs the learner's function on small hand-made packs and compares it with answers
+computed here independently (plain Python loops, or :func:`packsim.core.masks.block_diagonal_mask`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from packsim.core.masks import block_diagonal_mask
+from packsim.course.exercises import Feedback, check, fail, ok
+
+__all__ = [
+    "check_cu_seqlens_from_lengths",
+    "check_block_causal_mask",
+    "check_position_ids_from_lengths",
+    "LENGTH_CASES",
+    "SEQ_ID_CASES",
+]
+
+# Packs the checks try, as example lengths: several examples, one example, many length-1 examples.
+LENGTH_CASES: tuple[tuple[int, ...], ...] = ((3, 2, 4), (5,), (1, 1, 1), (2, 6, 1, 3))
+
+# Packs as sequence ids per token (T,); the last one ends in two padding tokens (-1).
+SEQ_ID_CASES: tuple[tuple[int, ...], ...] = (
+    (0, 0, 0, 1, 1, 2, 2, 2),
+    (0, 0, 0, 0),
+    (0, 1, 1, 2, 2, 2, -1, -1),
+)
+
+
+def _offsets(lengths) -> list[int]:
+    """[0, l0, l0+l1, ...]: the answer, by a plain loop."""
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return out
+
+
+def _as_list(x) -> list | None:
+    """A tensor, list or tuple as a flat Python list (None if it is none of those)."""
+    if isinstance(x, torch.Tensor):
+        return x.reshape(-1).tolist()
+    if isinstance(x, (list, tuple)):
+        return list(x)
+    return None
+
+
+@check("cu_seqlens from lengths")
+def check_cu_seqlens_from_lengths(fn) -> Feedback:
+    """``fn(lengths: list[int]) -> torch.Tensor`` (S+1,) int32: ``[0, l0, l0+l1, ..., sum]``."""
+    for lengths in LENGTH_CASES:
+        got = fn(list(lengths))
+        want = _offsets(lengths)
+        where = f"for lengths {list(lengths)}"
+        if not isinstance(got, torch.Tensor):
+            return fail(
+                f"{where} you returned a {type(got).__name__}, not a torch.Tensor.",
+                "kernels take a tensor: torch.tensor(offsets, dtype=torch.int32).",
+            )
+        values = got.reshape(-1).tolist()
+        if values == want:
+            if got.dim() != 1:
+                return fail(
+                    f"{where} your tensor has shape {tuple(got.shape)}; cu_seqlens is 1-D (S+1,).",
+                    "return a flat tensor, e.g. with .reshape(-1).",
+                )
+            if got.dtype != torch.int32:
+                return fail(
+                    f"{where} the values are right but the dtype is {got.dtype}, not torch.int32.",
+                    "flash_attn_varlen_func rejects anything but int32 offsets (torch.cumsum of "
+                    "int lengths gives int64): add dtype=torch.int32 or call .to(torch.int32).",
+                )
+            continue
+        if values == want[1:]:
+            return fail(
+                f"{where} you returned {values}: the running totals without the leading 0.",
+                "cu_seqlens has one entry more than there are examples: it starts at 0, so "
+                "example i spans cu_seqlens[i]:cu_seqlens[i+1]. Prepend a 0.",
+            )
+        if values in (list(lengths), [0, *lengths]):
+            return fail(
+                f"{where} you returned {values}: those are the lengths, not the offsets.",
+                "cu_seqlens is cumulative: each entry is where an example starts (a running sum "
+                "of the lengths), e.g. torch.cumsum.",
+            )
+        return fail(
+            f"{where} you returned {values}, expected {want}.",
+            "start at 0 and add each example's length: [0, l0, l0+l1, ..., total].",
+        )
+    return ok(
+        f"right on {len(LENGTH_CASES)} packs: int32 offsets that start at 0 and end at the "
+        "number of tokens, as flash_attn_varlen_func takes them."
+    )
+
+
+@check("block-diagonal causal mask")
+def check_block_causal_mask(fn) -> Feedback:
+    """``fn(seq_ids: (T,) long) -> (T, T) bool``, True where query i may attend to key j."""
+    for ids in SEQ_ID_CASES:
+        seq = torch.tensor(ids)
+        T = len(ids)
+        got = fn(seq.clone())
+        where = f"for seq_ids {list(ids)}"
+        if not isinstance(got, torch.Tensor):
+            return fail(f"{where} you returned a {type(got).__name__}, not a torch.Tensor.",
+                        "build the mask with tensor operations and return it.")
+        if tuple(got.shape) != (T, T):
+            return fail(f"{where} your mask has shape {tuple(got.shape)}, expected ({T}, {T}).",
+                        "one row per query token and one column per key token.")
+        if got.dtype != torch.bool:
+            return fail(
+                f"{where} your mask has dtype {got.dtype}; it should be torch.bool.",
+                "compare with == and combine with &; True means 'may attend'.",
+            )
+        want = block_diagonal_mask(seq)  # (T, T) the library's mask
+        if torch.equal(got, want):
+            continue
+        real = seq >= 0
+        same_doc = (seq[:, None] == seq[None, :]) & real[:, None] & real[None, :]
+        tril = torch.ones(T, T, dtype=torch.bool).tril()
+        if torch.equal(got, want.T):
+            return fail(f"{where} your mask is transposed: it lets each token see the *future* "
+                        "tokens of its example.",
+                        "row i is the query, column j the key: allow j <= i (a lower triangle).")
+        if torch.equal(got, same_doc) or torch.equal(got, seq[:, None] == seq[None, :]):
+            return fail(f"{where} your mask is block-diagonal but not causal: a token sees the "
+                        "later tokens of its own example.",
+                        "AND it with a lower-triangular mask: torch.ones(T, T).tril().bool().")
+        if torch.equal(got, tril) or torch.equal(got, tril & real[:, None] & real[None, :]):
+            return fail(f"{where} your mask is causal but not block-diagonal: every example "
+                        "still sees the examples before it (the bug of notebook 02).",
+                        "AND it with 'same example': seq_ids[:, None] == seq_ids[None, :].")
+        if torch.equal(got & real[:, None] & real[None, :], want):
+            pad = [i for i in range(T) if ids[i] < 0]
+            return fail(f"{where} your mask lets the padding tokens (positions {pad}) attend or "
+                        "be attended to.",
+                        "padding (-1) belongs to no example: its rows and columns must be all "
+                        "False; AND with (seq_ids >= 0) on both sides.")
+        bad = (got != want).nonzero()[0].tolist()
+        return fail(
+            f"{where} your mask differs at query {bad[0]}, key {bad[1]}: you have "
+            f"{bool(got[bad[0], bad[1]])}, expected {bool(want[bad[0], bad[1]])}.",
+            "True exactly when both tokens belong to the same example (not padding) and key <= "
+            "query.",
+        )
+    return ok(
+        f"right on {len(SEQ_ID_CASES)} packs, padding included: causal inside each example, "
+        "nothing across examples."
+    )
+
+
+@check("position ids from lengths")
+def check_position_ids_from_lengths(fn) -> Feedback:
+    """``fn(lengths: list[int]) -> torch.Tensor`` (sum(lengths),) long: 0..L-1 for each example."""
+    for lengths in LENGTH_CASES:
+        got = fn(list(lengths))
+        want = [p for n in lengths for p in range(n)]
+        where = f"for lengths {list(lengths)}"
+        values = _as_list(got)
+        if values is None:
+            return fail(f"{where} you returned a {type(got).__name__}, not a tensor.",
+                        "return torch.cat([torch.arange(n) for n in lengths]) or similar.")
+        if values == want:
+            if not isinstance(got, torch.Tensor) or got.dtype != torch.long:
+                dtype = got.dtype if isinstance(got, torch.Tensor) else type(got).__name__
+                return fail(f"{where} the values are right but you returned {dtype}; position "
+                            "ids are a torch.long tensor.",
+                            "the model indexes its rotary tables with them: use torch.arange, "
+                            "which gives int64.")
+            continue
+        total = sum(lengths)
+        if values == list(range(total)):
+            return fail(
+                f"{where} you returned 0..{total - 1} across the whole pack: positions continue "
+                "instead of restarting, so transformers sees one long sequence and builds no "
+                "block-diagonal mask.",
+                "restart at 0 at the start of every example.",
+            )
+        if values == [p + 1 for p in want]:
+            return fail(f"{where} your positions start at 1; they start at 0 in every example.",
+                        "use torch.arange(n), which counts 0..n-1.")
+        if len(values) != total:
+            return fail(f"{where} you returned {len(values)} positions for {total} tokens.",
+                        "one position per token: the total length is sum(lengths).")
+        return fail(f"{where} you returned {values}, expected {want}.",
+                    "concatenate 0..L-1 for each example length L.")
+    return ok(f"right on {len(LENGTH_CASES)} packs: positions restart at 0 in every example.")

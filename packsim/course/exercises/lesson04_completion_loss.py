@@ -1,0 +1,247 @@
+"""Checks for the exercises of notebook 04_completion_only_loss.
+
+- :func:`check_completion_labels`: input ids and roles of packed rows -> completion-only labels;
+- :func:`check_per_token_loss`: per-token losses of several micro-batches -> the loss of the
+  optimiser step, normalised per response token;
+- :func:`check_correct_row`: which of four candidate label rows (:func:`label_candidates`,
+  printed by :func:`show_candidates`) is the right one.
+
+The checks compare with answers computed independently: :func:`packsim.core.loss.make_labels` on
+packs built by :class:`packsim.PackedBatch`, and plain sums over the token losses.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from packsim.core.batch import PackedBatch
+from packsim.core.data import make_examples
+from packsim.core.loss import IGNORE_INDEX, Role, make_labels
+from packsim.core.tokenizer import build_tokenizer
+from packsim.course.exercises import Feedback, check, fail, ok
+
+__all__ = [
+    "check_completion_labels",
+    "check_per_token_loss",
+    "check_correct_row",
+    "CORRECT_LETTER",
+    "label_batch",
+    "label_candidates",
+    "show_candidates",
+    "LOSS_CASES",
+]
+
+
+def label_batch() -> PackedBatch:
+    """The packs :func:`check_completion_labels` tries: 8 examples in 4 rows of 40 tokens.
+
+    Every role occurs: first token of a row, boundary, prompt, response, EOS and padding.
+    """
+    return PackedBatch.from_examples(make_examples(8, seed=1), capacity=40, setup="correct")
+
+
+_ROLE_WORDS = {
+    Role.PROMPT: "prompt",
+    Role.BOUNDARY: "boundary",
+    Role.PAD: "padding",
+    Role.RESPONSE: "response",
+    Role.EOS: "EOS",
+}
+
+
+def _label_mistakes(got: torch.Tensor, roles: torch.Tensor) -> list[str]:
+    """What is wrong with labels ``got`` (B, T), by role; the first token of a row never counts."""
+    counted = got != IGNORE_INDEX  # (B, T)
+    target = torch.ones_like(counted)
+    target[:, 0] = False  # the first token of a row is never a target: anything goes there
+    problems = []
+    for role in (Role.PROMPT, Role.BOUNDARY, Role.PAD):
+        where = (roles == role) & target & counted
+        if bool(where.any()):
+            problems.append(f"you kept {int(where.sum())} {_ROLE_WORDS[role]} token(s)")
+    for role in (Role.RESPONSE, Role.EOS):
+        where = (roles == role) & ~counted
+        if bool(where.any()):
+            problems.append(f"you dropped {int(where.sum())} {_ROLE_WORDS[role]} token(s)")
+    return problems
+
+
+_MISTAKE_HINTS = {
+    "prompt": "the prompt is the model's input, not something it should learn to write: set "
+    "its labels to -100.",
+    "boundary": "a boundary token is an example's first token: counting it trains the previous "
+    "example's last token to predict an unrelated example. Set it to -100.",
+    "padding": "padding is not data: set its labels to -100.",
+    "response": "the response is what fine-tuning is for: keep its labels.",
+    "EOS": "keep the EOS label: it is how the model learns to stop answering.",
+}
+
+
+@check("completion-only labels")
+def check_completion_labels(fn) -> Feedback:
+    """``fn(input_ids (B, T) long, roles (B, T) uint8) -> labels (B, T) long``."""
+    batch = label_batch()
+    ids, roles = batch.input_ids, batch.roles
+    got = fn(ids.clone(), roles.clone())
+    if not isinstance(got, torch.Tensor):
+        return fail(f"you returned a {type(got).__name__}, not a torch.Tensor.",
+                    "start from input_ids.clone() and write -100 where a token is not counted.")
+    if tuple(got.shape) != tuple(ids.shape):
+        return fail(f"your labels have shape {tuple(got.shape)}; input_ids has {tuple(ids.shape)}.",
+                    "labels are aligned with input_ids (same shape); the model shifts them itself.")
+    if got.dtype != torch.long:
+        return fail(f"your labels have dtype {got.dtype}; cross_entropy needs torch.long.",
+                    "use torch.where(keep, input_ids, -100) or input_ids.clone().")
+    want = make_labels(ids, roles, "completion")  # (B, T)
+    if torch.equal(got[:, 1:], want[:, 1:]):
+        return ok("right: only response tokens and their EOS count; prompt, boundary and padding "
+                  "tokens are -100.")
+    shifted = torch.full_like(want, IGNORE_INDEX)
+    shifted[:, :-1] = want[:, 1:]  # labels[t] = input_ids[t + 1]: a pre-shifted row
+    if torch.equal(got[:, 1:], shifted[:, 1:]):
+        return fail("your labels are shifted by one: labels[t] holds input_ids[t + 1].",
+                    "in transformers labels are aligned with input_ids; the loss shifts them.")
+    problems = _label_mistakes(got, roles)
+    if problems:
+        words = [w for w in _MISTAKE_HINTS if any(p.endswith(f" {w} token(s)") for p in problems)]
+        return fail("; ".join(problems) + f" (in {tuple(ids.shape)} packed rows).",
+                    " ".join(_MISTAKE_HINTS[w] for w in words))
+    bad = ((got != want) & (want != IGNORE_INDEX)).nonzero()[0].tolist()
+    return fail(
+        f"the counted positions are right, but at row {bad[0]}, token {bad[1]} your label is "
+        f"{int(got[bad[0], bad[1]])}, expected the token id {int(want[bad[0], bad[1]])}.",
+        "a counted label is the token id itself (input_ids), not a role or a 1.",
+    )
+
+
+# Micro-batches of per-token losses the loss check tries (one 1-D tensor per micro-batch).
+def _losses(sizes, seed: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.rand(n, generator=gen, dtype=torch.float64) * 4 for n in sizes]
+
+
+LOSS_CASES: tuple[tuple[int, ...], ...] = ((3, 12, 1, 7), (5, 5), (6, 0, 9))
+
+
+@check("per-token loss over micro-batches")
+def check_per_token_loss(fn) -> Feedback:
+    """``fn(micro_batches: list of 1-D tensors of token losses) -> scalar``: sum / total tokens."""
+    for seed, sizes in enumerate(LOSS_CASES):
+        parts = _losses(sizes, seed)
+        total = sum(float(p.sum()) for p in parts)
+        n = sum(sizes)
+        want = total / n
+        got = fn([p.clone() for p in parts])
+        where = f"for micro-batches of {list(sizes)} response tokens"
+        try:
+            value = float(got)
+        except (TypeError, ValueError):
+            return fail(f"{where} you returned a {type(got).__name__}, not a number.",
+                        "return a float or a 0-d tensor.")
+        if math.isclose(value, want, rel_tol=1e-6):
+            continue
+        means = [float(p.mean()) for p in parts if p.numel()]
+        if math.isnan(value) and 0 in sizes:
+            return fail(f"{where} you returned nan: a micro-batch with no response token has a "
+                        "mean of 0/0.",
+                        "don't average per micro-batch: add up the token losses and the token "
+                        "counts over all micro-batches, then divide once.")
+        if math.isclose(value, sum(means) / len(sizes), rel_tol=1e-6) or math.isclose(
+            value, sum(means) / len(means), rel_tol=1e-6
+        ):
+            return fail(f"{where} you returned the mean of the per-micro-batch means ({value:.4f}); "
+                        f"the per-token loss is {want:.4f}.",
+                        "a mean of means gives each token of a small micro-batch more weight: "
+                        "divide the sum of all token losses by the total number of tokens.")
+        if math.isclose(value, total, rel_tol=1e-6):
+            return fail(f"{where} you returned the sum of the token losses ({value:.4f}), not "
+                        "normalised.",
+                        "divide by the total number of response tokens in the step.")
+        if math.isclose(value, total / len(sizes), rel_tol=1e-6):
+            return fail(f"{where} you divided the summed loss by the number of micro-batches.",
+                        "divide by the number of response tokens (what Trainer calls "
+                        "num_items_in_batch), not by the number of micro-batches.")
+        return fail(f"{where} you returned {value:.4f}, expected {want:.4f}.",
+                    "sum every token loss of every micro-batch, divide by the total token count.")
+    return ok("right: every response token weighs the same, whatever micro-batch it is in "
+              "(the fix transformers' Trainer applies through num_items_in_batch).")
+
+
+# ----------------------------------------------------------------------------- spot the right row
+
+
+@dataclass(frozen=True)
+class LabelCandidates:
+    """One packed row (T,) and four candidate label rows for it (letter -> (T,) labels)."""
+
+    input_ids: torch.Tensor
+    roles: torch.Tensor
+    rows: dict[str, torch.Tensor]
+
+
+_ROW_VERDICTS = {
+    "A": "row A drops the EOS labels: the model would never learn to stop.",
+    "B": "row B counts the boundary token (the second example's <bos>): the first example's "
+    "EOS is trained to predict an unrelated example.",
+    "C": None,  # the right one
+    "D": "row D is shifted by one: labels[t] holds input_ids[t + 1]. transformers shifts the "
+    "labels itself, so this trains every token to predict two ahead.",
+}
+CORRECT_LETTER = "C"
+
+
+def label_candidates() -> LabelCandidates:
+    """Two examples packed in one row of 34 tokens, and four candidate completion-only label rows."""
+    batch = PackedBatch.from_examples(make_examples(2, seed=2), capacity=34, setup="correct")
+    ids, roles = batch.input_ids[0], batch.roles[0]  # (T,)
+    right = make_labels(ids[None], roles[None], "completion")[0]  # (T,)
+    no_eos = torch.where(roles == Role.EOS, IGNORE_INDEX, right)
+    with_boundary = torch.where(roles == Role.BOUNDARY, ids, right)
+    shifted = torch.full_like(right, IGNORE_INDEX)
+    shifted[:-1] = torch.where(right[1:] != IGNORE_INDEX, ids[1:], IGNORE_INDEX)
+    rows = {"A": no_eos, "B": with_boundary, "C": right, "D": shifted}
+    return LabelCandidates(ids, roles, rows)
+
+
+_ROLE_CODES = {Role.PAD: ".", Role.FIRST: "f", Role.BOUNDARY: "b", Role.PROMPT: "p",
+               Role.RESPONSE: "r", Role.EOS: "e"}
+
+
+def _glyph(token_id: int) -> str:
+    tok = build_tokenizer().convert_ids_to_tokens(int(token_id))
+    return {"<bos>": "^", "<eos>": "$", "<pad>": "_", " ": "~"}.get(tok, tok)
+
+
+def show_candidates() -> None:
+    """Print the row of :func:`label_candidates` and its four label rows, one column per token.
+
+    ``^`` is <bos>, ``$`` <eos>, ``_`` padding, ``~`` a space; in a label row a character is a
+    counted label (its token) and ``-`` is -100. Roles: f first, p prompt, r response, e EOS,
+    b boundary, . padding.
+    """
+    cand = label_candidates()
+    print("token  " + " ".join(_glyph(t) for t in cand.input_ids.tolist()))
+    print("role   " + " ".join(_ROLE_CODES[Role(int(r))] for r in cand.roles.tolist()))
+    for letter, labels in cand.rows.items():
+        cells = ["-" if lab == IGNORE_INDEX else _glyph(lab) for lab in labels.tolist()]
+        print(f"{letter}      " + " ".join(cells))
+
+
+@check("spot the right label row")
+def check_correct_row(answer) -> Feedback:
+    """``answer``: the letter ("A".."D") of the one correct label row of :func:`label_candidates`."""
+    letter = str(answer).strip().upper()
+    if letter not in _ROW_VERDICTS:
+        return fail(f"answer {answer!r} is not one of the letters {sorted(_ROW_VERDICTS)}.",
+                    'set answer = "A" (or B, C, D).')
+    cand = label_candidates()
+    want = make_labels(cand.input_ids[None], cand.roles[None], "completion")[0]
+    if torch.equal(cand.rows[letter], want):  # the oracle agrees with the verdict table
+        return ok(f"row {letter} is right: response tokens and EOS counted, prompt, boundary and "
+                  "padding ignored, labels aligned with the tokens.")
+    return fail(_ROW_VERDICTS[letter] or f"row {letter} is not the right one.",
+                "compare each row with the role line: only r and e positions should show a token, "
+                "and each shown token should be the one directly above it.")

@@ -1,0 +1,232 @@
+"""Checks for the exercises of notebook 06_detect_contamination (solutions: packsim.course.solutions.lesson06_contamination).
+
+- :func:`check_gradient_leak`: ``gradient_leak(model, batch) -> float``, a gradient-isolation
+  probe: the largest |d loss_j / d embedding| on tokens of examples other than j;
+- :func:`check_name_the_fix`: ``name_the_fix = {"A": fix, ...}``, one fix from :data:`FIXES`
+  for each report of :func:`mystery_reports`;
+- :func:`check_isolating_call`: ``isolating_call(batch) -> (batch, forward_kwargs)``, what to
+  pass so a collator's padding-free batch stays isolated in a transformers model.
+
+Oracles: a direct computation of the gradient probe on packsim's buggy / correct / single-fix
+batches (block-diagonal batches must give exactly 0), the known fault behind each mystery
+report, and :func:`packsim.audit` itself for the forward call.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+
+import torch
+
+from packsim.auditing import audit
+from packsim.core.batch import PackedBatch
+from packsim.core.collator import PackingCollator
+from packsim.core.data import make_examples
+from packsim.core.loss import token_losses
+from packsim.core.model import build_model, forward
+from packsim.course.exercises import Feedback, check, fail, ok
+
+__all__ = ["FIXES", "check_gradient_leak", "check_isolating_call", "check_name_the_fix", "mystery_reports",
+           "probe_batch"]
+
+FIXES = {
+    "block_diagonal_mask": "attention crosses examples inside a packed batch: use a block-diagonal "
+                           "mask (cu_seqlens / reset position ids)",
+    "use_cache_false": "call the model with use_cache=False",
+    "drop_attention_mask": "drop attention_mask from the padding-free batch",
+    "mask_prompt_labels": "set the labels of prompt, padding and boundary tokens to -100",
+    "nothing": "the pipeline is isolated and counts the right labels",
+}
+_ANSWER = {"A": "use_cache_false", "B": "mask_prompt_labels", "C": "drop_attention_mask",
+           "D": "block_diagonal_mask", "E": "nothing"}
+
+
+def probe_batch(setup: str = "buggy", n: int = 5, seed: int = 4) -> PackedBatch:
+    """A small packed batch of packsim examples (rows of 48 tokens) under ``setup``."""
+    return PackedBatch.from_examples(make_examples(n, seed=seed), capacity=48, setup=setup)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+# --- exercise 1: a gradient-isolation probe ---------------------------------------------------
+
+
+def _oracle(model, batch: PackedBatch, reduce: str = "sum", owner_shift: int = 0) -> float:
+    """max over j of max |d loss_j / d emb| on other examples' tokens (loss_j: positions j predicts from)."""
+    emb = model.get_input_embeddings()(batch.input_ids).detach().requires_grad_(True)  # (B, T, d)
+    logits = forward(model, batch, inputs_embeds=emb)  # (B, T, V)
+    losses = token_losses(logits, batch.labels)  # (B, T-1)
+    owner = batch.seq_ids[:, owner_shift:owner_shift + losses.shape[1]]  # (B, T-1)
+    counted = batch.labels[:, 1:] != -100
+    worst = 0.0
+    for j in range(len(batch.lengths)):
+        mine = (owner == j) & counted
+        if not bool(mine.any()):
+            continue
+        loss_j = losses[mine].sum() if reduce == "sum" else losses[mine].mean()
+        (grad,) = torch.autograd.grad(loss_j, emb, retain_graph=True)
+        other = (batch.seq_ids >= 0) & (batch.seq_ids != j)  # (B, T)
+        worst = max(worst, float(grad.abs().amax(-1)[other].max()))
+    return worst
+
+
+@check("gradient-isolation probe")
+def check_gradient_leak(gradient_leak) -> Feedback:
+    """``gradient_leak(model, batch)`` on buggy, loss_fix, mask_fix and correct batches of one model."""
+    model = build_model("tiny", seed=0)
+    cases = [("correct", 0), ("buggy", 0), ("mask_fix", 1), ("loss_fix", 1)]
+    for setup, seed in cases:
+        batch = probe_batch(setup, seed=4 + seed)
+        got = gradient_leak(model, batch)
+        if isinstance(got, torch.Tensor) and got.numel() == 1:
+            got = got.item()
+        if not _is_number(got):
+            return fail(f"gradient_leak returned {got!r} ({type(got).__name__}) on the {setup!r} batch, "
+                        "not a number.", "return one float: the largest gradient found.")
+        got = float(got)
+        want = _oracle(model, batch)
+        isolated = batch.setup.mask == "block_diagonal"
+        if abs(got - want) <= 1e-6 + 1e-4 * want:
+            continue
+        if got > 1e-6 and abs(got - _oracle(model, batch, owner_shift=1)) <= 1e-6 + 1e-4 * got:
+            return fail(f"on the {setup!r} batch you report {got:.4g}, expected {want:.4g}: you gave each "
+                        "prediction to the example of its label, so the boundary prediction (made from "
+                        "the previous example's last token) counts as the next example's loss.",
+                        "the loss at position t belongs to the example of token t: owner = seq_ids[:, :-1].")
+        if isolated and got > 1e-6:
+            return fail(f"on the {setup!r} batch (block-diagonal mask) you report {got:.3g}, but there no "
+                        "example can reach another, so the answer is exactly 0.",
+                        "differentiate ONE example's loss at a time, and look only at the embeddings of the "
+                        "OTHER examples (seq_ids != j, padding excluded), not the whole batch's loss.")
+        if not isolated and got <= 1e-9:
+            return fail(f"on the {setup!r} batch (causal mask over the pack) you report {got:.3g}: no leak "
+                        "found where there is one.",
+                        "run the forward with inputs_embeds=emb where emb requires grad (not under "
+                        "torch.no_grad()), and take the gradient of loss_j with respect to emb.")
+        if abs(got - _oracle(model, batch, reduce="mean")) <= 1e-6 + 1e-4 * got:
+            return fail(f"on the {setup!r} batch you report {got:.4g}, expected {want:.4g}: you averaged "
+                        "example j's token losses.", "use the sum of example j's token losses.")
+        return fail(f"on the {setup!r} batch you report {got:.4g}, expected {want:.4g}.",
+                    "loss_j = sum of token_losses at positions t with seq_ids[:, t] == j; return the max over "
+                    "j of |grad| (max over the hidden dimension too) on tokens of other examples.")
+    return ok("exactly 0 under block-diagonal masks, and the leak found under causal ones: a probe you can "
+              "run on any model that accepts inputs_embeds.")
+
+
+# --- exercise 2: read a report, name the fix ---------------------------------------------------
+
+
+def mystery_reports() -> dict:
+    """Five audit reports ``{"A": AuditReport, ...}``, each of a pipeline with at most one fault.
+
+    All audit the same five packsim examples through a tiny Llama (eager attention) or packsim's
+    forward; which fault is behind which letter is for the learner to read from the reports.
+    """
+    examples = make_examples(5, seed=2)
+    model = build_model("tiny", attn_implementation="eager", seed=0)
+    collated = PackingCollator(return_flash_attn_kwargs=True)(examples)
+    mask = torch.tensor([j >= ex.n_prompt for ex in examples for j in range(len(ex.tokens))])[None]  # (1, N)
+    with_ones = {**collated, "attention_mask": torch.ones_like(collated["input_ids"])}
+    packed = {s: PackedBatch.from_examples(examples, capacity=64, setup=s) for s in ("mask_fix", "loss_fix")}
+    return {
+        "A": audit(model, collated, mask, use_cache=True),
+        "B": audit(model, packed["mask_fix"]),
+        "C": audit(model, with_ones, mask, use_cache=False),
+        "D": audit(model, packed["loss_fix"]),
+        "E": audit(model, collated, mask, use_cache=False),
+    }
+
+
+_WHY = {
+    "A": "report A fails perturbation, gradient and attention_mass with per-example position_ids in the "
+         "batch; the likely cause says a cache was created",
+    "B": "report B's attention probes all pass; only loss_coverage fails (prompt tokens counted)",
+    "C": "report C was run with use_cache=False and still leaks; the likely cause says an "
+         "attention_mask was passed",
+    "D": "report D counts the right labels but attention crosses examples under setup mask='causal'",
+    "E": "report E passes every probe",
+}
+
+
+@check("read the report, name the fix")
+def check_name_the_fix(name_the_fix) -> Feedback:
+    """``name_the_fix``: {letter: fix} for the five mystery reports (fixes from FIXES)."""
+    if not isinstance(name_the_fix, Mapping):
+        return fail(f"name_the_fix is a {type(name_the_fix).__name__}, not a dict.",
+                    'write {"A": "...", "B": "...", ...} with one fix name per report.')
+    missing = sorted(set(_ANSWER) - set(name_the_fix))
+    if missing:
+        return fail(f"no answer for report(s) {missing}.", "give one fix per letter A to E.")
+    unknown = {k: v for k, v in name_the_fix.items() if k in _ANSWER and v not in FIXES}
+    if unknown:
+        k, v = next(iter(unknown.items()))
+        return fail(f"report {k}: {v!r} is not one of the fixes.", f"pick from {sorted(FIXES)}.")
+    wrong = [k for k in sorted(_ANSWER) if name_the_fix[k] != _ANSWER[k]]
+    if not wrong:
+        return ok("every report read right: the failed probes say WHAT is wrong, the likely cause says WHY.")
+    k = wrong[0]
+    got = name_the_fix[k]
+    hints = {
+        ("A", "block_diagonal_mask"): "the batch already carries the boundaries (position_ids restart); "
+                                      "the forward threw them away.",
+        ("C", "use_cache_false"): "C already passes use_cache=False: something else turned detection off.",
+        ("C", "block_diagonal_mask"): "the batch carries the boundaries; something in it stops transformers "
+                                      "from using them.",
+        ("A", "drop_attention_mask"): "A's batch has no attention_mask at all.",
+        ("B", "block_diagonal_mask"): "B's perturbation and gradient probes pass: attention is isolated.",
+        ("D", "mask_prompt_labels"): "D's loss_coverage passes: the labels are fine.",
+    }
+    hint = hints.get((k, got), "read the FAIL rows and the 'likely cause' lines of that report.")
+    return fail(f"{len(wrong)} of 5 wrong; report {k}: {got!r} is not the fix ({_WHY[k]}).", hint)
+
+
+# --- exercise 3: the forward call that isolates ------------------------------------------------
+
+
+def _collator_case(impl: str):
+    examples = make_examples(5, seed=7)
+    model = build_model("tiny", attn_implementation=impl, seed=0)
+    model.config.use_cache = True  # LlamaConfig's default for a model built by hand
+    batch = PackingCollator(return_flash_attn_kwargs=True)(examples)
+    batch["attention_mask"] = torch.ones_like(batch["input_ids"])  # what a generic pipeline adds
+    mask = torch.tensor([j >= ex.n_prompt for ex in examples for j in range(len(ex.tokens))])[None]
+    return model, batch, mask
+
+
+@check("a forward call that keeps examples apart")
+def check_isolating_call(isolating_call) -> Feedback:
+    """``isolating_call(batch) -> (batch, kwargs)`` must make ``packsim.audit`` pass on eager and sdpa."""
+    for impl in ("eager", "sdpa"):
+        model, batch, mask = _collator_case(impl)
+        original = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+        answer = isolating_call(dict(batch))
+        if not (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[0], Mapping)
+                and isinstance(answer[1], Mapping)):
+            return fail(f"isolating_call returned {type(answer).__name__}, not (batch dict, kwargs dict).",
+                        "return two dicts: the fields to pass and the extra forward kwargs.")
+        new, kwargs = dict(answer[0]), dict(answer[1])
+        for key in ("input_ids", "labels"):
+            if key not in new or not torch.equal(torch.as_tensor(new[key]), original[key]):
+                return fail(f"the returned batch changed or dropped {key!r}.",
+                            "keep the tokens and the labels as the collator made them.")
+        if new.get("attention_mask") is not None:
+            return fail("the batch you pass still has an attention_mask: transformers finds packed examples "
+                        "from position_ids only when attention_mask is None (even all ones turns it off).",
+                        "drop the 'attention_mask' key.")
+        if new.get("position_ids") is None:
+            return fail("you dropped position_ids: without them eager / sdpa see one long sequence.",
+                        "keep position_ids; they carry the example boundaries.")
+        if "attention_mask" in kwargs and kwargs["attention_mask"] is not None:
+            return fail("your kwargs pass an attention_mask.", "pass none at all.")
+        if kwargs.get("use_cache", True) is not False:
+            return fail(f"with {impl} and model.config.use_cache=True, your call still makes a cache "
+                        f"(kwargs {kwargs}), and transformers skips packed-sequence detection when a "
+                        "cache is in play.", "add use_cache=False to the kwargs.")
+        report = audit(model, {k: v for k, v in new.items() if v is not None}, mask, **kwargs)
+        if not report.ok:
+            return fail(f"with {impl}, packsim.audit still fails: {report.verdict}",
+                        "read the likely cause in the verdict.")
+    return ok("no attention_mask, position_ids kept, use_cache=False: the audit passes on eager and sdpa.")

@@ -1,0 +1,299 @@
+"""Checks for notebook 08_interview_drills: a code review, interview question 1, symptoms to bugs.
+
+Three exercises:
+
+- ``review``: the set of bug ids (from :data:`BUGS`) hiding in :data:`REVIEW_SNIPPET`;
+- ``q1_answer``: the statements (letters of :data:`Q1_STATEMENTS`) that belong in a strong answer
+  to "how does FlashAttention do block-diagonal masking without a dense mask?";
+- ``diagnosis``: for each symptom in :data:`SYMPTOMS`, which bug causes it: ``"attention"``
+  (cross-example attention), ``"loss"`` (loss on the wrong tokens) or ``"neither"``.
+
+The answer keys are written out by hand below with the reason for each entry; a check says which
+items were missed and why each false alarm is not a bug, never just "wrong".
+"""
+
+from __future__ import annotations
+
+from packsim.course.exercises import Feedback, check, fail, ok
+
+__all__ = [
+    "BUGS",
+    "REVIEW_SNIPPET",
+    "Q1_STATEMENTS",
+    "SYMPTOMS",
+    "CAUSES",
+    "check_review",
+    "check_q1_answer",
+    "check_diagnosis",
+]
+
+# ----------------------------------------------------------------------------- code review
+
+BUGS = {
+    "labels_copy_inputs": "labels = input_ids: the loss covers prompt, padding and boundary tokens",
+    "boundary_label_kept": "the first token of each example is a target, predicted from the previous example",
+    "eos_masked": "the EOS token's label is -100, so the model never learns to stop",
+    "positions_continue": "position ids keep counting across the pack",
+    "cu_seqlens_no_zero": "cu_seqlens lacks the leading 0",
+    "cu_seqlens_int64": "cu_seqlens is int64; varlen kernels need int32",
+    "max_seqlen_total": "max_seqlen is the total number of tokens, not the longest example",
+    "not_causal": "causal=False in a decoder",
+    "mean_of_means": "per-pack mean losses averaged over packs (a mean of means)",
+    "use_cache_on": "use_cache=True in a hand-written training loop",
+    "attention_mask_given": "a 2D attention_mask (even all ones) next to packed position ids",
+}
+
+REVIEW_SNIPPET = '''\
+def collate(examples):
+    ids, labels, starts = [], [], [0]
+    for ex in examples:
+        ids += ex.prompt + ex.response + [EOS]
+        labels += [-100] * len(ex.prompt) + ex.response + [-100]
+        starts.append(len(ids))
+    cu_seqlens = torch.tensor(starts)
+    max_seqlen = len(ids)
+    return torch.tensor(ids), torch.tensor(labels), cu_seqlens, max_seqlen
+
+ids, labels, cu, max_len = collate(batch)
+h = flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=True)
+n = (labels[1:] != -100).sum()
+loss = F.cross_entropy(logits[:-1], labels[1:], ignore_index=-100, reduction="sum") / n
+'''
+
+# bug id -> (a nudge towards it, why it is wrong)
+_REVIEW_KEY = {
+    "eos_masked": (
+        "line 5: what is the last label of each example?",
+        "line 5 gives the EOS token the label -100. Keep EOS as a target (labels += ... + [EOS]): "
+        "it is how the model learns to stop.",
+    ),
+    "cu_seqlens_int64": (
+        "line 7: what dtype does torch.tensor give a list of Python ints?",
+        "line 7: torch.tensor(starts) is int64; flash_attn_varlen_func checks for int32. Use "
+        "torch.tensor(starts, dtype=torch.int32).",
+    ),
+    "max_seqlen_total": (
+        "line 8: which length does the kernel want?",
+        "line 8: max_seqlen = len(ids) is the whole pack. It should be the longest example, "
+        "max(b - a for a, b in zip(starts, starts[1:])); it sizes the kernel's grid.",
+    ),
+}
+
+# ids a reviewer might flag that are fine *in this snippet*, and why
+_REVIEW_FINE = {
+    "cu_seqlens_no_zero": "starts begins as [0], so cu_seqlens does start at 0.",
+    "not_causal": "the call passes causal=True.",
+    "labels_copy_inputs": "labels are built separately, with -100 on every prompt token.",
+    "boundary_label_kept": (
+        "each example's first token is a prompt token, and prompt labels are -100, so no label "
+        "asks the model to predict an example's start from the previous example."
+    ),
+    "mean_of_means": (
+        "the loss is a sum over the counted tokens divided once by their number n: one "
+        "per-token mean over the whole batch, not a mean of means."
+    ),
+    "positions_continue": (
+        "no position ids are built here; with cu_seqlens the kernel isolates the examples itself "
+        "(and RoPE positions could then be reset by the model code)."
+    ),
+    "use_cache_on": "there is no transformers model call here, so no cache flag is involved.",
+    "attention_mask_given": "no attention_mask is passed; cu_seqlens marks the examples.",
+}
+
+
+def _as_id_set(answer, name: str) -> set[str] | Feedback:
+    if isinstance(answer, str):
+        answer = {answer}
+    try:
+        items = {str(a).strip() for a in answer}
+    except TypeError:
+        return fail(
+            f"{name} should be a set of strings, got {type(answer).__name__}.",
+            'write it like {"bug_id_one", "bug_id_two"}.',
+        )
+    return items
+
+
+@check("code review: the varlen collator")
+def check_review(review) -> Feedback:
+    """``review``: a set of ids from :data:`BUGS` naming every bug in :data:`REVIEW_SNIPPET`."""
+    found = _as_id_set(review, "review")
+    if isinstance(found, Feedback):
+        return found
+    unknown = sorted(found - set(BUGS))
+    if unknown:
+        return fail(
+            f"{unknown} {'is' if len(unknown) == 1 else 'are'} not bug ids of this drill.",
+            f"choose from: {', '.join(sorted(BUGS))}.",
+        )
+    missed = [b for b in _REVIEW_KEY if b not in found]
+    false = sorted(found - set(_REVIEW_KEY))
+    if not missed and not false:
+        return ok(
+            f"all {len(_REVIEW_KEY)} bugs found, no false alarms: "
+            + " ".join(why for _, why in _REVIEW_KEY.values())
+        )
+    parts = []
+    if missed:
+        parts.append(
+            f"You missed {len(missed)} of {len(_REVIEW_KEY)} bugs. Look again at "
+            + " ".join(_REVIEW_KEY[b][0] for b in missed)
+        )
+    if false:
+        parts.append(
+            "False alarm"
+            + ("s" if len(false) > 1 else "")
+            + ": "
+            + " ".join(f"{b}: {_REVIEW_FINE[b]}" for b in false)
+        )
+    return fail(
+        " ".join(parts),
+        "read the snippet line by line and ask of each value: what shape, what dtype, what does "
+        "the kernel or the loss expect here?",
+    )
+
+
+# ----------------------------------------------------------------------------- interview Q1
+
+Q1_STATEMENTS = {
+    "A": "The kernel cuts queries and keys into tiles (e.g. 128 x 128) and keeps a running "
+    "softmax per query row, so the N x N score matrix is never written to memory.",
+    "B": "It takes cu_seqlens, int32 offsets [0, L0, L0+L1, ...], plus max_seqlen; each thread "
+    "block reads its example's start and length from them.",
+    "C": "Tiles that would cross an example boundary are never formed, and key tiles above the "
+    "diagonal are never loaded; only diagonal tiles (and an example's shorter last tile) need a "
+    "mask per element.",
+    "D": "Work grows with the sum of squared example lengths, not the square of the pack "
+    "length, and memory with N.",
+    "E": "It builds the block-diagonal N x N boolean mask once in fast on-chip memory and reuses "
+    "it for every head.",
+    "F": "It computes every tile of the pack and multiplies the cross-example scores by zero "
+    "before the softmax.",
+    "G": "Resetting position_ids to 0 at each example is what isolates the examples; the kernel "
+    "then uses a plain causal mask.",
+    "H": "Each example is padded to max_seqlen inside the kernel, so the work is "
+    "num_examples x max_seqlen².",
+    "I": "max_seqlen sizes the launch grid; thread blocks past the end of a short example exit "
+    "at once.",
+}
+_Q1_NEEDED = {
+    "A": "tiling with an online softmax is why no N x N matrix (scores or mask) ever exists",
+    "B": "cu_seqlens is the whole interface: the kernel learns the boundaries from it",
+    "C": "skipping cross-example and above-diagonal tiles is the block-diagonal mask itself",
+    "D": "the cost model (sum of L_i^2, memory O(N)) is what the interviewer wants to hear next",
+}
+_Q1_WRONG = {
+    "E": "no mask is built at all, not even on chip: the boundaries come from cu_seqlens",
+    "F": "multiplying by zero would still pay for every tile; the point is that those tiles are "
+    "never computed (and zeroing scores before a softmax does not mask them: exp(0) = 1)",
+    "G": "position ids do not restrict which keys a query reads; isolation comes from the "
+    "per-example tiles (RoPE positions are a separate matter)",
+    "H": "there is no padding: an example of length L costs about L^2/2 pairs; the grid is sized "
+    "by max_seqlen but blocks past a short example exit immediately",
+}
+# "I" is true but optional: neither required nor penalised.
+
+
+@check("interview question 1: the ingredients")
+def check_q1_answer(q1_answer) -> Feedback:
+    """``q1_answer``: the set of letters of :data:`Q1_STATEMENTS` a strong answer contains."""
+    chosen = _as_id_set(q1_answer, "q1_answer")
+    if isinstance(chosen, Feedback):
+        return chosen
+    chosen = {c.upper() for c in chosen}
+    unknown = sorted(chosen - set(Q1_STATEMENTS))
+    if unknown:
+        return fail(
+            f"{unknown} not among the statements.",
+            f"choose letters from {', '.join(Q1_STATEMENTS)}.",
+        )
+    wrong = sorted(chosen & set(_Q1_WRONG))
+    missing = sorted(set(_Q1_NEEDED) - chosen)
+    if not wrong and not missing:
+        extra = " (I is true too: a good detail, not a must.)" if "I" in chosen else ""
+        return ok("a complete answer: tiles, cu_seqlens, skipped tiles, cost model." + extra)
+    parts = []
+    if wrong:
+        parts.append(
+            "Red flag" + ("s" if len(wrong) > 1 else "") + ": "
+            + "; ".join(f"{w} is false: {_Q1_WRONG[w]}" for w in wrong) + "."
+        )
+    if missing:
+        parts.append(
+            "Missing: "
+            + "; ".join(f"{m} ({_Q1_NEEDED[m]})" for m in missing) + "."
+        )
+    return fail(
+        " ".join(parts),
+        "a strong answer says how (tiles + online softmax), with what (cu_seqlens), what is "
+        "skipped, and what it costs.",
+    )
+
+
+# ----------------------------------------------------------------------------- symptoms
+
+CAUSES = ("attention", "loss", "neither")
+
+SYMPTOMS = {
+    "s1": "Held-out examples run alone get far lower exact match than with the padded baseline, "
+    "while the training loss curve looks healthy.",
+    "s2": "The model answers held-out examples alone as well as the padded baseline, yet the "
+    "loss the trainer reports stays high for the whole run.",
+    "s3": "Changing the tokens of the first example in a pack changes the logits of the third.",
+    "s4": "A large share of each query's attention lands on tokens of other examples in the pack.",
+    "s5": "The labels of a packed row count prompt tokens, padding, and the first token of each "
+    "example.",
+    "s6": "Packed training processes more real tokens per second than one example per row.",
+    "s7": "Generated answers never end: the model keeps writing past the answer.",
+}
+_SYMPTOM_KEY = {
+    "s1": (
+        "attention",
+        "in this course's 2x2 ablation the low isolated exact match follows the mask: it is low "
+        "for buggy and loss-fix-only, and back at the padded level as soon as the mask is fixed. "
+        "The model learned to lean on neighbours it does not have alone.",
+    ),
+    "s2": (
+        "loss",
+        "that is the mask-fix-only setup: isolation is right, so answers are good, but the "
+        "reported loss still averages over prompt and padding tokens the model cannot predict.",
+    ),
+    "s3": ("attention", "that is the perturbation probe failing: information flows across examples."),
+    "s4": ("attention", "attention mass outside the own example is the leak itself."),
+    "s5": ("loss", "those labels are the loss-on-everything bug; a completion-only loss masks them."),
+    "s6": ("neither", "that is what packing is for; it says nothing about correctness."),
+    "s7": (
+        "loss",
+        "the EOS label was masked (-100): a loss-target bug. Keep EOS as a target.",
+    ),
+}
+
+
+@check("symptoms to bugs")
+def check_diagnosis(diagnosis) -> Feedback:
+    """``diagnosis``: a dict symptom id -> one of :data:`CAUSES`, for every id in :data:`SYMPTOMS`."""
+    if not isinstance(diagnosis, dict):
+        return fail(
+            f"diagnosis should be a dict like {{'s1': 'attention', ...}}, got {type(diagnosis).__name__}.",
+            f"map every symptom id {sorted(SYMPTOMS)} to one of {list(CAUSES)}.",
+        )
+    answer = {str(k).strip(): str(v).strip().lower() for k, v in diagnosis.items()}
+    missing = [s for s in SYMPTOMS if s not in answer or answer[s] in ("", "...", "none")]
+    if missing:
+        return fail(
+            f"no cause given for {missing}.",
+            f"map every symptom id to one of {list(CAUSES)}.",
+        )
+    bad = sorted({v for v in answer.values()} - set(CAUSES))
+    if bad:
+        return fail(f"{bad} is not a cause.", f"use one of {list(CAUSES)}.")
+    wrong = [s for s in SYMPTOMS if answer[s] != _SYMPTOM_KEY[s][0]]
+    if not wrong:
+        return ok(f"all {len(SYMPTOMS)} symptoms traced to the right bug.")
+    s = wrong[0]
+    return fail(
+        f"{len(wrong)} of {len(SYMPTOMS)} wrong ({', '.join(wrong)}). {s}: you said "
+        f"{answer[s]!r}, it is {_SYMPTOM_KEY[s][0]!r}: {_SYMPTOM_KEY[s][1]}",
+        "ask of each symptom: does it need information to flow between examples (attention), or "
+        "is it about which tokens are counted as targets (loss)?",
+    )

@@ -1,0 +1,20 @@
+"""Reference answers for notebook 08_interview_drills (checks: packsim.course.exercises.lesson08_interview)."""
+
+# The three bugs of REVIEW_SNIPPET: EOS label -100 (line 5), int64 cu_seqlens (line 7),
+# max_seqlen = the whole pack instead of the longest example (line 8).
+review = {"eos_masked", "cu_seqlens_int64", "max_seqlen_total"}
+
+# Tiles + online softmax, cu_seqlens, skipped tiles, cost model; "I" is true but optional.
+q1_answer = {"A", "B", "C", "D", "I"}
+
+# Does the symptom need information to flow between examples (attention) or is it about
+# which tokens are targets (loss)?
+diagnosis = {
+    "s1": "attention",
+    "s2": "loss",
+    "s3": "attention",
+    "s4": "attention",
+    "s5": "loss",
+    "s6": "neither",
+    "s7": "loss",
+}

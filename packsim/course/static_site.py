@@ -1,0 +1,196 @@
+"""Build the executed course as static HTML that works offline: ``make html`` -> ``site/``.
+
+``python -m packsim.course.static_site [NOTEBOOK_OR_FOLDER ...] [--out site] [--timeout S]`` executes every
+notebook (``PACKSIM_FAST`` passed through, so ``PACKSIM_FAST=1 make html`` builds the fast
+course) and writes one page per notebook plus ``index.html`` with each lesson's build time.
+
+Offline means no CDN at view time:
+
+- plotly figures: the kernel runs with ``PLOTLY_RENDERER=plotly_mimetype+notebook``, whose
+  ``notebook`` half embeds plotly.js in the page once (``plotly_mimetype`` keeps JupyterLab happy);
+- figures inside widgets: every page loads ``_static/plotly.min.js`` (copied from the plotly
+  package) before anything else;
+- widgets: the widgets' state is saved at execution, and the page loads the Jupyter widget
+  manager (``@jupyter-widgets/html-manager``) and ``requirejs`` from ``site/_static/``, copied
+  from the npm registry's packages (``npm install`` runs once into ``build/web``);
+- packsim's widgets also show their static plotly figure under the widget when
+  ``PACKSIM_STATIC=1`` (set here), since a widget's live parts need a kernel.
+
+Nothing here runs at import of :mod:`packsim`; ``tests/test_site.py`` builds a page and opens it
+in Chromium with the network cut off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import os
+import re
+import shutil
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import plotly
+
+from packsim.core.errors import PacksimError
+from packsim.course.notebook_tools import NotebookRunError, execute, find_notebooks
+
+__all__ = ["NPM_PACKAGES", "build_page", "build_site", "install_widget_assets", "main"]
+
+NPM_PACKAGES = ("@jupyter-widgets/html-manager@^1.0.15", "requirejs@^2.3.7")
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_NPM_DIR = ROOT / "build" / "web"
+STATIC = "_static"
+MANAGER_JS = f"{STATIC}/html-manager/embed-amd.js"
+REQUIRE_JS = f"{STATIC}/require.js"
+PLOTLY_JS = f"{STATIC}/plotly.min.js"
+# The lab template with plotly.js loaded first (a page whose only figures sit inside widgets gets
+# none from plotly's renderer) and without its MathJax <script> (a CDN; the lessons use no LaTeX) ...
+_TEMPLATE = (
+    "{%- extends 'lab/index.html.j2' -%}"
+    "{%- block html_head_js_requirejs -%}"
+    f'<script src="{PLOTLY_JS}"></script>{{{{ super() }}}}'
+    "{%- endblock html_head_js_requirejs -%}"
+    "{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}"
+)
+# ... and plotly's own MathJax <script src=CDN> that its `notebook` renderer puts by each figure.
+_MATHJAX_CDN = re.compile(r'<script[^>]*src="https://[^"]*mathjax[^"]*"[^>]*>\s*</script>', re.I)
+KERNEL_ENV = {"PACKSIM_STATIC": "1", "PLOTLY_RENDERER": "plotly_mimetype+notebook"}
+
+
+def install_widget_assets(site: Path, npm_dir: Path = DEFAULT_NPM_DIR) -> None:
+    """Copy the widget manager, requirejs and plotly.js into ``site/_static`` (npm on first use).
+
+    Raises PacksimError naming the fix when npm is missing or the install fails.
+    """
+    modules = npm_dir / "node_modules"
+    dist = modules / "@jupyter-widgets" / "html-manager" / "dist"
+    require = modules / "requirejs" / "require.js"
+    if not (dist / "embed-amd.js").exists() or not require.exists():
+        npm = shutil.which("npm")
+        if npm is None:
+            raise PacksimError(
+                "the offline HTML build needs npm (Node.js) to fetch the Jupyter widget manager: "
+                "install Node.js (e.g. `apt install npm` or https://nodejs.org), then rerun."
+            )
+        npm_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [npm, "install", "--no-audit", "--no-fund", "--silent", "--prefix", str(npm_dir)]
+        done = subprocess.run([*cmd, *NPM_PACKAGES], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise PacksimError(
+                f"`{' '.join(cmd)} {' '.join(NPM_PACKAGES)}` failed:\n{done.stderr.strip()}\n"
+                "check that this machine can reach the npm registry, then rerun."
+            )
+    target = site / STATIC / "html-manager"
+    target.mkdir(parents=True, exist_ok=True)
+    for f in dist.iterdir():  # the bundle and the icon fonts its CSS points at; no source maps
+        if f.is_file() and not f.name.endswith(".map"):
+            shutil.copy2(f, target / f.name)
+    shutil.copy2(require, site / REQUIRE_JS)
+    shutil.copy2(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", site / PLOTLY_JS)
+
+
+@contextmanager
+def _kernel_env():
+    """Set the static-build variables for kernels started inside the block."""
+    saved = {k: os.environ.get(k) for k in KERNEL_ENV}
+    os.environ.update(KERNEL_ENV)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _title(nb) -> str:
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if line.startswith("# "):
+                    return line[2:].strip()
+    return ""
+
+
+def build_page(notebook: Path | str, site: Path | str, timeout: float = 600) -> tuple[Path, float, str]:
+    """Execute one notebook and write ``site/<name>.html``; return (page, seconds, title).
+
+    The widget assets must already be in ``site/_static`` (:func:`install_widget_assets`).
+    """
+    from jinja2 import DictLoader
+    from nbconvert import HTMLExporter
+
+    notebook, site = Path(notebook), Path(site)
+    with _kernel_env():
+        nb, seconds = execute(notebook, timeout=timeout, store_widget_state=True)
+    exporter = HTMLExporter(
+        extra_loaders=[DictLoader({"packsim.html.j2": _TEMPLATE})],
+        template_file="packsim.html.j2",
+        widget_renderer_url=MANAGER_JS,
+        require_js_url=REQUIRE_JS,
+    )
+    body, _ = exporter.from_notebook_node(nb)
+    body = _MATHJAX_CDN.sub("", body)
+    page = site / f"{notebook.stem}.html"
+    page.write_text(body, encoding="utf-8")
+    return page, seconds, _title(nb) or notebook.stem
+
+
+def _index(rows: list[tuple[Path, float, str]], fast: bool) -> str:
+    items = "\n".join(
+        f'<tr><td><a href="{html.escape(p.name)}">{html.escape(p.stem)}</a></td>'
+        f"<td>{html.escape(t)}</td><td>{s:.0f} s</td></tr>"
+        for p, s, t in rows
+    )
+    mode = "fast mode (PACKSIM_FAST=1)" if fast else "full mode"
+    return (
+        "<!doctype html><meta charset='utf-8'><title>packsim course</title>"
+        "<style>body{font-family:sans-serif;max-width:52em;margin:2em auto}"
+        "td{padding:2px 12px}</style>"
+        "<h1>packsim: pack sequences for LLM fine-tuning correctly</h1>"
+        f"<p>The course notebooks, executed in {mode}. Figures and widgets are static here: "
+        "open the notebooks in JupyterLab (<code>make lab</code>) to click and train.</p>"
+        f"<table><tr><th>notebook</th><th>lesson</th><th>built in</th></tr>{items}</table>"
+    )
+
+
+def build_site(
+    paths=("notebooks",), out: Path | str = "site", timeout: float = 600,
+    npm_dir: Path = DEFAULT_NPM_DIR,
+) -> list[tuple[Path, float, str]]:
+    """Build every notebook under ``paths`` into ``out``; return (page, seconds, title) rows."""
+    from packsim.core.device import fast_mode
+
+    site = Path(out)
+    site.mkdir(parents=True, exist_ok=True)
+    install_widget_assets(site, npm_dir)
+    rows = []
+    for nb in find_notebooks(paths):
+        print(f"building {nb} ...", flush=True)
+        rows.append(build_page(nb, site, timeout))
+        print(f"  -> {rows[-1][0]} ({rows[-1][1]:.0f} s)", flush=True)
+    (site / "index.html").write_text(_index(rows, fast_mode()), encoding="utf-8")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m packsim.course.static_site", description=__doc__.split("\n")[0])
+    parser.add_argument("paths", nargs="*", default=["notebooks"])
+    parser.add_argument("--out", default="site", help="output folder (default: site)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per notebook")
+    args = parser.parse_args(argv)
+    try:
+        rows = build_site(args.paths, args.out, args.timeout)
+    except (PacksimError, NotebookRunError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"wrote {len(rows)} page(s) and {Path(args.out) / 'index.html'}; open it in a browser")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

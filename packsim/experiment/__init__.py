@@ -1,0 +1,6 @@
+"""The experiment: train setups side by side on the same data and score them on examples run alone.
+
+``training`` (one run), ``evaluation`` (isolated and in-pack scores), ``comparison`` (the runs of
+``packsim compare``), ``results`` (``results.json``), ``report`` (``report.html``), ``facts`` (the
+design where the loss curve lies). Lessons 05 and 08 read its runs.
+"""

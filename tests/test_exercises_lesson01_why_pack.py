@@ -1,0 +1,193 @@
+"""Checks of notebook 01_why_pack: the reference solutions pass, typical mistakes fail by name."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from packsim.course.exercises import show_solution, solution_source
+from packsim.course.exercises.lesson01_why_pack import check_ffd_pack, check_lower_bound, check_padding_waste
+from packsim.course.solutions import lesson01_why_pack as sol
+
+
+def test_solutions_can_be_shown(capsys):
+    show_solution("why_pack", "ffd_pack")
+    assert "def ffd_pack" in capsys.readouterr().out
+    assert "math.ceil" in solution_source("why_pack", "lower_bound")
+
+
+# --- lower bound --------------------------------------------------------------------------------
+
+
+def _total(lengths):
+    return sum(int(x) for x in lengths)
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (lambda lengths, cap: _total(lengths) // cap, "rounded down"),
+        (lambda lengths, cap: _total(lengths) // cap + 1, "exactly"),
+        (lambda lengths, cap: len(lengths), "number of examples"),
+        (lambda lengths, cap: _total(lengths) / cap, "whole numbers"),
+        (lambda lengths, cap: round(_total(lengths) / cap), "expected"),
+        (lambda lengths, cap: str(math.ceil(_total(lengths) / cap)), "not a number"),
+    ],
+)
+def test_lower_bound_mistakes(wrong, words):
+    fb = check_lower_bound(wrong)
+    assert not fb.passed and fb.attempted
+    assert words in str(fb), fb
+
+
+# --- padding waste ------------------------------------------------------------------------------
+
+
+def _global_longest(lengths, bs):
+    lengths = [int(x) for x in lengths]
+    return 1 - sum(lengths) / (len(lengths) * max(lengths))
+
+
+def _drop_last(lengths, bs):
+    lengths = [int(x) for x in lengths]
+    full = len(lengths) // bs * bs
+    return sol.padding_waste(lengths[:full], bs)
+
+
+def _mean_of_batches(lengths, bs):
+    lengths = [int(x) for x in lengths]
+    fr = [1 - sum(b) / (len(b) * max(b)) for b in (lengths[i : i + bs] for i in range(0, len(lengths), bs))]
+    return sum(fr) / len(fr)
+
+
+def _fill(lengths, bs):
+    return 1 - sol.padding_waste(lengths, bs)
+
+
+def _sorted_first(lengths, bs):
+    return sol.padding_waste(sorted(int(x) for x in lengths), bs)
+
+
+def _pad_over_real(lengths, bs):
+    w = sol.padding_waste(lengths, bs)
+    return w / (1 - w)
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (_global_longest, "longest of the whole list"),
+        (_drop_last, "dropped the last"),
+        (_mean_of_batches, "averaged the per-batch"),
+        (_fill, "share of real tokens"),
+        (_sorted_first, "sorted the lengths"),
+        (_pad_over_real, "divided padding by the real tokens"),
+        (lambda lengths, bs: 0.0, "expected"),
+    ],
+)
+def test_padding_waste_mistakes(wrong, words):
+    fb = check_padding_waste(wrong)
+    assert not fb.passed and fb.attempted
+    assert words in str(fb), fb
+
+
+def test_padding_waste_edge_case_mistake():
+    def list_only(lengths, bs):  # breaks on numpy input: lengths + [] is not concatenation
+        if not isinstance(lengths, list):
+            return 0.5
+        return sol.padding_waste(lengths, bs)
+
+    fb = check_padding_waste(list_only)
+    assert not fb.passed and "packsim's padded batches" in str(fb), fb
+
+
+# --- first-fit decreasing -----------------------------------------------------------------------
+
+
+def _no_sort(lengths, cap):
+    packs, room = [], []
+    for i, n in enumerate(int(x) for x in lengths):
+        for p, free in enumerate(room):
+            if n <= free:
+                packs[p].append(i)
+                room[p] -= n
+                break
+        else:
+            packs.append([i])
+            room.append(cap - n)
+    return packs
+
+
+def _next_fit_decreasing(lengths, cap):
+    order = sorted(range(len(lengths)), key=lambda i: -int(lengths[i]))
+    packs, room = [], 0
+    for i in order:
+        if int(lengths[i]) > room:
+            packs.append([])
+            room = cap
+        packs[-1].append(i)
+        room -= int(lengths[i])
+    return packs
+
+
+def _lengths_not_indices(lengths, cap):
+    return [[int(lengths[i]) for i in p] for p in sol.ffd_pack(lengths, cap)]
+
+
+def _overfill(lengths, cap):  # '<' vs '<=' the other way round: lets a pack go one token over
+    order = sorted(range(len(lengths)), key=lambda i: -int(lengths[i]))
+    packs, room = [], []
+    for i in order:
+        n = int(lengths[i])
+        for p, free in enumerate(room):
+            if n <= free + 1:
+                packs[p].append(i)
+                room[p] -= n
+                break
+        else:
+            packs.append([i])
+            room.append(cap - n)
+    return packs
+
+
+def _drop_last_example(lengths, cap):
+    packs = sol.ffd_pack(lengths, cap)
+    packs[-1] = packs[-1][:-1]
+    return [p for p in packs if p]
+
+
+def _twice(lengths, cap):
+    packs = sol.ffd_pack(lengths, cap)
+    return packs + [[packs[0][0]]] if len(lengths) > 1 else packs
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (_no_sort, "data order"),
+        (_next_fit_decreasing, "only try the last pack"),
+        (_lengths_not_indices, "lengths, not example indices"),
+        (_overfill, "over the capacity"),
+        (_drop_last_example, "in no pack"),
+        (_twice, "packs"),
+        (lambda lengths, cap: [list(range(len(lengths)))], "over the capacity"),
+        (lambda lengths, cap: [[i] for i in range(len(lengths))], "first-fit decreasing needs"),
+        (lambda lengths, cap: 3, "not a list of packs"),
+    ],
+)
+def test_ffd_mistakes(wrong, words):
+    fb = check_ffd_pack(wrong)
+    assert not fb.passed and fb.attempted
+    assert words in str(fb), fb
+
+
+def test_ffd_accepts_best_fit_and_numpy_ints():
+    import numpy as np
+
+    from packsim.core.packing import pack
+
+    def bfd(lengths, cap):  # best fit decreasing is never worse here: it passes too
+        return [[np.int64(i) for i in p] for p in pack(lengths, cap, strategy="bfd")]
+
+    assert check_ffd_pack(bfd).passed

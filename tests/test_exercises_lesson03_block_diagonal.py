@@ -1,0 +1,89 @@
+"""The checks of notebook 03_block_diagonal: the reference passes, typical mistakes are named."""
+
+from __future__ import annotations
+
+import torch
+
+from packsim.course.exercises.lesson03_block_diagonal import (
+    check_block_causal_mask,
+    check_cu_seqlens_from_lengths,
+    check_position_ids_from_lengths,
+)
+from packsim.course.solutions import lesson03_block_diagonal as sol
+
+
+def _text(fb) -> str:
+    return f"{fb.message} {fb.hint}".lower()
+
+
+# ----------------------------------------------------------------------------- cu_seqlens
+
+
+def test_cu_seqlens_missing_leading_zero():
+    fb = check_cu_seqlens_from_lengths(lambda ls: torch.tensor(ls).cumsum(0).int())
+    assert not fb.passed and fb.attempted and "leading 0" in _text(fb)
+
+
+def test_cu_seqlens_int64_is_named():
+    fb = check_cu_seqlens_from_lengths(lambda ls: torch.tensor([0, *ls]).cumsum(0))
+    assert not fb.passed and "int32" in _text(fb) and "int64" in _text(fb)
+
+
+def test_cu_seqlens_lengths_instead_of_offsets():
+    fb = check_cu_seqlens_from_lengths(lambda ls: torch.tensor([0, *ls], dtype=torch.int32))
+    assert not fb.passed and "lengths, not the offsets" in _text(fb)
+
+
+def test_cu_seqlens_not_a_tensor():
+    fb = check_cu_seqlens_from_lengths(lambda ls: [0, *torch.tensor(ls).cumsum(0).tolist()])
+    assert not fb.passed and "torch.tensor" in _text(fb)
+
+
+# ----------------------------------------------------------------------------- mask
+
+
+def test_mask_not_causal():
+    fb = check_block_causal_mask(lambda s: (s[:, None] == s[None, :]) & (s >= 0)[:, None] & (s >= 0))
+    assert not fb.passed and "not causal" in _text(fb)
+
+
+def test_mask_causal_but_not_block():
+    fb = check_block_causal_mask(lambda s: torch.ones(len(s), len(s), dtype=torch.bool).tril())
+    assert not fb.passed and "not block-diagonal" in _text(fb)
+
+
+def test_mask_transposed():
+    fb = check_block_causal_mask(lambda s: sol.block_causal_mask(s).T)
+    assert not fb.passed and "transposed" in _text(fb)
+
+
+def test_mask_padding_attends():
+    def leaky_padding(s):
+        T = len(s)
+        return (s[:, None] == s[None, :]) & torch.ones(T, T, dtype=torch.bool).tril()
+
+    fb = check_block_causal_mask(leaky_padding)
+    assert not fb.passed and "padding" in _text(fb)
+
+
+def test_mask_wrong_dtype():
+    fb = check_block_causal_mask(lambda s: sol.block_causal_mask(s).float())
+    assert not fb.passed and "torch.bool" in _text(fb)
+
+
+# ----------------------------------------------------------------------------- positions
+
+
+def test_positions_continuous():
+    fb = check_position_ids_from_lengths(lambda ls: torch.arange(sum(ls)))
+    assert not fb.passed and "restart" in _text(fb)
+
+
+def test_positions_start_at_one():
+    fb = check_position_ids_from_lengths(lambda ls: torch.cat([torch.arange(1, n + 1) for n in ls]))
+    assert not fb.passed and "start at 1" in _text(fb)
+
+
+def test_positions_float_dtype():
+    fb = check_position_ids_from_lengths(lambda ls: sol.position_ids_from_lengths(ls).float())
+    assert not fb.passed and "torch.long" in _text(fb)

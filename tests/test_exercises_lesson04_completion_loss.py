@@ -1,0 +1,151 @@
+"""The checks of notebook 04_completion_only_loss: the reference passes, typical mistakes are named."""
+
+from __future__ import annotations
+
+import torch
+
+from packsim.course.exercises.lesson04_completion_loss import (
+    CORRECT_LETTER,
+    check_completion_labels,
+    check_correct_row,
+    check_per_token_loss,
+    label_batch,
+    label_candidates,
+    show_candidates,
+)
+from packsim.core.loss import IGNORE_INDEX, Role
+from packsim.course.solutions import lesson04_completion_loss as sol
+
+
+def _text(fb) -> str:
+    return f"{fb.message} {fb.hint}".lower()
+
+
+def _labels_keeping(*roles_kept):
+    def fn(ids, roles):
+        keep = torch.zeros_like(ids, dtype=torch.bool)
+        for r in roles_kept:
+            keep |= roles == r
+        return torch.where(keep, ids, torch.full_like(ids, IGNORE_INDEX))
+
+    return fn
+
+
+# ----------------------------------------------------------------------------- labels
+
+
+def test_label_batch_has_every_role():
+    roles = set(label_batch().roles.unique().tolist())
+    assert roles == {int(r) for r in Role}
+
+
+def test_labels_eos_dropped():
+    fb = check_completion_labels(_labels_keeping(Role.RESPONSE))
+    assert not fb.passed and "dropped" in _text(fb) and "eos" in _text(fb) and "stop" in _text(fb)
+
+
+def test_labels_prompt_kept():
+    fb = check_completion_labels(_labels_keeping(Role.RESPONSE, Role.EOS, Role.PROMPT))
+    assert not fb.passed and "kept" in _text(fb) and "prompt" in _text(fb)
+
+
+def test_labels_boundary_kept():
+    fb = check_completion_labels(_labels_keeping(Role.RESPONSE, Role.EOS, Role.BOUNDARY))
+    assert not fb.passed and "boundary" in _text(fb) and "prompt" not in fb.message
+
+
+def test_labels_padding_kept():
+    fb = check_completion_labels(_labels_keeping(Role.RESPONSE, Role.EOS, Role.PAD))
+    assert not fb.passed and "padding" in _text(fb)
+
+
+def test_labels_all_tokens_names_every_mistake():
+    fb = check_completion_labels(lambda ids, roles: ids.clone())
+    assert not fb.passed and all(w in fb.message for w in ("prompt", "boundary", "padding"))
+
+
+def test_labels_first_token_is_free():
+    def keep_first(ids, roles):
+        labels = sol.completion_labels(ids, roles)
+        labels[:, 0] = ids[:, 0]  # never a target after the shift: harmless
+        return labels
+
+    assert check_completion_labels(keep_first).passed
+
+
+def test_labels_shifted():
+    def shifted(ids, roles):
+        right = sol.completion_labels(ids, roles)
+        out = torch.full_like(right, IGNORE_INDEX)
+        out[:, :-1] = right[:, 1:]
+        return out
+
+    fb = check_completion_labels(shifted)
+    assert not fb.passed and "shifted" in _text(fb)
+
+
+# ----------------------------------------------------------------------------- loss
+
+
+def test_loss_mean_of_means():
+    fb = check_per_token_loss(lambda mbs: torch.stack([t.mean() for t in mbs if t.numel()]).mean())
+    assert not fb.passed and "mean of the per-micro-batch means" in _text(fb)
+
+
+def test_loss_mean_of_means_with_empty_micro_batch_gives_nan():
+    def mean_of_means(mbs):
+        return torch.stack([t.mean() for t in mbs]).mean()
+
+    # the first case has no empty micro-batch: that one is named as a mean of means
+    assert "mean of the" in _text(check_per_token_loss(mean_of_means))
+
+    def nan_only_when_empty(mbs):
+        if any(t.numel() == 0 for t in mbs):
+            return mean_of_means(mbs)
+        return sol.per_token_loss(mbs)
+
+    fb = check_per_token_loss(nan_only_when_empty)
+    assert not fb.passed and "nan" in _text(fb)
+
+
+def test_loss_unnormalised_sum():
+    fb = check_per_token_loss(lambda mbs: sum(t.sum() for t in mbs))
+    assert not fb.passed and "not normalised" in _text(fb)
+
+
+def test_loss_divided_by_micro_batches():
+    fb = check_per_token_loss(lambda mbs: sum(t.sum() for t in mbs) / len(mbs))
+    assert not fb.passed and "number of micro-batches" in _text(fb)
+
+
+# ----------------------------------------------------------------------------- spot the row
+
+
+def test_correct_row_reference_passes():
+    assert sol.correct_row == CORRECT_LETTER
+    assert check_correct_row(sol.correct_row).passed
+    assert check_correct_row(" c ").passed
+
+
+def test_correct_row_wrong_letters_name_the_bug():
+    assert "eos" in _text(check_correct_row("A"))
+    assert "boundary" in _text(check_correct_row("B"))
+    assert "shifted" in _text(check_correct_row("D"))
+    assert "not one of" in _text(check_correct_row("E"))
+
+
+def test_exactly_one_candidate_is_right_and_the_others_are_checked_wrong():
+    cand = label_candidates()
+    verdicts = {k: check_correct_row(k).passed for k in cand.rows}
+    assert verdicts == {k: k == CORRECT_LETTER for k in cand.rows}
+    # each wrong row is also caught by the labels check (independent evidence)
+    for letter, row in cand.rows.items():
+        assert len(set(tuple(r.tolist()) for r in cand.rows.values())) == 4
+        assert row.shape == cand.input_ids.shape, letter
+
+
+def test_show_candidates_prints_a_column_per_token(capsys):
+    show_candidates()
+    lines = capsys.readouterr().out.splitlines()
+    T = label_candidates().input_ids.numel()
+    assert len(lines) == 6 and all(len(line.split()) == T + 1 for line in lines)

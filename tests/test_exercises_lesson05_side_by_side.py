@@ -1,0 +1,96 @@
+"""Checks of notebook 05_train_side_by_side: the reference solutions pass, typical mistakes fail by name."""
+
+from __future__ import annotations
+
+from statistics import fmean, median
+
+import pytest
+
+from packsim.course.exercises import show_solution, solution_source
+from packsim.course.exercises.lesson05_side_by_side import (
+    check_em_gap,
+    check_fix_share,
+    check_warning_sign,
+    toy_results,
+)
+from packsim.experiment.results import Results
+from packsim.course.solutions import lesson05_side_by_side as sol
+
+
+def test_solutions_on_the_committed_runs():
+    res = Results.load("results/tasks-full")
+    em = res.summary("isolated_exact_match")
+    assert sol.em_gap(res) == pytest.approx(em["correct"]["mean"] - em["buggy"]["mean"])
+    assert sol.em_gap(res) > 0.3
+    shares = sol.fix_share(res)
+    assert shares["mask_fix"] > 0.9 > 0.1 > shares["loss_fix"]
+
+
+def _em(res, setup, pick):
+    return pick([r.final["isolated_exact_match"] for r in res.by_setup()[setup]])
+
+
+@pytest.mark.parametrize(("answer", "words"), [
+    (lambda res: _em(res, "buggy", fmean) - _em(res, "correct", fmean), "wrong way round"),
+    (lambda res: 100 * (_em(res, "correct", fmean) - _em(res, "buggy", fmean)), "percentage"),
+    (lambda res: _em(res, "correct", median) - _em(res, "buggy", median), "median"),
+    (lambda res: {r.setup: r.final["isolated_exact_match"] for r in res.runs if r.seed == 0}["correct"]
+     - {r.setup: r.final["isolated_exact_match"] for r in res.runs if r.seed == 0}["buggy"], "seed 0"),
+    (lambda res: [r for r in res.runs if r.setup == "correct"][0].final["isolated_exact_match"]
+     - [r for r in res.runs if r.setup == "buggy"][0].final["isolated_exact_match"], "first run"),
+    (lambda res: "0.4", "not a number"),
+])
+def test_em_gap_mistakes_are_named(answer, words):
+    fb = check_em_gap(answer)
+    assert not fb.passed and fb.attempted
+    assert words in str(fb), fb
+
+
+def _per_setup(res, fn):
+    return {s: fmean(fn(r.final) for r in runs) for s, runs in res.by_setup().items()}
+
+
+@pytest.mark.parametrize(("answer", "words"), [
+    (lambda res: _per_setup(res, lambda f: f["train_packed_response_loss"] - f["train_isolated_response_loss"]),
+     "wrong way round"),
+    (lambda res: _per_setup(res, lambda f: f["isolated_response_loss"] - f["reported_loss"]), "reported loss"),
+    (lambda res: _per_setup(res, lambda f: f["isolated_response_loss"] - f["train_packed_response_loss"]),
+     "held-out"),
+    (lambda res: {"buggy": 1.0}, "every setup"),
+    (lambda res: [1.0], "not a dict"),
+])
+def test_warning_sign_mistakes_are_named(answer, words):
+    fb = check_warning_sign(answer)
+    assert not fb.passed and fb.attempted
+    assert words in str(fb), fb
+
+
+def _gain(res, fix, scale):
+    em = {s: fmean(r.final["isolated_exact_match"] for r in rs) for s, rs in res.by_setup().items()}
+    return scale(em, fix)
+
+
+@pytest.mark.parametrize(("answer", "words"), [
+    (lambda res: {f: _gain(res, f, lambda em, f: em[f] - em["buggy"]) for f in ("mask_fix", "loss_fix")},
+     "raw gain"),
+    (lambda res: {f: _gain(res, f, lambda em, f: (em["correct"] - em[f]) / (em["correct"] - em["buggy"]))
+                  for f in ("mask_fix", "loss_fix")}, "still missing"),
+    (lambda res: {f: 100 * v for f, v in sol.fix_share(res).items()}, "percent"),
+    (lambda res: {"mask_fix": 1.0}, "expected ['loss_fix', 'mask_fix']"),
+])
+def test_fix_share_mistakes_are_named(answer, words):
+    fb = check_fix_share(answer)
+    assert not fb.passed and fb.attempted
+    assert words in str(fb), fb
+
+
+def test_toy_results_have_disagreeing_seeds():
+    res = toy_results(0)
+    assert res.runs[0].seed == 2 and len(res.setups()) == 4
+    assert sol.em_gap(toy_results(0)) != pytest.approx(sol.em_gap(toy_results(1)))
+
+
+def test_solutions_can_be_shown(capsys):
+    show_solution("side_by_side", "em_gap")
+    assert "def em_gap" in capsys.readouterr().out
+    assert "mask_fix" in solution_source("side_by_side", "fix_share")

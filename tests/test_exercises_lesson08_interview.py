@@ -1,0 +1,115 @@
+"""Checks of notebook 08_interview_drills: the reference passes, typical mistakes are named."""
+
+from __future__ import annotations
+
+from packsim.course.exercises.lesson08_interview import (
+    BUGS,
+    CAUSES,
+    Q1_STATEMENTS,
+    REVIEW_SNIPPET,
+    SYMPTOMS,
+    check_diagnosis,
+    check_q1_answer,
+    check_review,
+)
+from packsim.course.solutions import lesson08_interview as sol
+
+
+def _text(fb) -> str:
+    return (fb.message + " " + fb.hint).lower()
+
+
+# ----------------------------------------------------------------------------- review
+
+
+def test_review_reference_passes():
+    fb = check_review(sol.review)
+    assert fb.passed and fb.attempted, fb
+    assert sol.review <= set(BUGS)
+
+
+def test_review_snippet_shows_the_bugs_the_key_names():
+    lines = REVIEW_SNIPPET.splitlines()
+    assert "[-100]" in lines[4] and lines[4].rstrip().endswith("[-100]")  # line 5: EOS masked
+    assert lines[6].strip() == "cu_seqlens = torch.tensor(starts)"  # line 7: int64
+    assert lines[7].strip() == "max_seqlen = len(ids)"  # line 8: total, not longest
+
+
+def test_review_missed_bug_points_to_line():
+    fb = check_review({"eos_masked", "cu_seqlens_int64"})
+    assert not fb.passed and fb.attempted
+    assert "missed 1 of 3" in _text(fb) and "line 8" in _text(fb)
+
+
+def test_review_false_alarm_explained():
+    fb = check_review(sol.review | {"cu_seqlens_no_zero"})
+    assert not fb.passed and "false alarm" in _text(fb) and "starts begins as [0]" in _text(fb)
+
+
+def test_review_unknown_id_lists_choices():
+    fb = check_review({"eos", "int64"})
+    assert not fb.passed and "not bug ids" in _text(fb) and "cu_seqlens_int64" in _text(fb)
+
+
+def test_review_stub_not_attempted():
+    assert check_review(...).attempted is False
+    assert check_review(set()).attempted is True  # an empty review is an answer: all missed
+
+
+# ----------------------------------------------------------------------------- q1
+
+
+def test_q1_reference_passes():
+    fb = check_q1_answer(sol.q1_answer)
+    assert fb.passed, fb
+    assert check_q1_answer({"a", "b", "c", "d"}).passed  # I is optional; case does not matter
+
+
+def test_q1_dense_mask_red_flag():
+    fb = check_q1_answer({"A", "B", "C", "D", "E"})
+    assert not fb.passed and "red flag" in _text(fb) and "e is false" in _text(fb)
+
+
+def test_q1_zeroing_scores_red_flag():
+    fb = check_q1_answer({"A", "B", "C", "D", "F"})
+    assert not fb.passed and "never computed" in _text(fb)
+
+
+def test_q1_missing_cost_model():
+    fb = check_q1_answer({"A", "B", "C"})
+    assert not fb.passed and "missing" in _text(fb) and "d (" in _text(fb)
+
+
+def test_q1_unknown_letter_and_stub():
+    assert "not among" in _text(check_q1_answer({"Z"}))
+    assert check_q1_answer(...).attempted is False
+    assert set(Q1_STATEMENTS) >= sol.q1_answer
+
+
+# ----------------------------------------------------------------------------- diagnosis
+
+
+def test_diagnosis_reference_passes():
+    fb = check_diagnosis(sol.diagnosis)
+    assert fb.passed, fb
+    assert set(sol.diagnosis) == set(SYMPTOMS) and set(sol.diagnosis.values()) <= set(CAUSES)
+
+
+def test_diagnosis_loss_curve_mistake_named():
+    wrong = {**sol.diagnosis, "s2": "attention"}
+    fb = check_diagnosis(wrong)
+    assert not fb.passed and "s2" in fb.message and "mask-fix-only" in _text(fb)
+
+
+def test_diagnosis_throughput_is_not_a_bug():
+    fb = check_diagnosis({**sol.diagnosis, "s6": "attention"})
+    assert not fb.passed and "what packing is for" in _text(fb)
+
+
+def test_diagnosis_incomplete_and_bad_values():
+    fb = check_diagnosis({"s1": "attention"})
+    assert not fb.passed and "no cause given" in _text(fb)
+    fb = check_diagnosis({**sol.diagnosis, "s1": "mask"})
+    assert not fb.passed and "not a cause" in _text(fb)
+    assert check_diagnosis(...).attempted is False
+    assert not check_diagnosis(["s1"]).passed
