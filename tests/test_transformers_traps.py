@@ -302,8 +302,9 @@ def test_custom_4d_mask(bench, impl, kind, use_cache, isolates):
 
 
 @pytest.mark.skip(reason=(
-    "torch 2.13 CPU: COMPILED flex_attention (transformers' default path) with any 4D tensor "
-    "attention_mask crashes the process (segfault / 'malloc(): unaligned tcache chunk'). The "
+    f"installed torch {torch.__version__}: COMPILED flex_attention on CPU (transformers' default "
+    "path) with any 4D tensor attention_mask crashed the process when measured on torch "
+    "2.13.0+cpu (segfault / 'malloc(): unaligned tcache chunk'). The "
     "culprit is transformers' score_mod indexing score_mask[b][0][q][k] (chained); torch alone "
     "reproduces it with torch.compile(flex_attention)(q, k, v, score_mod=lambda s, b, h, q, k: "
     "s + m[b][0][q][k]), while m[b, 0, q, k] works. Uncompiled, test_custom_4d_mask covers it; "
