@@ -60,7 +60,8 @@ def _steps(path: str, q, k, v, cu, max_len: int, grad):
     elif path == "flex":
         from torch.nn.attention.flex_attention import flex_attention
 
-        from packsim.core.masks import flex_block_mask, seq_ids_from_cu_seqlens
+        from packsim.core.masks import flex_block_mask
+        from packsim.core.segments import seq_ids_from_cu_seqlens
 
         t0 = time.perf_counter()
         block_mask = flex_block_mask(seq_ids_from_cu_seqlens(cu))
@@ -132,8 +133,8 @@ def measure(spec: dict) -> dict:
 
 
 def theory(n: int) -> dict:
-    """Score pairs each path computes for the pack of ``n`` tokens (packsim.core.attention.attention_work)."""
-    from packsim.core.attention import attention_work
+    """Score pairs each path computes for the pack of ``n`` tokens (packsim.core.tiles.attention_work)."""
+    from packsim.core.tiles import attention_work
 
     w = attention_work(bu.cu_from_lengths(bu.pack_lengths(n)), causal=True, tile=128)
     return {"dense_pairs": w.dense_pairs, "causal_pairs": w.pack_pairs, "varlen_pairs": w.varlen_pairs,

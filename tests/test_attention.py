@@ -18,13 +18,11 @@ from packsim.core.attention import (
     _flash_import_error,
     _flex_cpu_trains,
     _length_buckets,
-    attention_work,
     available_backends,
     resolve_backend,
     varlen_attention,
 )
 from packsim.core.errors import PacksimError
-from packsim.core.masks import block_sparsity, flex_block_mask, seq_ids_from_cu_seqlens
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -342,50 +340,6 @@ def test_bad_flex_backward_on_cpu():
         varlen_attention(q, k, v, cu, cu, m, m, backend="flex")
     msg = str(info.value)
     assert "backward" in msg and "backend='blocked'" in msg and "CUDA" in msg
-
-
-# ----------------------------------------------------------------------------- work accounting
-
-
-def test_attention_work_pairs():
-    w = attention_work(_cu(0, 3, 5))
-    assert (w.tokens, w.num_seqs) == (5, 2)
-    assert (w.dense_pairs, w.pack_pairs, w.varlen_pairs) == (25, 15, 6 + 3)
-    w = attention_work(_cu(0, 3, 5), causal=False)
-    assert (w.pack_pairs, w.varlen_pairs) == (25, 9 + 4)
-    assert w.saving == pytest.approx(25 / 13)
-    assert w.tile is None and w.tiles_computed is None
-
-
-def test_attention_work_tiles_hand_case():
-    w = attention_work(_cu(0, 128, 384), tile=128)  # 1 + 2 tiles: causal 1 + 3 per-sequence
-    assert w.varlen_tiles == 1 + 3
-    assert (w.tiles_total, w.tiles_full, w.tiles_partial, w.tiles_skipped) == (9, 1, 3, 5)
-
-
-@pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize(
-    "lengths,tile",
-    [([100, 300, 28, 340, 256], 128), ([5, 20, 1, 14], 8), ([30, 3, 50, 17], 16), ([64], 16)],
-)
-def test_attention_work_tiles_match_flex_block_mask(lengths, tile, causal):
-    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
-    w = attention_work(cu, causal=causal, tile=tile)
-    s = block_sparsity(flex_block_mask(seq_ids_from_cu_seqlens(cu), causal=causal, block_size=tile))
-    assert (w.tiles_total, w.tiles_full, w.tiles_partial, w.tiles_skipped) == (
-        s.total,
-        s.full,
-        s.partial,
-        s.skipped,
-    )
-    assert w.tiles_computed == s.computed
-
-
-def test_attention_work_errors():
-    with pytest.raises(PacksimError, match="tile"):
-        attention_work(_cu(0, 4), tile=0)
-    with pytest.raises(PacksimError, match="int32"):
-        attention_work(torch.tensor([0, 4]))
 
 
 # ----------------------------------------------------------------------------- GPU (bf16)

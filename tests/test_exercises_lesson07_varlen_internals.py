@@ -35,7 +35,8 @@ def test_count_tiles_reference_passes():
 
 
 def test_count_tiles_matches_packsim_tile_enumeration():
-    from packsim.viz.tiles import as_cu_seqlens, varlen_tiles
+    from packsim.core.tiles import varlen_tiles
+    from packsim.viz.tiles import as_cu_seqlens
 
     for lengths, tile in [([100, 300, 28, 340, 256], 128), ([5, 3, 9], 4), ([1], 16)]:
         assert sol.count_tiles(lengths, tile) == len(varlen_tiles(as_cu_seqlens(lengths), tile))
@@ -60,7 +61,7 @@ def test_count_tiles_floor_and_plus_one_named():
 
 
 def test_count_tiles_pack_aligned_grid_named():
-    from packsim.core.attention import attention_work
+    from packsim.core.tiles import attention_work
     from packsim.viz.tiles import as_cu_seqlens
 
     fb = check_count_tiles(lambda L, t: attention_work(as_cu_seqlens(L), tile=t).tiles_computed)
@@ -107,7 +108,8 @@ def test_classify_tiles_reference_passes():
 
 
 def test_classify_tiles_reference_equals_tile_grid():
-    from packsim.viz.tiles import as_cu_seqlens, tile_grid
+    from packsim.core.tiles import tile_grid
+    from packsim.viz.tiles import as_cu_seqlens
 
     for lengths, tile in [([5, 3, 9], 4), ([50], 16), ([129, 127, 256, 40], 64)]:
         assert torch.equal(sol.classify_tiles(lengths, tile), tile_grid(as_cu_seqlens(lengths), tile))

@@ -5,17 +5,16 @@ from __future__ import annotations
 import json
 import re
 
-import numpy as np
 import pytest
 import torch
 
-from packsim.core.attention import attention_work
 from packsim.core.batch import PackedBatch
 from packsim.core.data import make_examples
 from packsim.core.errors import PacksimError
 from packsim.core.loss import Role
 from packsim.core.masks import block_diagonal_mask, block_sparsity, flex_block_mask
 from packsim.core.packing import Piece, pack, packing_stats
+from packsim.core.tiles import attention_work
 from packsim.core.tokenizer import BOS_ID, EOS_ID, PAD_ID, encode
 from packsim.viz import (
     label_viewer,
@@ -29,7 +28,7 @@ from packsim.viz import (
 )
 from packsim.viz._common import shown_figure, token_glyphs
 from packsim.viz.labels import counted_targets, label_reason
-from packsim.viz.tiles import as_cu_seqlens, tile_grid, varlen_tiles
+from packsim.viz.tiles import as_cu_seqlens
 
 # ----------------------------------------------------------------------------- shared plumbing
 
@@ -194,32 +193,6 @@ def test_label_reasons_and_static_figure():
 
 
 # ----------------------------------------------------------------------------- tile map
-
-
-@pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("causal", [True, False])
-def test_tile_grid_matches_attention_work(seed, causal):
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, 90, size=int(rng.integers(1, 8))).tolist()
-    tile = int(rng.choice([4, 16, 32]))
-    cu = as_cu_seqlens(lengths)
-    grid = tile_grid(cu, tile, causal)
-    work = attention_work(cu, causal=causal, tile=tile)
-    assert int((grid == 2).sum()) == work.tiles_full
-    assert int((grid == 1).sum()) == work.tiles_partial
-    assert int((grid == 0).sum()) == work.tiles_skipped
-    tiles = varlen_tiles(cu, tile, causal)
-    assert len(tiles) == work.varlen_tiles
-    offs = cu.tolist()
-    for q0, q1, k0, k1 in tiles:  # no varlen tile straddles a sequence boundary
-        assert not any(q0 < b < q1 or k0 < b < k1 for b in offs)
-
-
-def test_tile_grid_matches_flex_block_mask():
-    cu = as_cu_seqlens([100, 300, 28, 340, 256])
-    ids = torch.repeat_interleave(torch.arange(5), torch.tensor([100, 300, 28, 340, 256]))
-    ref = block_sparsity(flex_block_mask(ids, block_size=128))
-    assert torch.equal(tile_grid(cu, 128), ref.grid[0, 0])
 
 
 def test_tile_map_widget_numbers_and_bad_input():

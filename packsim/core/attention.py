@@ -20,7 +20,9 @@ Backends (``BACKENDS``):
 - ``torch_varlen``: ``torch.nn.attention.varlen.varlen_attn`` (torch >= 2.10, CUDA only).
 
 ``backend="auto"`` picks the best available one and logs the choice once at INFO on the
-``packsim`` logger. Used by notebooks 03_block_diagonal and 07_flash_varlen_internals.
+``packsim`` logger. How much work each layout does (score pairs, tiles computed and skipped)
+is counted in :mod:`packsim.core.tiles`. Used by notebooks 03_block_diagonal and
+07_flash_varlen_internals.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import math
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -37,12 +38,8 @@ import torch.nn.functional as F
 
 from packsim.core.device import get_device
 from packsim.core.errors import PacksimError
-from packsim.core.masks import (
-    block_diagonal_mask_from_cu_seqlens,
-    check_cu_seqlens,
-    flex_block_mask,
-    seq_ids_from_cu_seqlens,
-)
+from packsim.core.masks import block_diagonal_mask_from_cu_seqlens, flex_block_mask
+from packsim.core.segments import check_cu_seqlens, seq_ids_from_cu_seqlens
 
 __all__ = [
     "BACKENDS",
@@ -50,8 +47,6 @@ __all__ = [
     "available_backends",
     "resolve_backend",
     "varlen_attention",
-    "AttentionWork",
-    "attention_work",
 ]
 
 BACKENDS = ("dense", "blocked", "flex", "flash", "torch_varlen")
@@ -105,20 +100,9 @@ def _flex_cpu_trains() -> bool:
     x = torch.zeros(1, 1, 16, 8, requires_grad=True)
     try:
         flex_attention(x, x, x).sum().backward()
-    except NotImplementedError:
-        return False
-    except Exception:  # any other failure: treat as not trainable, the forward path will tell
+    except Exception:  # NotImplementedError, or any other failure: the forward path will tell
         return False
     return True
-
-
-def _flex_available() -> str | None:
-    """None if FlexAttention imports, else why not."""
-    try:
-        import torch.nn.attention.flex_attention  # noqa: F401
-    except ImportError as err:  # pragma: no cover - torch < 2.5
-        return f"FlexAttention is missing in torch {torch.__version__} ({err}); upgrade to torch >= 2.5"
-    return None
 
 
 def _cuda_problems(name: str, device: torch.device, dtype: torch.dtype | None) -> list[str]:
@@ -136,9 +120,7 @@ def _cuda_problems(name: str, device: torch.device, dtype: torch.dtype | None) -
         )
     elif torch.cuda.get_device_capability(device) < (8, 0):
         cap = ".".join(map(str, torch.cuda.get_device_capability(device)))
-        problems.append(
-            f"{name} needs an Ampere or newer GPU (compute capability >= 8.0), got {cap}"
-        )
+        problems.append(f"{name} needs an Ampere or newer GPU (compute capability >= 8.0), got {cap}")
     if dtype is not None and dtype not in _HALF:
         problems.append(
             f"{name} supports float16/bfloat16 only, got {dtype}: cast q, k, v with "
@@ -153,19 +135,10 @@ def _status(name: str, device: torch.device, dtype: torch.dtype | None) -> Backe
         return BackendStatus(True, "reference: explicit (N, N) mask + SDPA, O(N^2) memory", True)
     if name == "blocked":
         return BackendStatus(True, "per-example SDPA in length buckets, no N x N mask", True)
-    if name == "flex":
-        missing = _flex_available()
-        if missing:
-            return BackendStatus(False, f"{missing}; use backend='blocked' instead", False)
-        if device.type == "cpu":
-            trains = _flex_cpu_trains()
-            note = (
-                "" if trains else " (forward only: no FlexAttention backward on CPU in this torch)"
-            )
-            return BackendStatus(
-                True, f"eager FlexAttention with a document BlockMask{note}", trains
-            )
-        return BackendStatus(True, "eager FlexAttention with a document BlockMask", True)
+    if name == "flex":  # FlexAttention ships with every torch packsim supports (>= 2.6)
+        trains = device.type != "cpu" or _flex_cpu_trains()
+        note = "" if trains else " (forward only: no FlexAttention backward on CPU in this torch)"
+        return BackendStatus(True, f"eager FlexAttention with a document BlockMask{note}", trains)
     if name == "flash":
         err = _flash_import_error()
         missing = (
@@ -266,9 +239,7 @@ def _validate(q, k, v, cu_q, cu_k, max_q, max_k) -> tuple[list[int], list[int]]:
                 f"tensors, flatten the batch: {name}.reshape(-1, H, D) with matching cu_seqlens."
             )
     if k.shape != v.shape:
-        raise PacksimError(
-            f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}."
-        )
+        raise PacksimError(f"k and v must have the same shape, got k {tuple(k.shape)}, v {tuple(v.shape)}.")
     if q.shape[2] != k.shape[2]:
         raise PacksimError(
             f"head_dim of q ({q.shape[2]}) and k/v ({k.shape[2]}) must match. Check the head split "
@@ -410,10 +381,8 @@ def _flash(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
     from flash_attn import flash_attn_varlen_func
 
     cu_q, cu_k = (c.to(q.device, torch.int32).contiguous() for c in (cu_q, cu_k))
-    return flash_attn_varlen_func(
-        q, k, v, cu_q, cu_k, int(max_q), int(max_k),
-        dropout_p=0.0, softmax_scale=scale, causal=causal,
-    )  # fmt: skip
+    return flash_attn_varlen_func(q, k, v, cu_q, cu_k, int(max_q), int(max_k), dropout_p=0.0,
+                                  softmax_scale=scale, causal=causal)  # fmt: skip
 
 
 def _torch_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
@@ -437,17 +406,10 @@ def _torch_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
 
 
 def varlen_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    causal: bool = True,
-    softmax_scale: float | None = None,
-    backend: str = "auto",
-) -> torch.Tensor:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
+    causal: bool = True, softmax_scale: float | None = None, backend: str = "auto",
+) -> torch.Tensor:  # fmt: skip
     """Attention inside each packed sequence only: q (total_q, H, D) -> out (total_q, H, D).
 
     k, v: (total_k, H_kv, D) with H % H_kv == 0; cu_seqlens_q/k: (S+1,) int32 offsets;
@@ -461,9 +423,7 @@ def varlen_attention(
         raise _unknown_backend(backend)
     if not isinstance(causal, bool):
         raise PacksimError(f"causal must be True or False, got {causal!r}.")
-    if softmax_scale is not None and not (
-        isinstance(softmax_scale, (int, float)) and softmax_scale > 0
-    ):
+    if softmax_scale is not None and not (isinstance(softmax_scale, (int, float)) and softmax_scale > 0):
         raise PacksimError(
             f"softmax_scale must be a positive number or None (1/sqrt(head_dim)), got {softmax_scale!r}."
         )
@@ -478,108 +438,9 @@ def varlen_attention(
         )
     _log_choice(name, why)
     scale = None if softmax_scale is None else float(softmax_scale)
-    if name == "dense":
-        return _dense(q, k, v, cu_seqlens_q, causal, scale)
-    if name == "blocked":
-        return _blocked(q, k, v, cu_seqlens_q, causal, scale)
-    if name == "flex":
-        return _flex(q, k, v, cu_seqlens_q, causal, scale)
+    if name in _SELF_ONLY:  # one pack: cu_seqlens_q == cu_seqlens_k
+        return {"dense": _dense, "blocked": _blocked, "flex": _flex}[name](
+            q, k, v, cu_seqlens_q, causal, scale
+        )
     kernel = _flash if name == "flash" else _torch_varlen
     return kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale)
-
-
-# ----------------------------------------------------------------------------- work accounting
-
-
-@dataclass(frozen=True)
-class AttentionWork:
-    """How much attention work a pack needs, dense vs varlen (see :func:`attention_work`).
-
-    Pair counts are (query, key) scores. Tile counts (when ``tile`` is set) are
-    ``tile x tile`` blocks: ``tiles_*`` on the pack-aligned grid (FlexAttention's view: full,
-    partial or skipped), ``varlen_tiles`` per sequence (what a flash-style varlen kernel visits).
-    """
-
-    tokens: int
-    num_seqs: int
-    causal: bool
-    dense_pairs: int
-    pack_pairs: int
-    varlen_pairs: int
-    tile: int | None = None
-    tiles_total: int | None = None
-    tiles_full: int | None = None
-    tiles_partial: int | None = None
-    tiles_skipped: int | None = None
-    varlen_tiles: int | None = None
-
-    @property
-    def tiles_computed(self) -> int | None:
-        """Pack-grid tiles a block-sparse kernel visits (full + partial)."""
-        return None if self.tile is None else self.tiles_full + self.tiles_partial
-
-    @property
-    def saving(self) -> float:
-        """dense_pairs / varlen_pairs: how many times less score work varlen does."""
-        return self.dense_pairs / self.varlen_pairs
-
-
-def _tile_counts(cu: torch.Tensor, tile: int, causal: bool) -> tuple[int, int, int, int]:
-    """(total, full, partial, skipped) tiles of the pack grid, without building an N x N mask."""
-    ids = seq_ids_from_cu_seqlens(cu.cpu())  # (N,) non-decreasing
-    N = ids.numel()
-    n = -(-N // tile)
-    start = torch.arange(n) * tile  # (n,)
-    end = torch.clamp(start + tile, max=N)  # (n,)
-    first, last = ids[start], ids[end - 1]  # (n,) seq-id range of each tile
-    whole = (end - start) == tile  # (n,) edge tiles count as partial (as FlexAttention does)
-    overlap = (first[:, None] <= last[None, :]) & (first[None, :] <= last[:, None])  # (n, n)
-    single = (first == last) & whole  # (n,)
-    full = single[:, None] & single[None, :] & (first[:, None] == first[None, :])
-    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
-    if causal:
-        overlap = overlap & (j <= i)
-        full = full & (j < i)
-    n_full, n_comp = int(full.sum()), int(overlap.sum())
-    return n * n, n_full, n_comp - n_full, n * n - n_comp
-
-
-def attention_work(
-    cu_seqlens: torch.Tensor, causal: bool = True, tile: int | None = None
-) -> AttentionWork:
-    """Score pairs (and tiles) computed by dense-mask attention vs a varlen kernel for one pack.
-
-    ``cu_seqlens`` (S+1,) int32. ``dense_pairs`` = N^2 (SDPA with a dense mask skips nothing);
-    ``pack_pairs`` = N(N+1)/2 causal (a causal kernel over the whole pack: the leaky setup);
-    ``varlen_pairs`` = sum L_i(L_i+1)/2 causal or sum L_i^2. With ``tile=128``, also counts
-    tiles computed vs skipped. Used by notebook 07_flash_varlen_internals.
-    """
-    total = (
-        int(cu_seqlens[-1]) if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.numel() else 0
-    )
-    offs = check_cu_seqlens(cu_seqlens, total)
-    if tile is not None and (isinstance(tile, bool) or not isinstance(tile, int) or tile < 1):
-        raise PacksimError(f"tile must be a positive int (e.g. 128) or None, got {tile!r}.")
-    lengths = [b - a for a, b in pairwise(offs)]
-    N = total
-    tri = (lambda L: L * (L + 1) // 2) if causal else (lambda L: L * L)
-    work = dict(
-        tokens=N,
-        num_seqs=len(lengths),
-        causal=causal,
-        dense_pairs=N * N,
-        pack_pairs=tri(N),
-        varlen_pairs=sum(tri(L) for L in lengths),
-    )
-    if tile is None:
-        return AttentionWork(**work)
-    t_total, t_full, t_partial, t_skip = _tile_counts(cu_seqlens, tile, causal)
-    return AttentionWork(
-        **work,
-        tile=tile,
-        tiles_total=t_total,
-        tiles_full=t_full,
-        tiles_partial=t_partial,
-        tiles_skipped=t_skip,
-        varlen_tiles=sum(tri(math.ceil(L / tile)) for L in lengths),
-    )

@@ -8,9 +8,10 @@ Two views of the same pack of ``N`` tokens, cut into ``tile x tile`` blocks:
 - a flash-style varlen kernel: tiles start at each sequence's own offset (``cu_seqlens``), so
   no tile straddles two sequences and nothing across sequences is ever visited.
 
-The numbers come from :func:`packsim.core.attention.attention_work`: score pairs of dense-mask SDPA
-(N^2, nothing skipped), of a causal kernel over the whole pack (the leaky setup) and of varlen
-(sum of L_i^2 / 2), and the tile counts of both views.
+The tiles and the numbers come from :mod:`packsim.core.tiles` (the one tile classifier,
+:func:`~packsim.core.tiles.tile_grid`, and :func:`~packsim.core.tiles.attention_work`): score
+pairs of dense-mask SDPA (N^2, nothing skipped), of a causal kernel over the whole pack (the leaky
+setup) and of varlen (sum of L_i^2 / 2), and the tile counts of both views.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from packsim.core.attention import AttentionWork, attention_work
 from packsim.core.batch import PackedBatch
 from packsim.core.errors import PacksimError
-from packsim.core.masks import check_cu_seqlens, seq_ids_from_cu_seqlens
+from packsim.core.segments import check_cu_seqlens
+from packsim.core.tiles import AttentionWork, attention_work, tile_grid, varlen_tiles
 from packsim.viz._common import (
     TILE_SCALE,
     PacksimWidget,
@@ -37,7 +38,7 @@ from packsim.viz._common import (
     tile_colorbar,
 )
 
-__all__ = ["TileMap", "tile_map", "tile_figure", "tile_grid", "varlen_tiles", "as_cu_seqlens"]
+__all__ = ["TileMap", "tile_map", "tile_figure", "as_cu_seqlens"]
 
 DEFAULT_LENGTHS = (100, 300, 28, 340, 256)  # FlexAttention blog's document example (1024 tokens)
 TILES = (16, 32, 64, 128, 256)
@@ -78,55 +79,6 @@ def _check_tile(tile, N: int) -> int:
             f"(>= {math.ceil(N / MAX_TILES_PER_SIDE)})."
         )
     return tile
-
-
-def tile_grid(cu_seqlens: torch.Tensor, tile: int, causal: bool = True) -> torch.Tensor:
-    """Pack-aligned tile map (n, n) int8: 0 skipped, 1 partial, 2 full, with n = ceil(N / tile).
-
-    A tile is computed when some query in its rows may see some key in its columns (same
-    sequence, and key <= query if ``causal``); it is full when every pair in it may, which needs
-    a whole tile (edge tiles count as partial, as FlexAttention counts them).
-    """
-    N = int(cu_seqlens[-1])
-    ids = seq_ids_from_cu_seqlens(cu_seqlens)  # (N,)
-    n = math.ceil(N / tile)
-    start = torch.arange(n) * tile  # (n,)
-    stop = torch.clamp(start + tile, max=N)  # (n,)
-    lo, hi = ids[start], ids[stop - 1]  # (n,) sequence ids covered by each tile (ids ascend)
-    shared = (lo[:, None] <= hi[None, :]) & (lo[None, :] <= hi[:, None])  # (n, n) a common seq
-    whole = (stop - start) == tile  # (n,)
-    one = (lo == hi) & whole  # (n,) tile inside a single sequence
-    full = one[:, None] & one[None, :] & (lo[:, None] == lo[None, :])  # (n, n)
-    if causal:
-        q, k = torch.arange(n)[:, None], torch.arange(n)[None, :]
-        shared = shared & (k <= q)  # a key tile right of the query tile holds only future keys
-        full = full & (k < q)  # the diagonal tile is half masked
-    grid = torch.zeros(n, n, dtype=torch.int8)
-    grid[shared] = 1
-    grid[full] = 2
-    return grid
-
-
-def varlen_tiles(cu_seqlens: torch.Tensor, tile: int, causal: bool = True) -> list[tuple]:
-    """Tiles a flash-style varlen kernel visits: (q0, q1, k0, k1) token ranges, per sequence.
-
-    Tiles start at each sequence's offset; causal keeps key tiles at or left of the query tile.
-    """
-    out = []
-    offs = cu_seqlens.tolist()
-    for a, b in zip(offs[:-1], offs[1:], strict=True):
-        n = math.ceil((b - a) / tile)
-        for i in range(n):
-            for j in range(i + 1 if causal else n):
-                out.append(
-                    (
-                        a + i * tile,
-                        min(a + (i + 1) * tile, b),
-                        a + j * tile,
-                        min(a + (j + 1) * tile, b),
-                    )
-                )
-    return out
 
 
 def _work_html(w: AttentionWork) -> str:

@@ -21,8 +21,9 @@ import numbers
 
 import torch
 
-from packsim.core.attention import attention_work
-from packsim.core.masks import block_sparsity, flex_block_mask, seq_ids_from_cu_seqlens
+from packsim.core.masks import block_sparsity, flex_block_mask
+from packsim.core.segments import seq_ids_from_cu_seqlens
+from packsim.core.tiles import attention_work
 from packsim.course.exercises import Feedback, check, fail, ok
 
 __all__ = ["check_count_tiles", "check_work_ratio", "check_classify_tiles"]
