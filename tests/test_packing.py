@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from packsim.core.packing import (
     STRATEGIES,
     PackingStats,
     Piece,
+    _place,
     as_piece,
     pack,
     pack_pieces,
@@ -63,6 +65,74 @@ def naive_pack(lengths: list[int], capacity: int, best: bool) -> list[list[int]]
         packs[p].append(i)
         room[p] -= lengths[i]
     return packs
+
+
+# --- reference: the loop implementation before the numpy version (issue 16) --------------------
+# A verbatim copy of packsim.core.packing's wrapped packer and item/entry building as they were
+# before they were vectorised; the heap placement (_place) is unchanged and imported.
+
+
+def reference_pack(lengths: list[int], capacity: int, strategy: str, overflow: str) -> list[list]:
+    """pack() as it was before the numpy version, for valid input only."""
+    sizes = np.asarray(lengths, dtype=np.int64)
+    if strategy == "wrapped":
+        return _reference_wrapped(sizes, capacity)
+    index, start, stop = _reference_items(sizes, capacity, overflow)
+    entries = _reference_entries(index, start, stop, sizes)
+    item_sizes = stop - start
+    if strategy == "sequential":
+        packs: list[list] = []
+        room = 0
+        for entry, size in zip(entries, item_sizes.tolist(), strict=True):
+            if size > room:
+                packs.append([])
+                room = capacity
+            packs[-1].append(entry)
+            room -= size
+        return packs
+    order = np.argsort(-item_sizes, kind="stable")
+    placed = np.asarray(_place(item_sizes[order].tolist(), capacity, strategy == "bfd"), dtype=np.int64)
+    by_pack = order[np.argsort(placed, kind="stable")]
+    flat = [entries[k] for k in by_pack.tolist()]
+    bounds = [0, *np.cumsum(np.bincount(placed)).tolist()]
+    return [flat[a:b] for a, b in pairwise(bounds)]
+
+
+def _reference_wrapped(sizes: np.ndarray, capacity: int) -> list[list]:
+    ends = np.cumsum(sizes)
+    n_packs = -(-int(ends[-1]) // capacity) if len(sizes) else 0
+    packs: list[list] = [[] for _ in range(n_packs)]
+    for i, (a, b) in enumerate(zip((ends - sizes).tolist(), ends.tolist(), strict=True)):
+        first, last = a // capacity, (b - 1) // capacity
+        if first == last:
+            packs[first].append(i)
+            continue
+        for p in range(first, last + 1):
+            lo, hi = max(a, p * capacity), min(b, (p + 1) * capacity)
+            packs[p].append(Piece(i, lo - a, hi - a))
+    return packs
+
+
+def _reference_items(sizes: np.ndarray, capacity: int, overflow: str):
+    if overflow != "split":
+        return np.arange(len(sizes)), np.zeros_like(sizes), np.minimum(sizes, capacity)
+    chunks = -(-sizes // capacity)
+    index = np.repeat(np.arange(len(sizes)), chunks)
+    first_chunk = np.repeat(np.cumsum(chunks) - chunks, chunks)
+    start = (np.arange(len(index)) - first_chunk) * capacity
+    return index, start, np.minimum(start + capacity, sizes[index])
+
+
+def _reference_entries(index, start, stop, sizes) -> list:
+    entries: list = index.tolist()
+    for k in np.flatnonzero((start > 0) | (stop < sizes[index])).tolist():
+        entries[k] = Piece(entries[k], int(start[k]), int(stop[k]))
+    return entries
+
+
+def typed(packs: list[list]) -> list[list[tuple]]:
+    """Packs with each entry's exact type, so a plain tuple never passes for a Piece."""
+    return [[(type(e), tuple(e) if isinstance(e, tuple) else e) for e in p] for p in packs]
 
 
 # --- exact small examples -----------------------------------------------------------------------
@@ -270,6 +340,54 @@ def test_larger_seeded_input_matches_naive_reference():
     lengths = rng.integers(1, 200, size=2000).tolist()
     for strategy in DECREASING:
         assert pack(lengths, 256, strategy) == naive_pack(lengths, 256, strategy == "bfd")
+
+
+@st.composite
+def wide_cases(draw) -> tuple[list[int], int]:
+    """(lengths, capacity) with more examples, some many times the capacity, some exactly it."""
+    capacity = draw(st.integers(1, 64))
+    length = st.one_of(st.integers(1, 6 * capacity), st.just(capacity), st.integers(1, 3))
+    return draw(st.lists(length, max_size=200)), capacity
+
+
+@pytest.mark.parametrize(("strategy", "overflow"), ALL_COMBOS)
+@settings(max_examples=400, deadline=None)
+@given(data=st.data())
+def test_same_packs_as_the_loop_implementation(strategy, overflow, data):
+    lengths, capacity = data.draw(st.one_of(fitting(overflow), wide_cases()))
+    if overflow == "error" and strategy != "wrapped":
+        lengths = [min(n, capacity) for n in lengths]
+    expected = typed(reference_pack(lengths, capacity, strategy, overflow))
+    assert typed(pack(lengths, capacity, strategy, overflow)) == expected
+    assert typed(pack(np.asarray(lengths, dtype=np.int32), capacity, strategy, overflow)) == expected
+
+
+def test_same_packs_as_the_loop_implementation_on_a_large_mix():
+    rng = np.random.default_rng(0)
+    lengths = np.clip(rng.lognormal(np.log(90), 1.0, size=20_000).astype(np.int64), 1, 2048)
+    for capacity in (64, 512, 2048):
+        for strategy, overflow in ALL_COMBOS:
+            if overflow == "error" and strategy != "wrapped":
+                continue
+            expected = typed(reference_pack(lengths.tolist(), capacity, strategy, overflow))
+            assert typed(pack(lengths, capacity, strategy, overflow)) == expected, (capacity, strategy)
+
+
+def test_packing_leaves_the_garbage_collector_as_it_was():
+    import gc
+
+    assert gc.isenabled()
+    pack([10, 3], 4, "wrapped")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        pack([10, 3], 4, "bfd", "split")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    with pytest.raises(PacksimError):
+        pack([10, 3], 4, "bfd")
+    assert gc.isenabled()
 
 
 @PROPERTY
