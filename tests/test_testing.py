@@ -1,0 +1,73 @@
+"""packsim.testing.assert_isolated: passes a clean pipeline, raises AssertionError with the table otherwise."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from toy import VOCAB, toy_examples
+from transformers import DataCollatorWithFlattening
+
+from packsim import PackedBatch, PacksimError
+from packsim.auditing import AuditReport
+from packsim.core.loss import IGNORE_INDEX
+from packsim.core.model import build_model
+from packsim.testing import assert_isolated
+
+SHAPES = [(4, 3), (6, 5), (2, 5)]
+
+
+@pytest.fixture(scope="module")
+def examples():
+    return toy_examples(SHAPES, seed=3)
+
+
+@pytest.fixture(scope="module")
+def sdpa_model():
+    return build_model("tiny", vocab_size=VOCAB, attn_implementation="sdpa", seed=0)
+
+
+def collated(examples) -> dict:
+    feats = [{"input_ids": list(ex.tokens),
+              "labels": [IGNORE_INDEX] * ex.n_prompt + list(ex.tokens[ex.n_prompt:])} for ex in examples]
+    return DataCollatorWithFlattening(return_flash_attn_kwargs=True)(feats)
+
+
+def response_mask(examples) -> torch.Tensor:
+    return torch.tensor([j >= ex.n_prompt for ex in examples for j in range(len(ex.tokens))])[None]
+
+
+def test_clean_collator_batch_passes_and_returns_the_report(examples, sdpa_model):
+    report = assert_isolated(sdpa_model, collated(examples), response_mask=response_mask(examples),
+                             use_cache=False)
+    assert isinstance(report, AuditReport) and report.ok
+    assert report.skipped == ["attention_mass"]  # sdpa gives no probabilities: skipped, not failed
+
+
+def test_cache_leak_raises_with_the_table(examples, sdpa_model):
+    with pytest.raises(AssertionError) as info:
+        assert_isolated(sdpa_model, collated(examples), response_mask=response_mask(examples),
+                        use_cache=True)
+    message = str(info.value)
+    assert "FAIL (perturbation, gradient)" in message
+    assert "probe" in message and "evidence" in message  # the table's header
+    assert "a cache was created" in message  # the likely cause
+
+
+def test_packed_batch_and_audit_options_pass_through(examples):
+    model = build_model("tiny", vocab_size=VOCAB, seed=0)
+    assert_isolated(model, PackedBatch.from_examples(examples, capacity=32, setup="correct"),
+                    max_examples=2, seed=1)
+    with pytest.raises(AssertionError, match=r"FAIL \(perturbation, gradient, attention_mass, loss_coverage\)"):
+        assert_isolated(model, PackedBatch.from_examples(examples, capacity=32, setup="buggy"))
+
+
+def test_loss_coverage_failure_is_an_assertion_too(examples, sdpa_model):
+    batch = collated(examples)
+    batch["labels"] = batch["input_ids"].clone()  # prompts and boundaries counted
+    with pytest.raises(AssertionError, match="loss_coverage"):
+        assert_isolated(sdpa_model, batch, response_mask=response_mask(examples), use_cache=False)
+
+
+def test_bad_input_is_a_packsim_error_not_an_assertion(sdpa_model):
+    with pytest.raises(PacksimError, match="PackedBatch or the collator's dict"):
+        assert_isolated(sdpa_model, [1, 2, 3])
