@@ -273,7 +273,8 @@ def make_forward(path: str, q, k, v, cu, max_len: int):
     if path == "flex":
         from torch.nn.attention.flex_attention import flex_attention
 
-        from packsim.core.masks import flex_block_mask, seq_ids_from_cu_seqlens
+        from packsim.core.masks import flex_block_mask
+        from packsim.core.segments import seq_ids_from_cu_seqlens
 
         sync = _sync(q.device)
         sync()

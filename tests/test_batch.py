@@ -10,7 +10,7 @@ from transformers import DataCollatorWithFlattening
 from packsim.core.batch import PackedBatch
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX, Role
-from packsim.core.masks import seq_ids_from_cu_seqlens
+from packsim.core.segments import seq_ids_from_cu_seqlens
 
 SHAPES = st.lists(st.tuples(st.integers(0, 12), st.integers(0, 12)), min_size=1, max_size=12)
 
@@ -141,6 +141,15 @@ def test_from_flattening_roundtrips(examples):
         assert torch.equal(PackedBatch.from_flattening(slim).cu_seqlens, back.cu_seqlens), only
 
 
+def test_roles_from_labels_marks_only_flattened_batches(examples):
+    b = PackedBatch.from_examples(examples, capacity=32, setup="buggy")
+    assert not b.roles_from_labels and not b.with_setup("correct").roles_from_labels
+    back = PackedBatch.from_flattening(b.with_setup("correct").to_flattening())
+    assert back.roles_from_labels and back.strategy == "given"
+    # completion labels do not depend on the setup's loss: what training logs and evaluation score
+    assert torch.equal(b.completion_labels, b.with_setup("correct").labels)
+
+
 def test_with_setup_switches_positions_and_labels(examples):
     b = PackedBatch.from_examples(examples, capacity=32, setup="correct")
     buggy = b.with_setup("buggy")
@@ -164,7 +173,7 @@ BAD_CASES = [
     ("not an example", lambda ex: PackedBatch.from_examples([[1, 2, 3]], 32), "pass packsim.core.data.Example"),
     ("layout switch", lambda ex: PackedBatch.from_examples(ex, 32).with_setup("padded"), "different row"),
     ("no boundaries", lambda ex: PackedBatch.from_flattening({"input_ids": torch.ones(1, 5, dtype=torch.long)}),
-     "no boundary information"),
+     "no example boundaries"),
     ("bad cu_seqlens", lambda ex: PackedBatch.from_flattening(
         {"input_ids": torch.ones(1, 5, dtype=torch.long), "cu_seq_lens_q": torch.tensor([0, 3, 6])}), "int32|end"),
 ]

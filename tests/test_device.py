@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from packsim.core.device import fast_mode, get_device
+from packsim.core.device import fast_mode, get_device, model_device
 from packsim.core.errors import PacksimError
 
 
@@ -20,6 +20,13 @@ def test_env_var_and_argument_choose_the_device(monkeypatch):
 def test_asking_for_cuda_without_it_is_explained():
     with pytest.raises(PacksimError, match="no CUDA device.*device='cpu'"):
         get_device("cuda")
+
+
+def test_model_device_is_where_the_parameters_are():
+    assert model_device(torch.nn.Linear(2, 2).to(torch.device("cpu"))) == torch.device("cpu")
+    assert model_device(torch.nn.ReLU()) == torch.device("cpu")  # no parameters: CPU
+    if torch.cuda.is_available():
+        assert model_device(torch.nn.Linear(2, 2).cuda()).type == "cuda"
 
 
 def test_unknown_device_name_is_explained():

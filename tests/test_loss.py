@@ -8,6 +8,7 @@ from packsim.core.loss import (
     count_targets,
     make_labels,
     packed_cross_entropy,
+    response_mask,
     token_losses,
 )
 
@@ -19,6 +20,17 @@ IDS = torch.tensor([[1, 5, 6, 2, 1, 7, 8, 2, 0, 0]])
 def test_completion_labels_keep_response_and_eos_only():
     labels = make_labels(IDS, ROLES, "completion")
     assert labels.tolist() == [[-100, -100, 6, 2, -100, -100, 8, 2, -100, -100]]
+
+
+def test_response_mask_is_what_completion_labels_keep():
+    keep = response_mask(ROLES)
+    assert keep.int().tolist() == [[0, 0, 1, 1, 0, 0, 1, 1, 0, 0]]
+    assert torch.equal(keep, make_labels(IDS, ROLES, "completion") != IGNORE_INDEX)
+
+
+def test_every_role_has_one_label():
+    assert [r.label for r in Role] == ["padding", "first", "boundary", "prompt", "response", "EOS", "unknown"]
+    assert Role(6) is Role.UNKNOWN
 
 
 def test_all_labels_count_prompt_padding_and_boundary():

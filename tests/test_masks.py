@@ -12,10 +12,7 @@ from packsim.core.masks import (
     block_diagonal_mask_from_cu_seqlens,
     block_sparsity,
     causal_mask,
-    check_cu_seqlens,
-    cu_seqlens_from_seq_ids,
     flex_block_mask,
-    seq_ids_from_cu_seqlens,
     to_additive_4d,
 )
 
@@ -101,64 +98,6 @@ def test_mask_from_cu_seqlens_matches_seq_ids():
 def test_seq_ids_validation(bad):
     with pytest.raises(PacksimError, match="seq_ids"):
         block_diagonal_mask(bad)
-
-
-# ----------------------------------------------------------------------------- conversions
-
-
-def test_seq_ids_from_cu_seqlens():
-    assert seq_ids_from_cu_seqlens(_cu(0, 3, 5)).tolist() == [0, 0, 0, 1, 1]
-    assert seq_ids_from_cu_seqlens(_cu(0, 3, 5), total=7).tolist() == [0, 0, 0, 1, 1, -1, -1]
-    assert seq_ids_from_cu_seqlens(_cu(0, 3)).dtype == torch.long
-    with pytest.raises(PacksimError, match="smaller than"):
-        seq_ids_from_cu_seqlens(_cu(0, 3, 5), total=4)
-
-
-def test_cu_seqlens_from_seq_ids():
-    cu = cu_seqlens_from_seq_ids(torch.tensor([0, 0, 1, 1, 1, 2, -1, -1]))
-    assert cu.dtype == torch.int32 and cu.tolist() == [0, 2, 5, 6]
-    # ids need not be 0..S-1, only consecutive runs
-    assert cu_seqlens_from_seq_ids(torch.tensor([5, 5, 2, 9])).tolist() == [0, 2, 3, 4]
-    assert cu_seqlens_from_seq_ids(torch.tensor([-1, -1])).tolist() == [0]
-
-
-def test_roundtrip_cu_seqlens_seq_ids():
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(20):
-        lengths = torch.randint(
-            1, 9, (int(torch.randint(1, 8, (1,), generator=gen)),), generator=gen
-        )
-        cu = torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0).to(torch.int32)])
-        pad = int(torch.randint(0, 4, (1,), generator=gen))
-        ids = seq_ids_from_cu_seqlens(cu, total=int(cu[-1]) + pad)
-        assert torch.equal(cu_seqlens_from_seq_ids(ids), cu)
-        assert torch.equal(seq_ids_from_cu_seqlens(cu_seqlens_from_seq_ids(ids), ids.numel()), ids)
-
-
-def test_cu_seqlens_from_seq_ids_errors():
-    with pytest.raises(PacksimError, match="padding .* position 1"):
-        cu_seqlens_from_seq_ids(torch.tensor([0, -1, 1]))
-    with pytest.raises(PacksimError, match="more than one run"):
-        cu_seqlens_from_seq_ids(torch.tensor([0, 0, 1, 0]))
-    with pytest.raises(PacksimError, match="once per row"):
-        cu_seqlens_from_seq_ids(torch.zeros(2, 3, dtype=torch.long))
-
-
-def test_check_cu_seqlens_ok_and_errors():
-    assert check_cu_seqlens(_cu(0, 2, 5), 5) == [0, 2, 5]
-    cases = [
-        (torch.tensor([0, 5]), "call cu_seqlens.to(torch.int32)"),
-        ([0, 5], "torch.Tensor"),
-        (_cu(1, 5), "start at 0"),
-        (_cu(0, 3, 3, 5), "cu_seqlens[2] = 3"),
-        (_cu(0, 4), "ends at 4 but there are 5 tokens"),
-        (_cu(0), "no sequence"),
-        (torch.zeros(2, 2, dtype=torch.int32), "1-D"),
-    ]
-    for bad, words in cases:
-        with pytest.raises(PacksimError) as info:
-            check_cu_seqlens(bad, 5)
-        assert words.lower() in str(info.value).lower(), (words, str(info.value))
 
 
 # ----------------------------------------------------------------------------- additive 4D
@@ -251,15 +190,3 @@ def test_flex_block_mask_errors():
         flex_block_mask(torch.zeros(4, dtype=torch.long), block_size=0)
     with pytest.raises(PacksimError, match="BlockMask"):
         block_sparsity(torch.zeros(3))
-
-
-def test_cu_seqlens_from_position_ids_splits_at_resets_and_rows():
-    from packsim.core.masks import cu_seqlens_from_position_ids
-
-    assert cu_seqlens_from_position_ids(torch.tensor([0, 1, 2, 0, 1])).tolist() == [0, 3, 5]
-    # rows never share a sequence, even when positions would continue across them
-    rows = torch.tensor([[0, 1, 2], [3, 4, 0]])
-    assert cu_seqlens_from_position_ids(rows).tolist() == [0, 3, 5, 6]
-    assert cu_seqlens_from_position_ids(torch.arange(4)).dtype == torch.int32
-    with pytest.raises(PacksimError, match="position_ids must be"):
-        cu_seqlens_from_position_ids(torch.zeros(2, 2, 2, dtype=torch.long))

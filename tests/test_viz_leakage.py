@@ -13,11 +13,17 @@ from packsim.core.batch import PackedBatch
 from packsim.core.data import make_examples
 from packsim.core.errors import PacksimError
 from packsim.core.model import attention_maps, build_model
+from packsim.core.segments import mean_outside_share
 from packsim.viz import leakage_explorer, leakage_figure
 from packsim.viz._common import token_glyphs
-from packsim.viz.leakage import key_weights, mean_outside_share, outside_share, share_html
+from packsim.viz.leakage import key_weights, share_html
 
 SHARE = re.compile(r"outside its example: (\d+\.\d)%")
+
+
+def _outside(weights, seq_row, query: int) -> float:
+    """Share of one query's ``weights`` (T,) on keys of another example, summed by hand."""
+    return float(weights[seq_row != seq_row[query]].sum())
 
 
 def _share(panel) -> float:
@@ -109,7 +115,7 @@ def test_selection_outline_moves_and_layer_head_change_the_view(explorer):
     mean_share = x.outside_share("buggy")
     x.layer.value, x.head.value = 1, 2
     w = key_weights(x.maps["buggy"], 0, b, 1, 2)
-    assert x.outside_share("buggy") == pytest.approx(outside_share(w, x.batch.seq_ids[0], b))
+    assert x.outside_share("buggy") == pytest.approx(_outside(w, x.batch.seq_ids[0], b))
     assert x.outside_share("buggy") != pytest.approx(mean_share)
     assert _share(x.panels["buggy"]) == pytest.approx(100 * x.outside_share("buggy"), abs=0.051)
     assert "outside its example: 0.0%" in x.panels["correct"].share.value
@@ -166,7 +172,7 @@ def test_row_switch_rebuilds_chips(explorer):
     assert [c.description for c in x.panels["buggy"].chips] == glyphs
     x.panels["buggy"].chips[40].click()
     w = key_weights(x.maps["buggy"], 1, 40)
-    assert x.outside_share("buggy") == pytest.approx(outside_share(w, x.batch.seq_ids[1], 40))
+    assert x.outside_share("buggy") == pytest.approx(_outside(w, x.batch.seq_ids[1], 40))
     x.row_picker.value = 0
 
 
@@ -234,12 +240,12 @@ def test_static_figure_titles_and_rows(explorer):
     buggy = float(re.search(r"(\d+\.\d)%", titles[0]).group(1))
     maps = explorer.maps["buggy"][:, 0].mean((0, 1))  # (T, T)
     assert buggy == pytest.approx(
-        100 * mean_outside_share(maps, explorer.batch.seq_ids[0]), abs=0.051
+        100 * mean_outside_share(maps[None, None], explorer.batch.seq_ids[0][None]), abs=0.051
     )
     z = torch.tensor(fig.data[1].z)  # correct: rows of real queries sum to 1, nothing across
     real = explorer.batch.seq_ids[0] >= 0
     assert torch.allclose(z[real].sum(-1), torch.ones(int(real.sum())), atol=1e-5)
-    assert mean_outside_share(z, explorer.batch.seq_ids[0]) == 0.0
+    assert mean_outside_share(z[None, None], explorer.batch.seq_ids[0][None]) == 0.0
     assert explorer.figure().data[0].type == "heatmap"
 
 

@@ -36,7 +36,6 @@ from packsim.auditing.pipeline import (
     Out,
     Pipeline,
     dict_pipeline,
-    model_device,
     packed_pipeline,
     same_randomness,
 )
@@ -50,6 +49,7 @@ from packsim.auditing.probes import (
 )
 from packsim.auditing.report import AuditReport, ProbeResult, WorstPair
 from packsim.core.batch import PackedBatch
+from packsim.core.device import model_device
 from packsim.core.errors import PacksimError
 
 # Float tolerance for "unchanged", by logits dtype. Measured cross-example changes of a leaking

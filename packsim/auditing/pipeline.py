@@ -16,8 +16,7 @@ import torch
 from packsim.core.batch import PackedBatch
 from packsim.core.errors import PacksimError
 from packsim.core.loss import Role
-
-UNKNOWN = 6  # role code for "inside an example, prompt or response not known" (dict batches)
+from packsim.core.segments import example_positions, find_boundaries, run_starts
 
 
 @dataclass
@@ -33,7 +32,8 @@ class Pipeline:
 
     run(input_ids=None, inputs_embeds=None, output_attentions=False) -> Out runs the pipeline's
     forward with the tokens (or embeddings) replaced. seq (B, T) long: dense example index
-    0..S-1, -1 on padding. roles (B, T): packsim Role codes, or UNKNOWN.
+    0..S-1, -1 on padding. roles (B, T): packsim Role codes (``Role.UNKNOWN`` where a dict batch
+    does not say prompt or response), -1 on each row's first token.
     """
 
     model: torch.nn.Module
@@ -49,13 +49,6 @@ class Pipeline:
     expected_positions: torch.Tensor  # (B, T) positions that restart at each example
     forward: str
     context: dict
-
-
-def model_device(model) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except StopIteration:
-        return torch.device("cpu")
 
 
 @contextmanager
@@ -102,16 +95,6 @@ def _dense_ids(ids: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
     return dense, values.tolist()
 
 
-def _expected_positions(seq: torch.Tensor) -> torch.Tensor:
-    """(B, T): 0, 1, ... inside each run of one example id (padding runs count too)."""
-    B, T = seq.shape
-    starts = torch.ones_like(seq, dtype=torch.bool)
-    starts[:, 1:] = seq[:, 1:] != seq[:, :-1]
-    idx = torch.arange(T, device=seq.device).expand(B, T)
-    run_start = torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=1).values
-    return idx - run_start
-
-
 # ---------------------------------------------------------------------------- PackedBatch
 
 
@@ -122,12 +105,13 @@ def packed_pipeline(model, batch: PackedBatch, response_mask, forward_kwargs) ->
         b = batch if input_ids is None else _replace_ids(batch, input_ids)
         return Out(forward(model, b, inputs_embeds=inputs_embeds, **forward_kwargs))
 
-    seq, ids = _dense_ids(batch.seq_ids)
+    found = find_boundaries(batch)
+    seq, ids = _dense_ids(found.seq_ids)
     roles, notes = _packed_roles(model, batch, response_mask)
     kw = "".join(f", {k}={v!r}" for k, v in forward_kwargs.items())
     return Pipeline(
         model=model, run=run, input_ids=batch.input_ids, seq=seq, example_ids=ids,
-        boundaries="PackedBatch.seq_ids (how the examples were packed)",
+        boundaries=found.source,
         labels=batch.labels, roles=roles, role_notes=notes, positions=batch.position_ids,
         expected_positions=batch.example_positions,
         forward=f"packsim.core.model.forward(model, batch{kw}) under setup {batch.setup.name!r}",
@@ -149,9 +133,9 @@ def _packed_roles(model, batch: PackedBatch, response_mask) -> tuple[torch.Tenso
         inside = (roles == Role.PROMPT) | (roles == Role.RESPONSE)
         roles[inside] = torch.where(mask[inside], int(Role.RESPONSE), int(Role.PROMPT))
         return roles, ["prompt/response from response_mask"]
-    if batch.strategy == "given":  # from_flattening: roles were inferred from the labels
+    if batch.roles_from_labels:  # from_flattening: roles were inferred from the labels
         inside = (roles == Role.PROMPT) | (roles == Role.RESPONSE)
-        roles[inside] = UNKNOWN
+        roles[inside] = int(Role.UNKNOWN)
         roles = _mark_eos(model, batch.input_ids, _dense_ids(batch.seq_ids)[0], roles)
         return roles, ["prompt/response unknown (PackedBatch.from_flattening infers them from the "
                        "labels): pass response_mask to check them"]
@@ -189,7 +173,7 @@ def dict_pipeline(model, batch: Mapping, response_mask, forward_kwargs) -> Pipel
         model=model, run=run, input_ids=ids, seq=seq, example_ids=ex_ids, boundaries=source,
         labels=fields.get("labels"), roles=roles, role_notes=notes,
         positions=None if pos is None else torch.as_tensor(pos).expand(ids.shape),
-        expected_positions=_expected_positions(seq),
+        expected_positions=example_positions(seq),
         forward=f"model(**batch{kw}), batch keys {sorted(fields)}, attn_implementation={impl!r}",
         context={"kind": "dict", "fields": fields, "impl": impl, "forward_kwargs": forward_kwargs},
     )
@@ -215,41 +199,12 @@ def _check_field_shapes(fields: dict, shape) -> None:
 
 
 def _dict_boundaries(fields: dict, shape) -> tuple[torch.Tensor, list[int], str]:
-    """Example index per token (B, T) from cu_seq_lens_q, else seq_idx, else position_ids resets.
-
-    Padding (-1): tokens past cu_seq_lens_q[-1], negative seq_idx, attention_mask == 0.
-    """
-    B, T = shape
-    device = fields["input_ids"].device
-    starts, pad, source = _starts(fields, B, T)
-    starts, pad = starts.to(device), pad.to(device)
-    starts[:, 0] = True  # rows never share an example
-    seq = starts.reshape(-1).cumsum(0).reshape(B, T) - 1
-    seq[pad] = -1
-    mask = fields.get("attention_mask")
-    if isinstance(mask, torch.Tensor) and mask.dim() == 2:
-        seq[mask == 0] = -1
-        source += "; padding from attention_mask == 0"
-    seq, ids = _dense_ids(seq)
-    if len(ids) < 2:
-        raise _no_boundaries(f"{source} describes {len(ids)} example(s)")
-    return seq, list(range(len(ids))), source
-
-
-def _starts(fields: dict, B: int, T: int) -> tuple[torch.Tensor, torch.Tensor, str]:
-    """(starts (B, T) bool: a new example begins here, padding (B, T) bool, source name)."""
-    no_pad = torch.zeros(B, T, dtype=torch.bool)
-    if fields.get("cu_seq_lens_q") is not None:
-        cu = fields["cu_seq_lens_q"]
-        return _starts_from_cu(cu, B, T), _beyond_cu(cu, B, T), "cu_seq_lens_q"
-    for key, source in (("seq_idx", "seq_idx"), ("position_ids", "position_ids (where they restart)")):
-        if fields.get(key) is not None:
-            ids = torch.as_tensor(fields[key]).expand(B, T).cpu()
-            starts = torch.ones(B, T, dtype=torch.bool)
-            step = 0 if key == "seq_idx" else 1  # same id continues / position continues by +1
-            starts[:, 1:] = ids[:, 1:] - ids[:, :-1] != step
-            return starts, (ids < 0) if key == "seq_idx" else no_pad, source
-    raise _no_boundaries("it has none of cu_seq_lens_q, seq_idx, position_ids")
+    """Example index per token (B, T), 0..S-1 (-1 padding), by :func:`find_boundaries`'s precedence."""
+    found = find_boundaries(fields, shape)
+    seq = found.seq_ids.to(fields["input_ids"].device)
+    if found.num_examples < 2:
+        raise _no_boundaries(f"{found.source} describes {found.num_examples} example(s)")
+    return seq, list(range(found.num_examples)), found.source
 
 
 def _no_boundaries(why: str) -> PacksimError:
@@ -261,32 +216,9 @@ def _no_boundaries(why: str) -> PacksimError:
     )
 
 
-def _starts_from_cu(cu, B: int, T: int) -> torch.Tensor:
-    from packsim.core.masks import check_cu_seqlens
-
-    cu = torch.as_tensor(cu).reshape(-1).to(torch.int32).cpu()
-    end = int(cu[-1]) if cu.numel() else 0
-    if end > B * T:
-        raise PacksimError(
-            f"cu_seq_lens_q ends at {end} but input_ids holds {B}x{T}={B * T} tokens: the offsets "
-            "belong to a different (longer) batch; rebuild them from the same examples."
-        )
-    offsets = check_cu_seqlens(cu, end, name="cu_seq_lens_q")
-    starts = torch.zeros(B * T, dtype=torch.bool)
-    starts[torch.tensor(offsets[:-1], dtype=torch.long)] = True
-    return starts.view(B, T)
-
-
-def _beyond_cu(cu, B: int, T: int) -> torch.Tensor:
-    end = int(torch.as_tensor(cu).reshape(-1)[-1])
-    beyond = torch.zeros(B * T, dtype=torch.bool)
-    beyond[end:] = True  # tokens after the last offset: padding (flash-attn ignores them)
-    return beyond.view(B, T)
-
-
 def _dict_roles(model, fields: dict, seq: torch.Tensor, mask) -> tuple[torch.Tensor, list[str]]:
     """Role per token (B, T) for a dict batch: padding, row start, boundary, then prompt/response."""
-    roles = torch.full_like(seq, UNKNOWN)
+    roles = torch.full_like(seq, int(Role.UNKNOWN))
     notes = []
     if mask is not None:
         roles = torch.where(mask.to(seq.device), int(Role.RESPONSE), int(Role.PROMPT))
@@ -294,9 +226,7 @@ def _dict_roles(model, fields: dict, seq: torch.Tensor, mask) -> tuple[torch.Ten
     else:
         notes.append("prompt/response unknown: pass response_mask (bool per token) to check them")
     roles = _mark_eos(model, fields["input_ids"], seq, roles)
-    starts = torch.zeros_like(seq, dtype=torch.bool)
-    starts[:, 1:] = seq[:, 1:] != seq[:, :-1]
-    roles[starts & (seq >= 0)] = int(Role.BOUNDARY)
+    roles[run_starts(seq) & (seq >= 0)] = int(Role.BOUNDARY)
     roles[:, 0] = -1  # never a target (the shift drops it)
     roles[seq < 0] = int(Role.PAD)
     if not (isinstance(fields.get("attention_mask"), torch.Tensor) and fields["attention_mask"].dim() == 2):
@@ -310,9 +240,8 @@ def _mark_eos(model, input_ids: torch.Tensor, seq: torch.Tensor, roles: torch.Te
     eos = {eos} if isinstance(eos, int) else set(eos or [])
     if not eos:
         return roles
-    last = torch.zeros_like(seq, dtype=torch.bool)
-    last[:, :-1] = seq[:, :-1] != seq[:, 1:]
-    last[:, -1] = True
+    last = torch.ones_like(seq, dtype=torch.bool)  # (B, T): the last token of a run
+    last[:, :-1] = run_starts(seq)[:, 1:]
     is_eos = torch.isin(input_ids, torch.tensor(sorted(eos), device=input_ids.device))
     roles = roles.clone()
     roles[last & (seq >= 0) & is_eos] = int(Role.EOS)

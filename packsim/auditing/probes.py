@@ -10,20 +10,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from packsim.auditing.pipeline import UNKNOWN, Pipeline, logits_of, same_randomness
+from packsim.auditing.pipeline import Pipeline, logits_of, same_randomness
 from packsim.auditing.report import ProbeResult
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX, Role
-from packsim.core.model import outside_share
+from packsim.core.segments import outside_share
 
-_ROLE_NAMES = {
-    int(Role.PROMPT): "prompt",
-    int(Role.RESPONSE): "response",
-    int(Role.EOS): "EOS",
-    int(Role.BOUNDARY): "boundary",
-    int(Role.PAD): "padding",
-    UNKNOWN: "unknown",
-}
+# The roles the loss probe counts, in report order (a row's first token is never a target).
+_COUNTED_ROLES = (Role.PROMPT, Role.RESPONSE, Role.EOS, Role.BOUNDARY, Role.PAD, Role.UNKNOWN)
 _POS_EMB_NAMES = ("wpe", "embed_positions", "position_embeddings", "pos_emb")
 _MAX_DENSE = 2**24  # attention_maps builds (L, B, H, T, T) densely: cap B*T*T (16M floats per head)
 
@@ -156,9 +150,7 @@ def attention_mass(p: Pipeline, base, tol) -> tuple[ProbeResult, torch.Tensor | 
     if probs is None:
         return ProbeResult("attention_mass", "skipped", None, tol, why), None
     seq = p.seq.to(probs.device)  # (B, T)
-    outside = outside_share(probs, seq)  # (L, B, H, T)
-    real_q = (seq >= 0)[None, :, None, :]  # (1, B, 1, T)
-    outside = torch.where(real_q, outside, torch.zeros_like(outside))
+    outside = outside_share(probs, seq, real_only=True)  # (L, B, H, T): padding queries 0
     per_lh = outside.amax(dim=(1, 3)).cpu()  # (L, H)
     worst = float(per_lh.max())
     L, H = per_lh.shape
@@ -180,8 +172,8 @@ def loss_coverage(p: Pipeline) -> ProbeResult:
         return ProbeResult("loss_coverage", "skipped", None, 0, "the batch carries no labels")
     labels = torch.as_tensor(p.labels).reshape(p.input_ids.shape).to(p.roles.device)
     counted = labels != IGNORE_INDEX  # (B, T)
-    counts = {name: (int((counted & (p.roles == code)).sum()), int((p.roles == code).sum()))
-              for code, name in _ROLE_NAMES.items()}
+    counts = {role.label: (int((counted & (p.roles == role)).sum()), int((p.roles == role).sum()))
+              for role in _COUNTED_ROLES}
     problems = _coverage_problems(counts)
     summary = "counted/total: " + ", ".join(f"{name} {c}/{n}" for name, (c, n) in counts.items() if n)
     if problems:

@@ -22,13 +22,9 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from packsim.core.errors import PacksimError
-from packsim.core.loss import IGNORE_INDEX, Role, make_labels
-from packsim.core.masks import (
-    check_cu_seqlens,
-    cu_seqlens_from_position_ids,
-    cu_seqlens_from_seq_ids,
-)
+from packsim.core.loss import IGNORE_INDEX, Role, make_labels, response_mask
 from packsim.core.packing import Piece, pack_pieces, packing_stats
+from packsim.core.segments import cu_seqlens_from_position_ids, find_boundaries
 from packsim.core.setups import Setup, get_setup
 
 __all__ = ["PackedBatch", "Segment"]
@@ -108,8 +104,10 @@ class PackedBatch:
         example_positions: each token's index inside its example (padding: 0.. per run);
         cu_seqlens (S+1,) int32 and max_seqlen: example boundaries over real tokens (see module doc);
         segments: one :class:`Segment` per example piece, in row-major order;
-        setup, capacity, strategy; lengths: token count of each input example (before any
-        truncate/split).
+        setup, capacity, strategy (``"given"`` for :meth:`from_flattening`: the row came packed);
+        lengths: token count of each input example (before any truncate/split);
+        roles_from_labels: True when ``roles`` were inferred from given labels
+        (:meth:`from_flattening`), so prompt vs response is only as right as those labels.
     """
 
     input_ids: torch.Tensor
@@ -125,6 +123,7 @@ class PackedBatch:
     capacity: int
     strategy: str = "bfd"
     lengths: list[int] = field(default_factory=list)
+    roles_from_labels: bool = False
 
     @classmethod
     def from_examples(
@@ -229,7 +228,15 @@ class PackedBatch:
     @property
     def response_mask(self) -> torch.Tensor:
         """(B, T) bool: the tokens a completion-only loss counts (response and EOS)."""
-        return (self.roles == Role.RESPONSE) | (self.roles == Role.EOS)
+        return response_mask(self.roles)
+
+    @property
+    def completion_labels(self) -> torch.Tensor:
+        """(B, T) labels of a completion-only loss, whatever this batch's setup trains on.
+
+        What the response loss and exact match score (training logs, evaluation).
+        """
+        return make_labels(self.input_ids, self.roles, "completion")
 
     @property
     def n_real_tokens(self) -> int:
@@ -302,8 +309,13 @@ class PackedBatch:
         input_ids = torch.as_tensor(features["input_ids"]).reshape(1, -1)
         N = input_ids.shape[1]
         labels = torch.as_tensor(features.get("labels", input_ids)).reshape(1, -1)
-        cu = _boundaries_from_features(features, N)
-        check_cu_seqlens(cu, N, name="cu_seq_lens_q")
+        found = find_boundaries(features, shape=(1, N))  # cu_seq_lens_q > seq_idx > position_ids
+        cu = found.cu_seqlens.cpu()
+        if int(cu[-1]) != N:
+            raise PacksimError(
+                f"{found.source} marks {N - int(cu[-1])} of the {N} tokens as padding: "
+                "from_flattening takes one row of real tokens; drop the padding first."
+            )
         lens = (cu[1:] - cu[:-1]).long()
         starts = torch.repeat_interleave(cu[:-1].long(), lens)
         positions = (torch.arange(N) - starts).unsqueeze(0)
@@ -313,7 +325,8 @@ class PackedBatch:
         seq = torch.repeat_interleave(torch.arange(len(lens)), lens).unsqueeze(0)
         segments = [Segment(0, int(a), int(b), i) for i, (a, b) in enumerate(zip(cu[:-1], cu[1:], strict=True))]
         return cls(input_ids, labels, positions, seq, roles.unsqueeze(0), positions.clone(), cu,
-                   int(lens.max()), segments, get_setup(setup), N, "given", lens.tolist())
+                   int(lens.max()), segments, get_setup(setup), N, "given", lens.tolist(),
+                   roles_from_labels=True)
 
 
 def _positions(example_positions: torch.Tensor, setup: Setup) -> torch.Tensor:
@@ -323,16 +336,3 @@ def _positions(example_positions: torch.Tensor, setup: Setup) -> torch.Tensor:
     B, T = example_positions.shape
     return torch.arange(T, device=example_positions.device).expand(B, T).clone()
 
-
-def _boundaries_from_features(features: dict, N: int) -> torch.Tensor:
-    """cu_seqlens (S+1,) of a flattened row from cu_seq_lens_q, else seq_idx, else position_ids."""
-    if features.get("cu_seq_lens_q") is not None:
-        return torch.as_tensor(features["cu_seq_lens_q"]).reshape(-1)
-    if features.get("seq_idx") is not None:
-        return cu_seqlens_from_seq_ids(torch.as_tensor(features["seq_idx"]).reshape(-1))
-    if features.get("position_ids") is not None:
-        return cu_seqlens_from_position_ids(torch.as_tensor(features["position_ids"]).reshape(-1))
-    raise PacksimError(
-        "the batch carries no boundary information: pass cu_seq_lens_q, seq_idx or "
-        "position_ids that restart at 0 for each example (DataCollatorWithFlattening does)."
-    )

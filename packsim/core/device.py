@@ -1,5 +1,7 @@
 """Device and run-mode switches: the one place that decides CPU vs CUDA and fast vs full mode.
 
+``get_device`` picks where to run, ``model_device`` says where a model already is.
+
 Used by every notebook (00_start_here prints both) and by the trainer.
 """
 
@@ -11,7 +13,7 @@ import torch
 
 from packsim.core.errors import PacksimError
 
-__all__ = ["get_device", "fast_mode"]
+__all__ = ["get_device", "model_device", "fast_mode"]
 
 
 def get_device(prefer: str | None = None) -> torch.device:
@@ -32,6 +34,12 @@ def get_device(prefer: str | None = None) -> torch.device:
             "Use device='cpu' (or unset PACKSIM_DEVICE), or install a CUDA build of torch."
         )
     return device
+
+
+def model_device(model) -> torch.device:
+    """The device a model's parameters live on (CPU for a model without parameters)."""
+    param = next(iter(model.parameters()), None)
+    return torch.device("cpu") if param is None else param.device
 
 
 def fast_mode() -> bool:

@@ -16,6 +16,8 @@ BOUNDARY first token (BOS) of a later example: predicting it from the previous
 PROMPT   BOS and prompt tokens of an example
 RESPONSE response tokens: what fine-tuning should learn
 EOS      the end-of-response token: counted, so the model learns to stop
+UNKNOWN  inside an example, prompt or response not known (the audit's role for a
+         collator batch without a response mask; a PackedBatch never holds it)
 ======== =========================================================================
 """
 
@@ -28,18 +30,42 @@ import torch.nn.functional as F
 
 from packsim.core.errors import PacksimError
 
-__all__ = ["Role", "IGNORE_INDEX", "make_labels", "count_targets", "packed_cross_entropy", "token_losses"]
+__all__ = [
+    "Role",
+    "IGNORE_INDEX",
+    "response_mask",
+    "make_labels",
+    "count_targets",
+    "packed_cross_entropy",
+    "token_losses",
+]
 
 IGNORE_INDEX = -100
 
 
 class Role(IntEnum):
+    """Why a token of a packed row is (or is not) a target; see the table in the module doc."""
+
     PAD = 0
     FIRST = 1
     BOUNDARY = 2
     PROMPT = 3
     RESPONSE = 4
     EOS = 5
+    UNKNOWN = 6
+
+    @property
+    def label(self) -> str:
+        """The role's name in reports and tooltips: ``padding``, ``EOS``, ``prompt``, ..."""
+        return _ROLE_LABELS.get(self, self.name.lower())
+
+
+_ROLE_LABELS = {Role.PAD: "padding", Role.EOS: "EOS"}
+
+
+def response_mask(roles: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: True on the tokens a completion-only loss counts (RESPONSE and EOS)."""
+    return (roles == Role.RESPONSE) | (roles == Role.EOS)
 
 
 def make_labels(input_ids: torch.Tensor, roles: torch.Tensor, loss: str) -> torch.Tensor:
@@ -51,8 +77,7 @@ def make_labels(input_ids: torch.Tensor, roles: torch.Tensor, loss: str) -> torc
     if loss == "all":
         return input_ids.clone()  # (B, T)
     if loss == "completion":
-        keep = (roles == Role.RESPONSE) | (roles == Role.EOS)  # (B, T)
-        return torch.where(keep, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
+        return torch.where(response_mask(roles), input_ids, torch.full_like(input_ids, IGNORE_INDEX))
     raise PacksimError(f"unknown loss mode {loss!r}: use 'all' or 'completion'.")
 
 

@@ -1,19 +1,15 @@
 """Attention masks for packed batches: causal, block-diagonal, additive 4D, and Flex BlockMasks.
 
-A *pack* is one row of tokens holding several examples back to back. Three equivalent ways to say
-where the examples are:
-
-- ``seq_ids``   (T,) long: the example each token belongs to, e.g. ``[0, 0, 0, 1, 1, 2, -1]``;
-  each example is one consecutive run and ``-1`` marks padding (it belongs to no example);
-- ``cu_seqlens`` (S+1,) int32: where each example starts, plus the total, e.g. ``[0, 3, 5, 6]``
-  (the form FlashAttention's ``flash_attn_varlen_func`` takes; trailing padding is left out);
-- a boolean mask (T, T): ``True`` where query row ``i`` may attend to key column ``j``.
+A *pack* is one row of tokens holding several examples back to back; where they are is said by
+``seq_ids`` (T,) or (B, T) long, the example of each token with ``-1`` on padding (conversions to
+and from ``cu_seqlens`` and position ids live in :mod:`packsim.core.segments`). A mask here is
+boolean (T, T) or (B, T, T): ``True`` where query row ``i`` may attend to key column ``j``.
 
 The correct mask for a pack is *block-diagonal causal*: causal inside each example and nothing
 across examples. The buggy default is a plain causal mask over the whole pack, which lets every
-example read the ones packed before it.
+example read the ones packed before it. ``packsim.core.attention``'s dense backend uses these.
 
-Used by notebook 03_block_diagonal (and by ``packsim.core.attention``).
+Lessons: 02, 03, 07, 08.
 """
 
 from __future__ import annotations
@@ -23,12 +19,9 @@ from dataclasses import dataclass
 import torch
 
 from packsim.core.errors import PacksimError
+from packsim.core.segments import check_seq_ids, seq_ids_from_cu_seqlens
 
 __all__ = [
-    "check_cu_seqlens",
-    "seq_ids_from_cu_seqlens",
-    "cu_seqlens_from_seq_ids",
-    "cu_seqlens_from_position_ids",
     "causal_mask",
     "block_diagonal_mask",
     "block_diagonal_mask_from_cu_seqlens",
@@ -37,163 +30,6 @@ __all__ = [
     "BlockSparsity",
     "block_sparsity",
 ]
-
-
-# ----------------------------------------------------------------------------- validation
-
-
-def check_cu_seqlens(cu_seqlens: torch.Tensor, total: int, name: str = "cu_seqlens") -> list[int]:
-    """Check that ``cu_seqlens`` (S+1,) int32 describes S non-empty sequences covering ``total`` tokens.
-
-    Raises :class:`PacksimError` if it is not a 1-D int32 tensor, has no sequence, does not start
-    at 0, is not strictly increasing (names the first bad position) or does not end at ``total``.
-    Returns the offsets as a Python list (handy for loops). Used by notebooks 03 and 07.
-    """
-    if not isinstance(cu_seqlens, torch.Tensor):
-        raise PacksimError(
-            f"{name} must be a torch.Tensor, got {type(cu_seqlens).__name__}. "
-            f"Build it with torch.tensor(offsets, dtype=torch.int32)."
-        )
-    if cu_seqlens.dim() != 1:
-        raise PacksimError(
-            f"{name} must be 1-D with shape (num_seqs + 1,), got shape {tuple(cu_seqlens.shape)}. "
-            f"For a batch of packs, pass one pack's offsets (or flatten the batch into one pack)."
-        )
-    if cu_seqlens.dtype != torch.int32:
-        raise PacksimError(
-            f"{name} must be int32 (what flash_attn_varlen_func requires), got {cu_seqlens.dtype}. "
-            f"Call {name}.to(torch.int32)."
-        )
-    offsets = cu_seqlens.tolist()
-    if len(offsets) < 2:
-        raise PacksimError(
-            f"{name} = {offsets} holds no sequence: it needs at least two entries [0, ..., total]. "
-            f"Add the end offset of each sequence, e.g. torch.tensor([0, total], dtype=torch.int32)."
-        )
-    if offsets[0] != 0:
-        raise PacksimError(
-            f"{name} must start at 0 (the first sequence starts at token 0), got {offsets[0]}. "
-            f"Prepend a 0, e.g. torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0)])."
-        )
-    for i in range(1, len(offsets)):
-        if offsets[i] <= offsets[i - 1]:
-            raise PacksimError(
-                f"{name} must be strictly increasing, but {name}[{i}] = {offsets[i]} <= "
-                f"{name}[{i - 1}] = {offsets[i - 1]} (sequence {i - 1} would have length "
-                f"{offsets[i] - offsets[i - 1]}). Drop empty sequences and build it as a cumulative "
-                f"sum of positive lengths."
-            )
-    if offsets[-1] != total:
-        raise PacksimError(
-            f"{name} must end at the number of tokens: it ends at {offsets[-1]} but there are "
-            f"{total} tokens. Rebuild it from the same pack as the tensors (did you add padding, "
-            f"or pass the offsets of a different pack?)."
-        )
-    return offsets
-
-
-def _as_seq_ids(seq_ids, name: str = "seq_ids") -> torch.Tensor:
-    """Return ``seq_ids`` as an integer tensor (T,) or (B, T); PacksimError otherwise."""
-    if not isinstance(seq_ids, torch.Tensor):
-        seq_ids = torch.as_tensor(seq_ids)
-    if seq_ids.dim() not in (1, 2):
-        raise PacksimError(
-            f"{name} must have shape (T,) or (B, T), got {tuple(seq_ids.shape)}. "
-            f"Pass one id per token (-1 for padding)."
-        )
-    if seq_ids.dtype.is_floating_point or seq_ids.dtype == torch.bool:
-        raise PacksimError(
-            f"{name} must hold integer sequence ids, got dtype {seq_ids.dtype}. Call {name}.long()."
-        )
-    if seq_ids.numel() and int(seq_ids.min()) < -1:
-        raise PacksimError(
-            f"{name} holds {int(seq_ids.min())}, but ids must be >= 0 (an example) or -1 (padding). "
-            f"Mark padding tokens with -1."
-        )
-    return seq_ids.long()
-
-
-# ----------------------------------------------------------------------------- conversions
-
-
-def seq_ids_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int | None = None) -> torch.Tensor:
-    """Sequence id per token: (S+1,) int32 offsets -> (N,) long.
-
-    ``[0, 3, 5]`` -> ``[0, 0, 0, 1, 1]``. With ``total`` larger than ``cu_seqlens[-1]`` the
-    trailing tokens are padding and get id ``-1``. Used by notebook 03_block_diagonal.
-    """
-    end = int(cu_seqlens[-1]) if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.numel() else 0
-    offsets = check_cu_seqlens(cu_seqlens, end)
-    total = end if total is None else int(total)
-    if total < end:
-        raise PacksimError(
-            f"total = {total} is smaller than cu_seqlens[-1] = {end}: the offsets describe more "
-            f"tokens than the pack holds. Pass total >= {end} (or leave it out)."
-        )
-    lengths = torch.diff(cu_seqlens.long())  # (S,)
-    ids = torch.repeat_interleave(torch.arange(len(offsets) - 1, device=cu_seqlens.device), lengths)
-    pad = torch.full((total - end,), -1, dtype=torch.long, device=cu_seqlens.device)
-    return torch.cat([ids, pad])  # (N,)
-
-
-def cu_seqlens_from_seq_ids(seq_ids: torch.Tensor) -> torch.Tensor:
-    """Offsets of each example: (T,) ids -> (S+1,) int32.
-
-    Each id must form one consecutive run (``[0, 0, 1, 1, 0]`` is rejected: example 0 is split).
-    Padding (``-1``) may only come at the end, where it is left out, so ``cu_seqlens[-1]`` is the
-    number of real tokens (flash-attn ignores tokens past it). Used by notebook 03_block_diagonal.
-    """
-    ids = _as_seq_ids(seq_ids)
-    if ids.dim() != 1:
-        raise PacksimError(
-            f"cu_seqlens_from_seq_ids takes one pack of shape (T,), got {tuple(ids.shape)}. "
-            f"Call it once per row."
-        )
-    real = ids >= 0  # (T,)
-    n_real = int(real.sum())
-    if not bool(real[:n_real].all()):
-        first_pad = int((~real).nonzero()[0])
-        raise PacksimError(
-            f"seq_ids has padding (-1) at position {first_pad} followed by real tokens: cu_seqlens "
-            f"can only describe padding at the end. Move padding to the end of the pack."
-        )
-    ids = ids[:n_real]
-    if n_real == 0:
-        return torch.zeros(1, dtype=torch.int32, device=ids.device)
-    change = torch.nonzero(ids[1:] != ids[:-1]).flatten() + 1  # (S-1,) run starts
-    run_ids = ids[torch.cat([change.new_zeros(1), change])]  # (S,) id of each run
-    if run_ids.unique().numel() != run_ids.numel():
-        counts = torch.bincount(run_ids)
-        split = int(torch.nonzero(counts > 1)[0])
-        raise PacksimError(
-            f"sequence id {split} appears in more than one run: each example must be one "
-            f"consecutive run of tokens. Give each run its own id (e.g. a cumulative count of "
-            f"boundaries)."
-        )
-    ends = torch.cat([change, torch.tensor([n_real], device=ids.device)])
-    return torch.cat([ends.new_zeros(1), ends]).to(torch.int32)  # (S+1,)
-
-
-def cu_seqlens_from_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
-    """Offsets of the runs of consecutive positions: (T,) or (B, T) -> (S+1,) int32 over B*T tokens.
-
-    A new sequence starts wherever the position does not continue by +1 (the rule transformers'
-    ``find_packed_sequence_indices`` and flash-attn's position-id path use) and at every row
-    start, so rows never share a sequence. ``[[0, 1, 2, 0, 1]]`` -> ``[0, 3, 5]``.
-    Used by notebook 03_block_diagonal and by ``PackedBatch.from_flattening``.
-    """
-    pos = torch.as_tensor(position_ids)
-    if pos.dim() not in (1, 2) or pos.numel() == 0 or pos.dtype.is_floating_point:
-        raise PacksimError(
-            f"position_ids must be a non-empty integer tensor of shape (T,) or (B, T), got "
-            f"{tuple(pos.shape)} {pos.dtype}. Pass the position ids the model would get."
-        )
-    pos = pos.reshape(-1, pos.shape[-1])  # (B, T)
-    starts = torch.ones_like(pos, dtype=torch.bool)  # (B, T)
-    starts[:, 1:] = pos[:, 1:] - pos[:, :-1] != 1
-    bounds = torch.nonzero(starts.reshape(-1)).flatten()  # (S,)
-    end = torch.tensor([pos.numel()], device=pos.device)
-    return torch.cat([bounds, end]).to(torch.int32)  # (S+1,)
 
 
 # ----------------------------------------------------------------------------- boolean masks
@@ -215,7 +51,7 @@ def block_diagonal_mask(seq_ids, causal: bool = True) -> torch.Tensor:
     ``j <= i`` when ``causal``. Padding (id ``-1``) attends to nothing and nobody attends to it;
     its rows are all False (SDPA returns 0 for such rows). Used by notebook 03_block_diagonal.
     """
-    ids = _as_seq_ids(seq_ids)  # (..., T)
+    ids = check_seq_ids(seq_ids)  # (..., T)
     T = ids.shape[-1]
     same = ids[..., :, None] == ids[..., None, :]  # (..., T, T)
     real = ids >= 0  # (..., T)
@@ -296,7 +132,7 @@ def flex_block_mask(seq_ids, causal: bool = True, block_size: int = 128, device=
     see :func:`block_sparsity`. Used by notebook 03_block_diagonal.
     """
     flex = _flex_module()
-    ids = _as_seq_ids(seq_ids)
+    ids = check_seq_ids(seq_ids)
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise PacksimError(
             f"block_size must be a positive int, got {block_size!r}. FlexAttention uses 128 by "

@@ -21,12 +21,12 @@ from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
 from packsim.core.attention import varlen_attention
 from packsim.core.batch import PackedBatch
 from packsim.core.errors import PacksimError
-from packsim.core.masks import (
-    block_diagonal_mask,
+from packsim.core.masks import block_diagonal_mask, flex_block_mask, to_additive_4d
+from packsim.core.segments import (
     cu_seqlens_from_position_ids,
-    flex_block_mask,
+    example_positions,
+    find_boundaries,
     seq_ids_from_cu_seqlens,
-    to_additive_4d,
 )
 
 __all__ = [
@@ -34,7 +34,6 @@ __all__ = [
     "build_model",
     "forward",
     "attention_maps",
-    "outside_share",
     "register_packsim_attention",
     "ATTN_NAME",
 ]
@@ -83,9 +82,10 @@ def build_model(
 def _packsim_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers attention function: q (B, H, T, D), k/v (B, H_kv, T, D) -> ((B, T, H, D), None).
 
-    Segments come from ``cu_seq_lens_q`` over the flattened B*T tokens if given (as
-    ``DataCollatorWithFlattening`` or :func:`forward` pass them), else from ``position_ids``
-    resets, else one causal segment per row. ``attention_mask`` is ignored (none is built).
+    Segments come from :func:`packsim.core.segments.find_boundaries`: ``cu_seq_lens_q`` over the
+    flattened B*T tokens if given (as ``DataCollatorWithFlattening`` or :func:`forward` pass them),
+    else ``seq_idx``, else ``position_ids`` restarts, else one causal segment per row.
+    ``attention_mask`` is ignored (none is built).
     """
     B, H, T, D = query.shape
     cu, max_len = _segments_from_kwargs(kwargs, B, T, query.device)
@@ -113,19 +113,16 @@ def _attention_probs(query, key, cu, scaling) -> torch.Tensor:
 
 
 def _segments_from_kwargs(kwargs, B: int, T: int, device) -> tuple[torch.Tensor, int]:
+    """(cu (S'+1,) int32 over all B*T tokens, max length): one segment per run of one example."""
     cu = kwargs.get("cu_seq_lens_q")
-    if cu is not None:
-        if int(cu[-1]) != B * T:
-            raise PacksimError(
-                f"cu_seq_lens_q ends at {int(cu[-1])} but the batch holds {B}x{T}={B * T} tokens: "
-                "segments must cover every token of the flattened batch (padding included)."
-            )
-        return cu.to(device=device, dtype=torch.int32), int(kwargs.get("max_length_q") or T)
-    pos = kwargs.get("position_ids")
-    if pos is not None:
-        cu = cu_seqlens_from_position_ids(pos.expand(B, T)).to(device)
-        return cu, int((cu[1:] - cu[:-1]).max())
-    return torch.arange(0, B * T + 1, T, dtype=torch.int32, device=device), T
+    if cu is not None and int(cu[-1]) != B * T:
+        raise PacksimError(
+            f"cu_seq_lens_q ends at {int(cu[-1])} but the batch holds {B}x{T}={B * T} tokens: "
+            "segments must cover every token of the flattened batch (padding included)."
+        )
+    found = find_boundaries(kwargs, shape=(B, T), missing="rows")
+    cu = cu_seqlens_from_position_ids(example_positions(found.seq_ids)).to(device)  # padding runs too
+    return cu, int((cu[1:] - cu[:-1]).max())
 
 
 def register_packsim_attention() -> None:
@@ -179,16 +176,6 @@ def attention_maps(model, batch: PackedBatch) -> torch.Tensor:
     capture: list[torch.Tensor] = []
     _varlen_call(model, batch, {"input_ids": batch.input_ids}, packsim_backend="dense", packsim_capture=capture)
     return torch.stack(capture)  # (L, B, H, T, T)
-
-
-def outside_share(attn: torch.Tensor, seq_ids: torch.Tensor) -> torch.Tensor:
-    """Share of each query's attention that lands on another example's tokens.
-
-    attn (..., B, H, T, T) from :func:`attention_maps`, seq_ids (B, T) with -1 on padding ->
-    (..., B, H, T): 0 for an isolated query; padding keys count as outside.
-    """
-    other = seq_ids[:, None, :, None] != seq_ids[:, None, None, :]  # (B, 1, T, T): key of another example
-    return (attn * other).sum(-1)
 
 
 @contextmanager

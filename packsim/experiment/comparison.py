@@ -34,9 +34,10 @@ from tqdm.auto import tqdm
 
 from packsim.core.batch import PackedBatch
 from packsim.core.data import make_dataset, make_long_tailed_examples
-from packsim.core.device import fast_mode, get_device
+from packsim.core.device import fast_mode, get_device, model_device
 from packsim.core.errors import PacksimError
-from packsim.core.model import attention_maps, build_model, outside_share
+from packsim.core.model import attention_maps, build_model
+from packsim.core.segments import mean_outside_share
 from packsim.core.setups import get_setup
 from packsim.experiment.evaluation import evaluate_isolated, evaluate_packed, held_out_metrics
 from packsim.experiment.facts import make_facts
@@ -176,10 +177,8 @@ def _outside_attention(model, data: DesignData, setup, cfg: ExperimentConfig) ->
     """Mean share of attention a real token of a test pack gives to other examples (all layers)."""
     examples = data.tests["isolated"][:64]
     batch = PackedBatch.from_examples(examples, cfg.train.capacity, setup=setup, strategy="sequential")
-    batch = batch.to(next(model.parameters()).device)
-    share = outside_share(attention_maps(model, batch), batch.seq_ids)  # (L, B, H, T)
-    real = batch.real_mask[None, :, None, :].expand_as(share)
-    return float(share[real].mean())
+    batch = batch.to(model_device(model))
+    return mean_outside_share(attention_maps(model, batch), batch.seq_ids)  # over (L, B, H, real T)
 
 
 def run_one(cfg: ExperimentConfig, setup_name: str, seed: int, data: DesignData, device,

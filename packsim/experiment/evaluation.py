@@ -20,8 +20,9 @@ from collections.abc import Sequence
 import torch
 
 from packsim.core.batch import PackedBatch
+from packsim.core.device import model_device
 from packsim.core.errors import PacksimError
-from packsim.core.loss import IGNORE_INDEX, make_labels, token_losses
+from packsim.core.loss import IGNORE_INDEX, token_losses
 from packsim.core.model import forward
 from packsim.core.setups import Setup, get_setup
 from packsim.core.tokenizer import EOS_ID
@@ -45,7 +46,7 @@ def scores_from_logits(logits: torch.Tensor, batch: PackedBatch) -> tuple[torch.
     predictions is right (greedy exact match). Scores response + EOS whatever loss the setup
     trains with; an example with no response token in the batch gets loss 0 and exact False.
     """
-    labels = make_labels(batch.input_ids, batch.roles, "completion")  # (B, T)
+    labels = batch.completion_labels  # (B, T)
     counted = labels[:, 1:] != IGNORE_INDEX  # (B, T-1): position t predicts token t + 1
     nll = token_losses(logits, labels)[counted]  # (K,) over counted targets
     wrong = (logits[:, :-1].argmax(-1) != labels[:, 1:])[counted].float()  # (K,)
@@ -99,7 +100,7 @@ def evaluate_isolated(model, examples: Sequence, batch_size: int = 128, backend:
     for chunk in _chunks(examples, batch_size):
         longest = max(len(ex.tokens) for ex in chunk)
         batch = PackedBatch.from_examples(chunk, longest, setup="padded")
-        loss, ok = example_scores(model, batch.to(next(model.parameters()).device), backend)
+        loss, ok = example_scores(model, batch.to(model_device(model)), backend)
         losses.append(loss)
         exact.append(ok)
     return _summarise(torch.cat(losses), torch.cat(exact), [getattr(ex, "task", "custom") for ex in examples])
@@ -124,7 +125,7 @@ def evaluate_packed(
     if not setup.packed:
         return evaluate_isolated(model, examples, backend=backend)
     batch = PackedBatch.from_examples(examples, capacity, setup=setup, strategy=strategy)
-    loss, ok = example_scores(model, batch.to(next(model.parameters()).device), backend)
+    loss, ok = example_scores(model, batch.to(model_device(model)), backend)
     return _summarise(loss, ok, [getattr(ex, "task", "custom") for ex in examples])
 
 
@@ -152,7 +153,7 @@ def greedy_decode(model, example, max_new_tokens: int | None = None) -> list[int
     for showing answers and for checking :func:`evaluate_isolated`'s one-pass exact match.
     """
     model.eval()
-    device = next(model.parameters()).device
+    device = model_device(model)
     ids = list(example.tokens[: example.n_prompt])
     limit = max_new_tokens if max_new_tokens is not None else len(example.tokens) - example.n_prompt + 4
     out: list[int] = []

@@ -24,8 +24,9 @@ import torch
 from tqdm.auto import tqdm
 
 from packsim.core.batch import PackedBatch
+from packsim.core.device import model_device
 from packsim.core.errors import PacksimError
-from packsim.core.loss import make_labels, packed_cross_entropy
+from packsim.core.loss import packed_cross_entropy
 from packsim.core.model import forward
 from packsim.core.setups import Setup, get_setup
 from packsim.experiment.evaluation import scores_from_logits
@@ -137,7 +138,7 @@ def train(
     batches = make_batches(examples[:n], cfg.capacity, setup, cfg.examples_per_step, cfg.strategy)
     per_step = cfg.examples_per_step
     step_groups = None if groups is None else [groups[i : i + per_step] for i in range(0, n, per_step)]
-    device = next(model.parameters()).device
+    device = model_device(model)
     torch.manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=0.0)
     run = RunResult(setup=setup.name, seed=seed, data=data)
@@ -188,8 +189,7 @@ def train(
 
 def _response_loss(logits: torch.Tensor, batch: PackedBatch) -> float:
     """Mean loss over the batch's response tokens and EOS (every response token weighs the same)."""
-    labels = make_labels(batch.input_ids, batch.roles, "completion")
-    return float(packed_cross_entropy(logits.detach().float(), labels))
+    return float(packed_cross_entropy(logits.detach().float(), batch.completion_labels))
 
 
 def _final(run: RunResult, tail: int = 20) -> dict:

@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 
 from packsim.core.data import make_examples
 from packsim.core.loss import IGNORE_INDEX, Role
+from packsim.core.segments import run_starts
 from packsim.core.setups import get_setup
 from packsim.viz._common import (
     PacksimWidget,
@@ -60,9 +61,10 @@ def label_reason(role: int, counted: bool) -> str:
 
 def _row_html(glyphs, seq, roles, counted) -> str:
     spans = []
+    starts = run_starts(seq).tolist()  # (T,): a new example (or padding run) begins here
     for k, g in enumerate(glyphs):
         ex = int(seq[k])
-        start = k == 0 or ex != int(seq[k - 1])
+        start = starts[k]
         reason = label_reason(int(roles[k]), counted[k])
         where = "padding" if ex < 0 else f"example {ex}"
         style = (

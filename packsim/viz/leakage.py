@@ -19,10 +19,11 @@ import torch
 from plotly.subplots import make_subplots
 
 from packsim.core.batch import PackedBatch
+from packsim.core.device import model_device
 from packsim.core.errors import PacksimError
 from packsim.core.loss import Role
 from packsim.core.model import attention_maps, build_model
-from packsim.core.model import outside_share as model_outside_share
+from packsim.core.segments import mean_outside_share, outside_share, run_starts
 from packsim.core.setups import get_setup
 from packsim.viz._common import (
     LEAK_RED,
@@ -40,12 +41,9 @@ __all__ = [
     "leakage_explorer",
     "leakage_figure",
     "key_weights",
-    "outside_share",
-    "mean_outside_share",
 ]
 
 MEAN = "mean"
-_ROLE_NAMES = {r: r.name.lower() for r in Role}
 _MASK_TEXT = {
     "causal": "causal mask over the whole pack: each example also sees the ones before it",
     "block_diagonal": "block-diagonal mask: each example sees only itself",
@@ -76,21 +74,11 @@ def key_weights(maps: torch.Tensor, row: int, query: int, layer=MEAN, head=MEAN)
     return m.mean(0) if head == MEAN else m[head]  # (T,)
 
 
-def outside_share(weights: torch.Tensor, seq_ids_row: torch.Tensor, query: int) -> float:
-    """Share of a query's attention ``weights`` (T,) on keys outside its own example.
-
-    ``seq_ids_row`` (T,): example id per token, -1 on padding (a padding run counts as its own
-    segment, as the block-diagonal mask treats it). Exactly 0.0 under a block-diagonal mask:
-    masked keys get probability 0.
-    """
-    return float(weights[seq_ids_row != int(seq_ids_row[query])].sum())
-
-
-def mean_outside_share(weights: torch.Tensor, seq_ids_row: torch.Tensor) -> float:
-    """Mean over real query tokens of their outside share: weights (T, T) (query x key) -> float."""
-    real = seq_ids_row >= 0  # (T,)
-    shares = model_outside_share(weights[None, None], seq_ids_row[None])[0, 0]  # (T,)
-    return float(shares[real].mean()) if bool(real.any()) else 0.0
+def _query_share(weights: torch.Tensor, seq_row: torch.Tensor, query: int) -> float:
+    """:func:`~packsim.core.segments.outside_share` of one query: its ``weights`` (T,) over row ``seq_row`` (T,)."""
+    T = weights.shape[-1]
+    rows = weights.expand(T, T)[None, None]  # (1, 1, T, T): this query's weights in every row
+    return float(outside_share(rows, seq_row[None])[0, 0, query])
 
 
 def _models_for(models, batch: PackedBatch, seed: int, setups) -> dict:
@@ -113,12 +101,12 @@ def _models_for(models, batch: PackedBatch, seed: int, setups) -> dict:
 
 def _maps(model, batch: PackedBatch, setup: str) -> torch.Tensor:
     """Attention maps (L, B, H, T, T), float on CPU, of ``batch`` under ``setup`` (any device)."""
-    device = next(model.parameters()).device
+    device = model_device(model)
     return attention_maps(model, batch.with_setup(setup).to(device)).float().cpu()
 
 
 def _token_desc(glyph: str, k: int, ex: int, role: int) -> str:
-    where = "padding" if ex < 0 else f"example {ex}, {_ROLE_NAMES[Role(role)]}"
+    where = "padding" if ex < 0 else f"example {ex}, {Role(role).label}"
     return f"token {k} {glyph!r} ({where})"
 
 
@@ -129,10 +117,11 @@ def attention_html(glyphs, seq_row, weights, query: int | None) -> str:
     w = weights.tolist() if weights is not None else [0.0] * T
     w_max = max(w) or 1.0
     spans = []
+    starts = run_starts(seq_row).tolist()  # (T,): a new example (or padding run) begins here
     for k in range(T):
         ex = int(seq_row[k])
         cls = ["packsim-key"]
-        if k == 0 or ex != int(seq_row[k - 1]):
+        if starts[k]:
             cls.append("packsim-ex-start")
         sup = ""
         if query is not None:
@@ -206,6 +195,7 @@ class _Panel:
             chip.close()
         seq, roles = ex.batch.seq_ids[ex.row], ex.batch.roles[ex.row]
         self.chips = []
+        starts = run_starts(seq).tolist()  # (T,)
         for k, glyph in enumerate(ex.glyphs):
             e = int(seq[k])
             chip = widgets.Button(
@@ -217,7 +207,7 @@ class _Panel:
             )
             chip.style.button_color = example_colour(e)
             chip.add_class("packsim-token")
-            if k == 0 or e != int(seq[k - 1]):
+            if starts[k]:
                 chip.add_class("packsim-ex-start")
             if e < 0:
                 chip.add_class("packsim-pad")
@@ -236,7 +226,7 @@ class _Panel:
         w = None if q is None else ex.weights(self.name, q)
         seq = ex.batch.seq_ids[ex.row]
         self.attention.value = attention_html(ex.glyphs, seq, w, q)
-        share = None if q is None else outside_share(w, seq, q)
+        share = None if q is None else _query_share(w, seq, q)
         desc = (
             ""
             if q is None
@@ -310,7 +300,7 @@ class LeakageExplorer(PacksimWidget):
         q = self.query if query is None else query
         if q is None:
             return None
-        return outside_share(self.weights(setup, q), self.batch.seq_ids[self.row], q)
+        return _query_share(self.weights(setup, q), self.batch.seq_ids[self.row], q)
 
     def select(self, query: int | None) -> None:
         """Select token ``query`` of the current row in every panel (what a chip click does)."""
@@ -397,12 +387,12 @@ def _figure(batch, maps: dict, row: int, query, layer, head) -> go.Figure:
         w = w.mean(0) if layer_ == MEAN else w[layer_]  # (H, T, T)
         mats[name] = w.mean(0) if head_ == MEAN else w[head_]  # (T, T)
     titles = [
-        f"{n}: {mean_outside_share(mats[n], seq):.1%} of attention outside its example"
+        f"{n}: {mean_outside_share(mats[n][None, None], seq[None]):.1%} of attention outside its example"
         for n in names
     ]
     fig = make_subplots(rows=1, cols=len(names), subplot_titles=titles, horizontal_spacing=0.08)
     labels = [f"{k} {g}" for k, g in enumerate(glyphs)]
-    starts = [k for k in range(1, T) if int(seq[k]) != int(seq[k - 1])]
+    starts = [k for k in run_starts(seq).nonzero().flatten().tolist() if k > 0]
     for c, name in enumerate(names, start=1):
         fig.add_trace(
             go.Heatmap(

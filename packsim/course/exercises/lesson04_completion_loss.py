@@ -43,15 +43,6 @@ def label_batch() -> PackedBatch:
     return PackedBatch.from_examples(make_examples(8, seed=1), capacity=40, setup="correct")
 
 
-_ROLE_WORDS = {
-    Role.PROMPT: "prompt",
-    Role.BOUNDARY: "boundary",
-    Role.PAD: "padding",
-    Role.RESPONSE: "response",
-    Role.EOS: "EOS",
-}
-
-
 def _label_mistakes(got: torch.Tensor, roles: torch.Tensor) -> list[str]:
     """What is wrong with labels ``got`` (B, T), by role; the first token of a row never counts."""
     counted = got != IGNORE_INDEX  # (B, T)
@@ -61,11 +52,11 @@ def _label_mistakes(got: torch.Tensor, roles: torch.Tensor) -> list[str]:
     for role in (Role.PROMPT, Role.BOUNDARY, Role.PAD):
         where = (roles == role) & target & counted
         if bool(where.any()):
-            problems.append(f"you kept {int(where.sum())} {_ROLE_WORDS[role]} token(s)")
+            problems.append(f"you kept {int(where.sum())} {role.label} token(s)")
     for role in (Role.RESPONSE, Role.EOS):
         where = (roles == role) & ~counted
         if bool(where.any()):
-            problems.append(f"you dropped {int(where.sum())} {_ROLE_WORDS[role]} token(s)")
+            problems.append(f"you dropped {int(where.sum())} {role.label} token(s)")
     return problems
 
 
