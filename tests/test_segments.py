@@ -207,6 +207,8 @@ def test_packed_batch_and_missing_fields():
     ({"input_ids": torch.ones(1, 5, dtype=torch.long), "cu_seq_lens_q": _cu(0, 3, 3)}, "strictly increasing"),
     ({"input_ids": torch.ones(1, 5, dtype=torch.long), "seq_idx": torch.zeros(1, 4)}, r"seq_idx.*\(1, 5\)"),
     ({"input_ids": torch.ones(5, dtype=torch.long), "seq_idx": torch.zeros(5)}, r"\(B, T\) tensor"),
+    ({"input_ids": torch.ones(2, 3, dtype=torch.long), "position_ids": torch.arange(3)[None],
+      "attention_mask": torch.ones(1, 3)}, r"attention_mask.*\(2, 3\)"),
     ([1, 2, 3], "PackedBatch or a collator dict"),
 ])
 def test_bad_batches_are_explained(batch, words):

@@ -147,15 +147,9 @@ def _packed_roles(model, batch: PackedBatch, response_mask) -> tuple[torch.Tenso
 
 def dict_pipeline(model, batch: Mapping, response_mask, forward_kwargs) -> Pipeline:
     fields = dict(batch)
-    ids = fields.get("input_ids")
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
-        got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
-        raise PacksimError(
-            f"batch['input_ids'] must be a (B, T) tensor, got {got}: pass the collator's output "
-            "(e.g. DataCollatorWithFlattening returns input_ids of shape (1, total_tokens))."
-        )
+    seq, ex_ids, source = _dict_boundaries(fields)  # checks input_ids is (B, T) first
+    ids = fields["input_ids"]
     _check_field_shapes(fields, ids.shape)
-    seq, ex_ids, source = _dict_boundaries(fields, ids.shape)
     roles, notes = _dict_roles(model, fields, seq, _check_response_mask(response_mask, ids.shape))
     fields_no_ids = {k: v for k, v in fields.items() if k != "input_ids"}
 
@@ -198,9 +192,9 @@ def _check_field_shapes(fields: dict, shape) -> None:
             )
 
 
-def _dict_boundaries(fields: dict, shape) -> tuple[torch.Tensor, list[int], str]:
+def _dict_boundaries(fields: dict) -> tuple[torch.Tensor, list[int], str]:
     """Example index per token (B, T), 0..S-1 (-1 padding), by :func:`find_boundaries`'s precedence."""
-    found = find_boundaries(fields, shape)
+    found = find_boundaries(fields)
     seq = found.seq_ids.to(fields["input_ids"].device)
     if found.num_examples < 2:
         raise _no_boundaries(f"{found.source} describes {found.num_examples} example(s)")

@@ -302,6 +302,11 @@ def find_boundaries(batch, shape: tuple[int, int] | None = None, missing: str = 
     seq[pad] = -1
     mask = batch.get("attention_mask")
     if isinstance(mask, torch.Tensor) and mask.dim() == 2:
+        if tuple(mask.shape) != (B, T):
+            raise PacksimError(
+                f"batch['attention_mask'] has shape {tuple(mask.shape)} but the batch holds ({B}, {T}) "
+                "tokens: pass a (B, T) mask of the same batch."
+            )
         seq[mask.to(seq.device) == 0] = -1
         source += "; padding from attention_mask == 0"
     real = seq >= 0
@@ -329,7 +334,7 @@ def _batch_shape(batch: Mapping, shape) -> tuple[int, int]:
 def _per_token(batch: Mapping, key: str, B: int, T: int) -> torch.Tensor:
     """``batch[key]`` as a (B, T) tensor (a (T,) or (1, T) field is shared by every row)."""
     field = torch.as_tensor(batch[key])
-    if field.dim() not in (1, 2) or field.shape[-1] != T or field.dim() == 2 and field.shape[0] not in (1, B):
+    if field.dim() not in (1, 2) or field.shape[-1] != T or (field.dim() == 2 and field.shape[0] not in (1, B)):
         raise PacksimError(
             f"batch[{key!r}] has shape {tuple(field.shape)} but the batch holds ({B}, {T}) tokens: "
             "every per-token field needs one entry per token; rebuild it from the same examples."
