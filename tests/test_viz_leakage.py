@@ -26,11 +26,6 @@ def _outside(weights, seq_row, query: int) -> float:
     return float(weights[seq_row != seq_row[query]].sum())
 
 
-def _outside(weights, seq_row, query: int) -> float:
-    """Share of one query's ``weights`` (T,) on keys of another example, summed by hand."""
-    return float(weights[seq_row != seq_row[query]].sum())
-
-
 def _share(panel) -> float:
     m = SHARE.search(panel.share.value)
     assert m, panel.share.value
