@@ -16,6 +16,7 @@ Public API (stable names):
 import importlib
 
 from packsim.auditing import AuditReport, audit
+from packsim.auditing.trainer import audit_trainer  # a Trainer / SFTTrainer as built (notebook 06)
 from packsim.core.attention import available_backends, varlen_attention
 from packsim.core.batch import PackedBatch
 from packsim.core.collator import PackingCollator
@@ -39,6 +40,7 @@ __all__ = [
     "Setup",
     "TrainConfig",
     "audit",
+    "audit_trainer",
     "available_backends",
     "evaluate_isolated",
     "fast_mode",

@@ -45,9 +45,54 @@ class WorstPair:
     gradient_ratio: float | None
 
     def __str__(self) -> str:
-        grad = "" if self.gradient_ratio is None else f", gradient ratio {self.gradient_ratio:.2e}"
-        return (f"changing example {self.perturbed} moves example {self.affected}'s logits by "
-                f"{self.logit_change:.3g}{grad}")
+        i, j = self.perturbed, self.affected
+        grad = ("" if self.gradient_ratio is None else
+                f" (gradient ratio {self.gradient_ratio:.3g}: |d loss_{j} / d emb_{i}| is "
+                f"{self.gradient_ratio:.3g}x |d loss_{j} / d emb_{j}|)")
+        return f"changing example {i} moves example {j}'s logits by {self.logit_change:.3g}{grad}"
+
+
+FINDING_STATUSES = ("pass", "fail", "skipped")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A configuration check of a training pipeline (:func:`packsim.audit_trainer`).
+
+    ``status`` is ``"pass"``, ``"fail"`` or ``"skipped"`` (could not be checked here, e.g. no GPU:
+    never counted as a pass); ``evidence`` says what was read or measured, ``fix`` what to change.
+    """
+
+    name: str
+    status: str
+    evidence: str
+    fix: str = ""
+
+    def __post_init__(self):
+        if self.status not in FINDING_STATUSES:
+            raise ValueError(f"Finding.status must be one of {FINDING_STATUSES}, got {self.status!r}")
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "fail"
+
+
+# How to get a probe the audit had to skip (printed under the table, with what a skip means).
+HOW_TO_GET = {
+    "perturbation": "pass the batch exactly as the model's forward receives it (its logits did not "
+                    "depend on input_ids as passed)",
+    "gradient": "audit where this forward has a backward pass (attn_implementation='eager' or "
+                "'sdpa' on CPU, or a GPU)",
+    "attention_mass": "load the model with attn_implementation='eager' (the transformers attention "
+                      "that returns probabilities) and audit again; packsim's own models always give it",
+    "loss_coverage": "audit a batch that carries labels",
+    "positions": "audit a model whose forward takes position_ids",
+}
+
+
+def _sentence(text: str) -> str:
+    text = text.strip()
+    return text if text.endswith((".", "!", "?")) else text + "."
 
 
 @dataclass
@@ -65,7 +110,8 @@ class AuditReport:
         attention_outside: (L, H) float, per layer and head the largest share of one query's
             attention outside its example, or None when skipped;
         worst_pair, causes (plain-language likely causes and fixes), forward (what was run),
-        seconds (wall time of the audit).
+        seconds (wall time of the audit);
+        findings: configuration checks (:class:`Finding`), filled by :func:`packsim.audit_trainer`.
     """
 
     probes: dict[str, ProbeResult]
@@ -78,32 +124,43 @@ class AuditReport:
     worst_pair: WorstPair | None
     causes: list[str]
     seconds: float
+    findings: list[Finding] = field(default_factory=list)
 
     @property
     def failed(self) -> list[str]:
-        """Names of the failed probes, in :data:`PROBES` order."""
-        return [name for name, p in self.probes.items() if p.failed]
+        """Names of the failed probes (in :data:`PROBES` order), then of the failed findings."""
+        return ([name for name, p in self.probes.items() if p.failed]
+                + [f.name for f in self.findings if f.failed])
 
     @property
     def skipped(self) -> list[str]:
-        return [name for name, p in self.probes.items() if p.status == "skipped"]
+        """Names of the probes, then the findings, that could not be checked (neither pass nor fail)."""
+        return ([name for name, p in self.probes.items() if p.status == "skipped"]
+                + [f.name for f in self.findings if f.status == "skipped"])
 
     @property
     def ok(self) -> bool:
-        """True when no probe failed (skipped probes are listed in the verdict, not failures)."""
+        """True when no probe and no finding failed (skipped ones are listed in the verdict)."""
         return not self.failed
 
     @property
     def verdict(self) -> str:
-        """One line: PASS/FAIL, the failed probes, and the first likely cause."""
-        skipped = f"; skipped: {', '.join(self.skipped)}" if self.skipped else ""
+        """One line: PASS/FAIL, what failed, the worst pair and the first likely cause, what was skipped."""
         n = len(self.example_ids)
         if self.ok:
-            return f"PASS: {n} examples isolated and the loss counts only responses{skipped}."
-        leak = self.probes["perturbation"].failed and self.worst_pair is not None
-        lead = f" {self.worst_pair}." if leak else ""
-        lead += f" {self.causes[0]}" if self.causes else ""
-        return f"FAIL ({', '.join(self.failed)}):{lead}{skipped}"
+            line = f"PASS: {n} examples isolated and the loss counts only responses."
+        else:
+            parts = [f"FAIL ({', '.join(self.failed)}):"]
+            if self.probes["perturbation"].failed and self.worst_pair is not None:
+                parts.append(_sentence(str(self.worst_pair)))
+            first_fix = next((f.fix for f in self.findings if f.failed and f.fix), "")
+            if self.causes or first_fix:
+                parts.append(_sentence(self.causes[0] if self.causes else first_fix))
+            line = " ".join(parts)
+        if self.skipped:
+            line += (f" Not measured (skipped: {', '.join(self.skipped)}): a skip is neither a pass "
+                     "nor a fail.")
+        return line
 
     def rows(self) -> list[tuple[str, str, str, str, str]]:
         """Table rows: (probe, result, value, threshold, evidence)."""
@@ -124,10 +181,35 @@ class AuditReport:
                  f"forward: {self.forward}; audit took {self.seconds:.2f} s"]
         for r in rows:
             lines.append("  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4])
-        if self.worst_pair is not None:
-            lines.append(f"worst pair: {self.worst_pair}")
+        lines += self._notes()
+        if self.findings:
+            lines.append("findings (configuration checks):")
+            width = max(len(f.name) for f in self.findings)
+            for f in self.findings:
+                fix = f" Fix: {f.fix}" if f.failed and f.fix else ""
+                lines.append(f"  {f.name.ljust(width)}  {f.status.upper():7}  {_sentence(f.evidence)}{fix}")
         lines += [f"likely cause: {c}" for c in self.causes]
         return "\n".join(lines)
+
+    def _notes(self) -> list[str]:
+        """The worst pair, how to read the table's numbers, and what each skipped probe means."""
+        notes = []
+        if self.worst_pair is not None:
+            notes.append(f"worst pair: {self.worst_pair}")
+        grad = self.probes.get("gradient")
+        if self.worst_pair is not None or (grad is not None and grad.failed):
+            notes.append("reading the numbers: each probe's value is its worst case over all pairs of "
+                         "examples. perturbation: the largest change of one example's logits when "
+                         "another's tokens change. gradient: the largest ratio |d loss_j / d emb_i| / "
+                         "|d loss_j / d emb_j| (1 means example i moves j's loss as much as j's own "
+                         "tokens do). The worst pair is the pair with the largest logit change; its own "
+                         "gradient ratio can be smaller than the gradient row's maximum.")
+        for name, p in self.probes.items():
+            if p.status == "skipped":
+                how = HOW_TO_GET.get(name, "see the evidence column")
+                notes.append(f"skipped {name}: not measured, so it is neither a pass nor a fail. "
+                             f"To get it: {how}.")
+        return notes
 
     def to_html(self) -> str:
         """The same report as an HTML table (notebooks show it through ``_repr_html_``)."""
@@ -137,9 +219,18 @@ class AuditReport:
             f"<td>{v}</td><td>{t}</td><td style='text-align:left'>{html.escape(e)}</td></tr>"
             for n, s, v, t, e in self.rows()
         )
-        extra = [f"worst pair: {self.worst_pair}"] if self.worst_pair is not None else []
-        extra += [f"likely cause: {c}" for c in self.causes]
+        extra = self._notes() + [f"likely cause: {c}" for c in self.causes]
         notes = "".join(f"<li>{html.escape(x)}</li>" for x in extra)
+        if self.findings:
+            found = "".join(
+                f"<tr><td><code>{html.escape(f.name)}</code></td><td style='color:"
+                f"{color[f.status.upper()]};font-weight:bold'>{f.status.upper()}</td><td style="
+                f"'text-align:left'>{html.escape(f.evidence)}</td><td style='text-align:left'>"
+                f"{html.escape(f.fix if f.failed else '')}</td></tr>"
+                for f in self.findings
+            )
+            notes += ("</ul><p>findings (configuration checks)</p><table><tr><th>finding</th>"
+                      f"<th>result</th><th>evidence</th><th>fix</th></tr>{found}</table><ul>")
         return (
             f"<div class='packsim-audit'><p><b>{html.escape(self.verdict)}</b></p>"
             f"<p>{len(self.example_ids)} examples; boundaries from {html.escape(self.boundaries)}; "

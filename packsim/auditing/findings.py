@@ -1,0 +1,270 @@
+"""Configuration findings of a training pipeline: what in the trainer, the batch or the model breaks packing.
+
+Each function returns a :class:`~packsim.auditing.report.Finding` (pass / fail / skipped, the
+evidence, the fix). They read a :class:`BatchView`: the collated batch (input_ids (B, T)), where
+its own fields put the examples, and where the tokens put them. Rules quote the installed
+transformers source they come from; what cannot be checked here is ``skipped``, never ``pass``.
+Used by :func:`packsim.audit_trainer` and ``packsim audit --model`` (lesson 06).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from packsim.auditing.report import Finding
+
+_MASKING_IMPLS = ("eager", "sdpa", "flex_attention")  # transformers' masking_utils builds their masks
+_FA_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
+@dataclass
+class BatchView:
+    """One collated batch as the findings read it.
+
+    fields: the collator's dict (input_ids (B, T), ...). seq (B, T): example index per token
+    (-1 padding) the audit uses. field_seq (B, T): the examples the batch's own fields mark
+    (cu_seq_lens_q > seq_idx > position_ids restarts; one per row without them). source: where
+    ``seq`` came from. from_tokens: ``seq`` came from BOS/EOS tokens because the fields mark at
+    most one example per row. rows_mid_example: rows whose first token is not BOS (BOS known).
+    """
+
+    fields: dict
+    seq: torch.Tensor
+    field_seq: torch.Tensor
+    source: str
+    from_tokens: bool
+    rows_mid_example: int = 0
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.fields["input_ids"].shape)
+
+    @property
+    def multi_by_fields(self) -> bool:
+        """Some row holds several examples according to the batch's own fields (a padding-free batch)."""
+        return _max_per_row(self.field_seq) > 1
+
+    @property
+    def restarts(self) -> int:
+        """How many examples start after a row's first token, by the batch's own fields."""
+        s = self.field_seq
+        return int(((s[:, 1:] != s[:, :-1]) & (s[:, 1:] >= 0)).sum())
+
+
+def _max_per_row(seq: torch.Tensor) -> int:
+    return max((len(torch.unique(row[row >= 0])) for row in seq), default=0)
+
+
+def is_flash(impl: str | None) -> bool:
+    """flash_attention_2/3 and the hub flash kernels (``kernels-community/flash-attn*``)."""
+    return bool(impl) and "flash" in impl
+
+
+def is_sft(trainer) -> bool:
+    return any(c.__name__ == "SFTTrainer" for c in type(trainer).__mro__)
+
+
+# ----------------------------------------------------------------------------- packing
+
+
+def wrapped_packing(trainer, view: BatchView) -> Finding:
+    args = trainer.args
+    B, T = view.shape
+    n = int(view.seq.max()) + 1 if bool((view.seq >= 0).any()) else 0
+    where = (f"batch 0: {B} row(s) of {T} tokens hold {n} examples ({view.source})"
+             + (f", {view.rows_mid_example} row(s) start in the middle of an example"
+                if view.rows_mid_example else ""))
+    fix = ("use packing_strategy='bfd' (TRL's default: whole examples, padding-free, with "
+           "position_ids and cu_seq_lens_*), or packing=False")
+    if is_sft(trainer) and getattr(args, "packing", False) and getattr(args, "packing_strategy", "") == "wrapped":
+        return Finding("wrapped_packing", "fail",
+                       f"SFTConfig(packing=True, packing_strategy='wrapped') concatenates the examples "
+                       f"and cuts the stream every max_length={args.max_length} tokens, with nothing in "
+                       f"the batch marking where an example starts; {where}", fix)
+    if view.from_tokens and _max_per_row(view.seq) > 1:
+        return Finding("wrapped_packing", "fail",
+                       f"several examples share a row and no position_ids, seq_idx or cu_seq_lens_* mark "
+                       f"where they start (concatenate-and-cut packing); {where}", fix)
+    return Finding("wrapped_packing", "pass",
+                   f"no row holds examples the batch does not mark; {where}")
+
+
+def padding_free_attention(view: BatchView, impl: str | None) -> Finding:
+    """Can this attention implementation, on the installed transformers, isolate padding-free rows?"""
+    import transformers
+    from transformers import masking_utils
+
+    if not view.multi_by_fields:
+        return Finding("padding_free_attention", "pass",
+                       "not a padding-free batch: no row holds several examples marked by position_ids, "
+                       "seq_idx or cu_seq_lens_*")
+    if is_flash(impl):
+        f = flash_rows(view, impl)
+        return Finding("padding_free_attention", f.status, f.evidence, f.fix)
+    if impl == "packsim":
+        return Finding("padding_free_attention", "pass",
+                       "attn_implementation='packsim' reads cu_seq_lens_q, else position_ids restarts "
+                       "(packsim.core.model)")
+    base = (impl or "").split("|")[-1]  # "paged|sdpa" -> "sdpa"
+    if base in _MASKING_IMPLS:
+        if hasattr(masking_utils, "find_packed_sequence_indices"):
+            return Finding("padding_free_attention", "pass",
+                           f"transformers {transformers.__version__} builds a per-example mask for "
+                           f"{impl!r} from position_ids (masking_utils.find_packed_sequence_indices, "
+                           "called when attention_mask is None and no cache is in play: see the "
+                           "attention_mask and cache findings)")
+        return Finding("padding_free_attention", "fail",
+                       f"transformers {transformers.__version__} has no masking_utils."
+                       f"find_packed_sequence_indices, so {impl!r} applies one causal mask to each row",
+                       "upgrade transformers, or use flash_attention_2 with cu_seq_lens_*")
+    return Finding("padding_free_attention", "skipped",
+                   f"attn_implementation={impl!r} is not one the static rules know; the perturbation "
+                   "probe measured whether this forward isolates the examples")
+
+
+def attention_mask(view: BatchView, impl: str | None) -> Finding:
+    mask = view.fields.get("attention_mask")
+    if mask is None:
+        return Finding("attention_mask", "pass", "no attention_mask in the batch")
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+        return Finding("attention_mask", "skipped",
+                       "a custom (4D) attention_mask decides the attention itself: no static rule; the "
+                       "perturbation probe measured it")
+    if not view.multi_by_fields:
+        return Finding("attention_mask", "pass",
+                       "attention_mask marks padding only: no row holds several examples by position_ids")
+    fix = ("drop attention_mask from the batch (DataCollatorWithFlattening and TRL's padding_free "
+           "collator leave it out)")
+    ones = bool((mask != 0).all())
+    if is_flash(impl):
+        if ones:
+            return Finding("attention_mask", "pass",
+                           "an all-ones 2D mask next to packed position_ids: masking_utils."
+                           "flash_attention_mask returns None for it, so flash reads the boundaries")
+        return Finding("attention_mask", "fail",
+                       "a 2D attention_mask with zeros next to packed position_ids: _flash_attention_forward "
+                       "unpads from the mask (modeling_flash_attention_utils._upad_input) and ignores "
+                       "position_ids and cu_seq_lens_*", fix)
+    return Finding("attention_mask", "fail",
+                   f"an {'all-ones ' if ones else ''}attention_mask sits next to position_ids that restart "
+                   f"{view.restarts} time(s) inside rows: transformers looks for packed sequences only when "
+                   "attention_mask is None (masking_utils._preprocess_mask_arguments), so "
+                   f"{impl!r} applies one causal mask per row", fix)
+
+
+def cache(view: BatchView, cache_obj, use_cache, where: str) -> Finding:
+    if cache_obj is None:
+        return Finding("cache", "pass", f"the forward created no cache (use_cache={use_cache!r} {where})")
+    made = f"the forward returned a {type(cache_obj).__name__} (use_cache={use_cache!r} {where})"
+    fix = ("pass use_cache=False: TrainingArguments(use_cache=False), the default, sets "
+           "model.config.use_cache; SFTTrainer passes it in compute_loss")
+    if view.multi_by_fields:
+        return Finding("cache", "fail",
+                       f"{made}: with a cache transformers skips packed-sequence detection "
+                       "(masking_utils._preprocess_mask_arguments checks cache is None)", fix)
+    return Finding("cache", "pass", f"{made}, but no row holds several examples: it costs memory only")
+
+
+def flash_rows(view: BatchView, impl: str | None) -> Finding:
+    """Several packed rows on a flash path without cu_seq_lens_*.
+
+    Rule from transformers/modeling_flash_attention_utils.py: ``_flash_attention_forward`` uses
+    cu_seq_lens_* when all four varlen kwargs are given; otherwise ``_is_packed_sequence(position_ids,
+    batch_size)`` returns False whenever ``batch_size != 1``, and each row runs as one causal sequence.
+    """
+    B, _ = view.shape
+    if not is_flash(impl):
+        return Finding("flash_rows", "pass", f"attn_implementation={impl!r} is not a flash path")
+    if not view.multi_by_fields:
+        return Finding("flash_rows", "pass", "no row holds several examples")
+    if all(view.fields.get(k) is not None for k in _FA_KEYS):
+        return Finding("flash_rows", "pass",
+                       "cu_seq_lens_q/k and max_length_q/k are given: flash runs varlen over them "
+                       "(modeling_flash_attention_utils._flash_attention_forward)")
+    if B == 1:
+        return Finding("flash_rows", "pass",
+                       "one row: _is_packed_sequence(position_ids, batch_size=1) finds the examples from "
+                       "position_ids (modeling_flash_attention_utils)")
+    return Finding("flash_rows", "fail",
+                   f"{B} rows with position_ids that restart and no cu_seq_lens_*: "
+                   "modeling_flash_attention_utils._is_packed_sequence returns False when batch_size != 1, "
+                   f"so {impl} runs each row as one causal sequence",
+                   "flatten the batch into one row (DataCollatorWithFlattening, TRL padding_free) or pass "
+                   "cu_seq_lens_q/k and max_length_q/k over the flattened tokens")
+
+
+def static_findings(trainer, view: BatchView, impl: str | None) -> list[Finding]:
+    """The findings read from the trainer and one batch (no forward needed)."""
+    return [wrapped_packing(trainer, view), padding_free_attention(view, impl),
+            attention_mask(view, impl), flash_rows(view, impl)]
+
+
+# ----------------------------------------------------------------------------- loss
+
+
+def completion_only_loss(trainer, mask_note: str | None, counted: tuple[int, int], loss_probe) -> Finding:
+    """Prompt/completion data trained with the prompts in the loss.
+
+    counted: (counted, total) labels inside the examples of the audited batch (boundaries left
+    out); loss_probe: that batch's ``loss_coverage`` ProbeResult.
+    """
+    c, n = counted
+    if not is_sft(trainer):
+        if mask_note:
+            prompts = {"prompt", "every"} & set(loss_probe.details.get("problems", []))
+            counts = loss_probe.details.get("counts", {})
+            pc, pn = counts.get("prompt", (0, 0))
+            status = "fail" if prompts else "pass"
+            return Finding("completion_only_loss", status,
+                           f"the loss_coverage probe checked each label against {mask_note}: {pc} of {pn} "
+                           "prompt tokens counted",
+                           "set the labels of prompt tokens to -100 (e.g. PackingCollator(setup='correct'))")
+        return Finding("completion_only_loss", "skipped",
+                       "the collated features carry no prompt/completion split, so prompt labels cannot be "
+                       "told from response labels; pass features with completion_mask or "
+                       "prompt_ids + response_ids (TrainingArguments(remove_unused_columns=False))")
+    args = trainer.args
+    if getattr(trainer, "completion_only_loss", False) or getattr(args, "assistant_only_loss", False):
+        which = "completion_only_loss" if getattr(trainer, "completion_only_loss", False) else "assistant_only_loss"
+        return Finding("completion_only_loss", "pass",
+                       f"SFTTrainer.{which}=True: prompt labels are -100 ({c} of {n} tokens inside the "
+                       "examples of batch 0 counted)")
+    if getattr(args, "completion_only_loss", None) is None:
+        return Finding("completion_only_loss", "pass",
+                       "completion_only_loss unset and TRL found language-modelling data (no prompt and "
+                       "completion fields): every token is a target")
+    columns = getattr(getattr(trainer, "train_dataset", None), "column_names", None) or []
+    why = ("the prepared dataset still holds completion_mask (prompt/completion data)"
+           if "completion_mask" in columns else "TRL's default for prompt/completion data is True")
+    return Finding("completion_only_loss", "fail",
+                   f"SFTConfig(completion_only_loss=False) trains on the prompts too: {c} of {n} tokens "
+                   f"inside the examples of batch 0 are counted; {why}",
+                   "leave completion_only_loss unset (TRL then masks the prompts of prompt/completion "
+                   "data) or set it to True")
+
+
+def loss_across_devices(trainer, counts_items: bool) -> Finding:
+    """average_tokens_across_devices: each rank normalises by the global label count, or by its own."""
+    args = trainer.args
+    world = int(getattr(args, "world_size", 1) or 1)
+    avg = bool(getattr(args, "average_tokens_across_devices", False))
+    fix = ("TrainingArguments(average_tokens_across_devices=True) (the default), with a model whose "
+           "forward takes num_items_in_batch (**kwargs)")
+    config = (f"average_tokens_across_devices={avg}, num_items_in_batch "
+              f"{'counted' if counts_items else 'not counted (the model forward takes no loss kwargs)'}")
+    right = avg and counts_items
+    if world > 1:
+        if right:
+            return Finding("loss_across_devices", "pass",
+                           f"{world} processes, {config}: Trainer._get_num_items_in_batch gathers the label "
+                           "count of every rank, so each token weighs the same")
+        return Finding("loss_across_devices", "fail",
+                       f"{world} processes, {config}: each rank divides by its own label count, then DDP "
+                       "averages the ranks: a mean of per-device means", fix)
+    outcome = ("each rank would divide by the global label count" if right else
+               "each rank would divide by its own label count (a mean of per-device means)")
+    return Finding("loss_across_devices", "skipped",
+                   f"one process here, so normalisation across devices cannot be measured; {config}: on "
+                   f"N > 1 devices {outcome}")

@@ -1,0 +1,322 @@
+"""Audit a configured transformers ``Trainer`` or TRL ``SFTTrainer``: its batches, its forward, its config.
+
+``packsim.audit_trainer(trainer, batches=1)`` takes the trainer as the user built it, draws real
+batches from ``trainer.get_train_dataloader()`` (input_ids (B, T) plus whatever the collator adds)
+and runs the audit's five probes (:mod:`packsim.auditing.probes`) through the trainer's own model
+and the call its ``compute_loss`` makes: ``model(**batch)`` for the Trainer (which has set
+``model.config.use_cache`` from ``TrainingArguments.use_cache``), ``model(**batch, use_cache=False)``
+for SFTTrainer, in train mode, under ``trainer.accelerator.autocast()``, with the model's dtype and
+attention implementation. Labels are left out of the probes' forwards (they change the loss, not
+the logits). It then adds configuration findings (:mod:`packsim.auditing.findings`) and measures the
+loss normalisation over gradient accumulation (:mod:`packsim.auditing.accumulation`).
+
+Where the examples are: the batch's own fields first (cu_seq_lens_q > seq_idx > position_ids
+restarts; one example per row without them). Where those mark at most one example per row, the
+tokens decide: a BOS after a row's first token starts an example, and for TRL's wrapped packing the
+token after a run of EOS does too. Prompt/response: from the collated features' split
+(:func:`~packsim.auditing.features.response_mask_from_features`), all response for TRL's
+language-modelling data, else unknown. Used by lesson 06 and ``packsim audit --model``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import torch
+
+from packsim.auditing.accumulation import loss_over_accumulation
+from packsim.auditing.auditor import _TOL, _baseline, _worst_pair
+from packsim.auditing.causes import likely_causes
+from packsim.auditing.features import feature_response_masks
+from packsim.auditing.findings import (
+    BatchView,
+    cache,
+    completion_only_loss,
+    is_sft,
+    loss_across_devices,
+    static_findings,
+)
+from packsim.auditing.pipeline import Out, Pipeline, _dict_roles, logits_of
+from packsim.auditing.probes import (
+    attention_mass,
+    gradient,
+    loss_coverage,
+    perturbation,
+    positions_probe,
+    probe_examples,
+)
+from packsim.auditing.report import AuditReport, Finding, ProbeResult
+from packsim.core.errors import PacksimError
+from packsim.core.loss import Role
+from packsim.core.segments import ROWS_SOURCE, example_positions, find_boundaries
+
+__all__ = ["audit_trainer"]
+
+_LEAK_PROBES = ("perturbation", "gradient", "attention_mass")
+
+
+class _Recorder:
+    """Wraps the trainer's collator to keep the features of each batch it collates."""
+
+    def __init__(self, collate):
+        self.collate, self.calls = collate, []
+
+    def __call__(self, features):
+        self.calls.append(list(features))
+        return self.collate(features)
+
+
+def _draw(trainer, n: int) -> list[tuple[dict, list | None]]:
+    """The first ``n`` batches of the training dataloader, each with its features (None if unseen)."""
+    original = trainer.data_collator
+    recorder = _Recorder(original)
+    trainer.data_collator = recorder
+    try:
+        drawn = []
+        for batch in trainer.get_train_dataloader():
+            drawn.append(dict(batch))
+            if len(drawn) == n:
+                break
+    finally:
+        trainer.data_collator = original
+    if not drawn:
+        raise PacksimError("the trainer's training dataloader yielded no batch: give it a non-empty "
+                           "train_dataset (after TRL's preparation and packing).")
+    calls = recorder.calls  # the dataloader may collate one batch ahead; worker processes record none
+    return [(b, calls[i] if i < len(calls) else None) for i, b in enumerate(drawn)]
+
+
+def _special_ids(trainer, model, name: str) -> set[int]:
+    ids = set()
+    for source in (getattr(trainer, "processing_class", None), getattr(model, "config", None)):
+        source = getattr(source, "tokenizer", source)  # a processor wraps its tokenizer
+        value = getattr(source, f"{name}_token_id", None)
+        ids |= {value} if isinstance(value, int) else set(value or [])
+    return ids
+
+
+def _token_seq(trainer, model, ids: torch.Tensor, pad: torch.Tensor) -> torch.Tensor | None:
+    """Example index (B, T) from the tokens, or None when the tokens mark nothing more than rows."""
+    bos = _special_ids(trainer, model, "bos")
+    eos = _special_ids(trainer, model, "eos")
+    dev = ids.device
+    is_bos = torch.isin(ids, torch.tensor(sorted(bos), device=dev)) if bos else torch.zeros_like(pad)
+    is_eos = torch.isin(ids, torch.tensor(sorted(eos), device=dev)) if eos else torch.zeros_like(pad)
+    starts = is_bos & ~pad
+    wrapped = is_sft(trainer) and getattr(trainer.args, "packing_strategy", "") == "wrapped" \
+        and getattr(trainer.args, "packing", False)
+    if wrapped:  # the token after a run of EOS starts the next example
+        starts[:, 1:] |= is_eos[:, :-1] & ~is_eos[:, 1:] & ~pad[:, 1:]
+    starts[:, 0] = True
+    if not bool(starts[:, 1:].any()):
+        return None
+    seq = starts.reshape(-1).cumsum(0).reshape(ids.shape) - 1  # (B, T)
+    seq[pad] = -1
+    return seq
+
+
+def _view(trainer, model, fields: dict) -> BatchView:
+    ids = fields["input_ids"]
+    found = find_boundaries(fields, missing="rows")
+    field_seq = found.seq_ids.to(ids.device).clone()
+    mask = fields.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and found.source == ROWS_SOURCE:
+        field_seq[mask.to(ids.device) == 0] = -1
+    view = BatchView(fields, field_seq, field_seq, found.source, False)
+    if not view.multi_by_fields:
+        tok = _token_seq(trainer, model, ids, field_seq < 0)
+        if tok is not None:
+            view.seq, view.from_tokens = tok, True
+            view.source = "the tokens: a BOS, or the token after a run of EOS under wrapped packing, starts an example"
+    bos = _special_ids(trainer, model, "bos")
+    if bos:
+        first = torch.isin(ids[:, 0], torch.tensor(sorted(bos), device=ids.device))
+        view.rows_mid_example = int((~first & (field_seq[:, 0] >= 0)).sum())
+    return view
+
+
+def _response_mask(trainer, view: BatchView, features) -> tuple[torch.Tensor | None, str | None]:
+    """(B, T) bool response mask and where it came from, or (None, None) when unknown."""
+    real = view.seq >= 0
+    if features is not None:
+        try:
+            flags = feature_response_masks(features)
+        except PacksimError:
+            flags = None
+        if flags is not None:
+            lengths = [len(f) for f in flags]
+            B = real.shape[0]
+            rows = [int(r.sum()) for r in real]
+            if B == 1 and rows[0] == sum(lengths):
+                layout = [sum(flags, [])]
+            elif B == len(flags) and rows == lengths:
+                layout = flags
+            else:
+                layout = None
+            if layout is not None:
+                mask = torch.zeros_like(real)
+                for row, f in enumerate(layout):
+                    mask[row, real[row]] = torch.tensor(f, dtype=torch.bool, device=mask.device)
+                return mask, "the collated features' prompt/completion split"
+    if is_sft(trainer) and getattr(trainer.args, "completion_only_loss", None) is None \
+            and not getattr(trainer, "completion_only_loss", False) \
+            and not getattr(trainer.args, "assistant_only_loss", False):
+        return real.clone(), "language-modelling data (every token is a response token)"
+    return None, None
+
+
+def _pipeline(trainer, model, view: BatchView, features, forward_kwargs, autocast) -> tuple[Pipeline, str | None]:
+    fields = view.fields
+    ids = fields["input_ids"]
+    rest = {k: v for k, v in fields.items() if k not in ("input_ids", "labels")}
+
+    def run(input_ids=None, inputs_embeds=None, output_attentions=False) -> Out:
+        extra = {"output_attentions": True} if output_attentions else {}
+        x = {"inputs_embeds": inputs_embeds} if inputs_embeds is not None else \
+            {"input_ids": ids if input_ids is None else input_ids}
+        with autocast():
+            return logits_of(model(**x, **rest, **forward_kwargs, **extra))
+
+    seq, S = view.seq, int(view.seq.max()) + 1 if bool((view.seq >= 0).any()) else 0
+    mask, note = _response_mask(trainer, view, features)
+    roles, notes = _dict_roles(model, fields, seq, mask)
+    if note:
+        notes[0] = f"prompt/response from {note}"
+    pos = fields.get("position_ids")
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    kw = "".join(f", {k}={v!r}" for k, v in forward_kwargs.items())
+    dtype = next(model.parameters()).dtype
+    forward = (f"{type(trainer).__name__}.compute_loss's call model(**batch{kw}) without labels, batch "
+               f"keys {sorted(fields)}, attn_implementation={impl!r}, dtype {dtype}, mixed precision "
+               f"{trainer.accelerator.mixed_precision!r}")
+    p = Pipeline(
+        model=model, run=run, input_ids=ids, seq=seq, example_ids=list(range(S)), boundaries=view.source,
+        labels=fields.get("labels"), roles=roles, role_notes=notes,
+        positions=None if pos is None else torch.as_tensor(pos).expand(ids.shape),
+        expected_positions=example_positions(seq), forward=forward,
+        context={"kind": "dict", "fields": fields, "impl": impl, "forward_kwargs": forward_kwargs},
+    )
+    return p, note
+
+
+def _probe(p: Pipeline, view: BatchView, seed: int, max_examples: int, tol) -> tuple[AuditReport, Out]:
+    """The five probes of :func:`packsim.audit` on one batch (leak probes skipped for one example)."""
+    start = time.perf_counter()
+    base_out = _baseline(p, seed)
+    base = base_out.logits.float()
+    tol = _TOL.get(base_out.logits.dtype, 1e-5) if tol is None else float(tol)
+    S = len(p.example_ids)
+    probes: dict[str, ProbeResult] = {}
+    change, ratio, outside = torch.full((S, S), float("nan")), None, None
+    if S < 2:
+        why = "the batch holds one example: there is no other example to leak into (audit more batches)"
+        for name in _LEAK_PROBES:
+            probes[name] = ProbeResult(name, "skipped", None, tol, why)
+    else:
+        chosen = probe_examples(S, max_examples)
+        probes["perturbation"], change = perturbation(p, base, chosen, tol, seed)
+        probes["gradient"], ratio = gradient(p, chosen, tol, seed)
+        probes["attention_mass"], outside = attention_mass(p, base, tol)
+    probes["loss_coverage"] = loss_coverage(p)
+    probes["positions"] = positions_probe(p, tol)
+    if view.from_tokens:  # the batch has no boundary fields: the field-based leak causes do not apply
+        quiet = {k: replace(v, status="pass") if k in _LEAK_PROBES else v for k, v in probes.items()}
+        causes = likely_causes(p, quiet, base_out)
+    else:
+        causes = likely_causes(p, probes, base_out)
+    report = AuditReport(
+        probes=probes, boundaries=p.boundaries, example_ids=p.example_ids, forward=p.forward,
+        logit_change=change, gradient_ratio=ratio, attention_outside=outside,
+        worst_pair=_worst_pair(p.example_ids, change, ratio), causes=causes,
+        seconds=time.perf_counter() - start,
+    )
+    return report, base_out
+
+
+def _inside_counts(p: Pipeline) -> tuple[int, int]:
+    """(counted, total) labels inside the examples: prompt, response, EOS, unknown (not boundaries)."""
+    if p.labels is None:
+        return 0, 0
+    inside = torch.isin(p.roles, torch.tensor([int(Role.PROMPT), int(Role.RESPONSE), int(Role.EOS),
+                                               int(Role.UNKNOWN)], device=p.roles.device))
+    counted = torch.as_tensor(p.labels).reshape(p.input_ids.shape).to(p.roles.device) != -100
+    return int((inside & counted).sum()), int(inside.sum())
+
+
+def _use_cache(model, forward_kwargs) -> tuple[object, str]:
+    if "use_cache" in forward_kwargs:
+        return forward_kwargs["use_cache"], "in the call, as compute_loss passes it"
+    return getattr(model.config, "use_cache", None), "from model.config (the Trainer sets it from TrainingArguments.use_cache)"
+
+
+def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 16, tol: float | None = None,
+                  seed: int = 0) -> AuditReport:
+    """Audit a configured ``transformers.Trainer`` / ``trl.SFTTrainer`` before (or instead of) training.
+
+    Args:
+        trainer: the trainer as built for the run (model, args, train_dataset, collator).
+        batches: how many training batches to audit (the report shows the worst; a ``batches``
+            finding lists each). Gradient accumulation draws at least
+            ``gradient_accumulation_steps`` batches for the loss-normalisation measurement.
+        max_examples, tol, seed: as :func:`packsim.audit`.
+
+    Returns an :class:`~packsim.auditing.report.AuditReport` whose ``findings`` hold the
+    configuration checks; ``report.ok`` is False when a probe or a finding fails. The model's
+    train/eval mode is restored afterwards; its weights are not touched.
+    """
+    if not hasattr(trainer, "get_train_dataloader") or not hasattr(trainer, "model"):
+        raise PacksimError(f"audit_trainer takes a transformers.Trainer or trl.SFTTrainer, got "
+                           f"{type(trainer).__name__}: for a model and one batch use packsim.audit.")
+    if not isinstance(batches, int) or batches < 1:
+        raise PacksimError(f"batches={batches!r}: audit at least 1 batch.")
+    start = time.perf_counter()
+    model = trainer.model
+    ga = max(int(getattr(trainer.args, "gradient_accumulation_steps", 1) or 1), 1)
+    drawn = _draw(trainer, max(batches, ga))
+    forward_kwargs = {"use_cache": False} if is_sft(trainer) else {}
+    autocast = trainer.accelerator.autocast
+    impl = getattr(model.config, "_attn_implementation", None)
+    was_training = model.training
+    model.train()
+    try:
+        results = []
+        for raw, features in drawn[:batches]:
+            fields = trainer._prepare_inputs(raw)
+            view = _view(trainer, model, fields)
+            p, note = _pipeline(trainer, model, view, features, forward_kwargs, autocast)
+            try:
+                report, base_out = _probe(p, view, seed, max_examples, tol)
+            except (ImportError, RuntimeError, ValueError) as err:
+                raise PacksimError(f"the trainer's forward failed on batch {len(results)} ({type(err).__name__}: "
+                                   f"{str(err).splitlines()[0][:200]}): fix the trainer so one training step "
+                                   "runs, then audit it.") from err
+            results.append((report, view, p, note, base_out))
+
+        def logits(inputs):
+            rest = {k: v for k, v in inputs.items() if k != "labels"}
+            return model(**rest, **forward_kwargs).logits
+
+        accumulation = loss_over_accumulation(trainer, [b for b, _ in drawn], logits, autocast)
+    finally:
+        model.train(was_training)
+    worst = max(range(len(results)), key=lambda k: (len(results[k][0].failed), -k))
+    report, view, p, note, base_out = results[worst]
+    use_cache, where = _use_cache(model, forward_kwargs)
+    counts_items = bool(getattr(trainer, "model_accepts_loss_kwargs", False)
+                        or getattr(trainer, "compute_loss_func", None) is not None)
+    findings = static_findings(trainer, view, impl)
+    findings += [cache(view, base_out.cache, use_cache, where),
+                 completion_only_loss(trainer, note, _inside_counts(p), report.probes["loss_coverage"]),
+                 accumulation, loss_across_devices(trainer, counts_items)]
+    if batches > 1:
+        verdicts = [f"batch {k}: {'PASS' if r.ok else 'FAIL (' + ', '.join(r.failed) + ')'}"
+                    for k, (r, *_rest) in enumerate(results)]
+        bad = sum(not r.ok for r, *_rest in results)
+        findings.append(Finding("batches", "fail" if bad else "pass",
+                                f"{len(results)} batches audited, {bad} failed ({'; '.join(verdicts)}); "
+                                f"the table shows batch {worst}",
+                                "see the failing batch's probes and findings"))
+    fixes = [f"{f.name}: {f.fix}" for f in findings if f.failed and f.fix and f.name != "batches"]
+    return replace(report, findings=findings, causes=fixes + report.causes,
+                   seconds=time.perf_counter() - start)
