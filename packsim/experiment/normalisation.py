@@ -1,0 +1,95 @@
+"""Loss normalisation across data-parallel ranks and gradient-accumulation micro-batches (lesson 09).
+
+One optimiser step of data-parallel training sees ``R`` ranks x ``M`` micro-batches. Micro-batch
+``m`` of rank ``r`` holds ``counts[r, m]`` counted targets (response tokens and EOS under a
+completion-only loss) whose per-token losses add up to ``sums[r, m]``. Both are ``(R, M)``
+tensors. Every normaliser here is a *weight* per micro-batch, ``weights(counts) -> (R, M)``, and
+the step's objective is ``(weights * sums).sum()``:
+
+=========  =====================================  =============================================
+kind       objective                              who does this
+=========  =====================================  =============================================
+global     sum of all token losses / all counts   one process with the whole batch; the
+                                                  ``Trainer`` with ``average_tokens_across_devices``
+local      mean over ranks of each rank's          the ``Trainer`` without it: each rank divides
+           per-token mean (its own count)         by its own count, DDP then averages ranks
+mean       mean over ranks and micro-batches of   a per-micro-batch ``reduction="mean"`` loss,
+           each micro-batch's per-token mean      divided by the accumulation steps
+=========  =====================================  =============================================
+
+Only ``global`` gives every counted token the same weight whatever rank and micro-batch it
+landed in, so only ``global`` reproduces the one-process run. ``local`` and ``mean`` agree with it
+exactly when every rank (and micro-batch) holds the same number of counted targets.
+
+A micro-batch with no counted target weighs 0 under every kind, so it contributes exactly zero
+(never 0/0 = NaN), and a step with no counted target at all gives an all-zero weight. (A real
+per-micro-batch mean of such a micro-batch is NaN; ``mean`` here counts it as 0 but still divides
+by ``M``.)
+
+DistributedDataParallel *averages* gradients over the ``R`` ranks, so a rank that wants the
+objective's gradient calls ``backward`` on ``sums[r, m] * weights[r, m] * R``:
+:func:`backward_scales` returns those factors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from packsim.core.errors import PacksimError
+
+__all__ = ["NORMALISERS", "weights", "objective", "backward_scales"]
+
+NORMALISERS = ("global", "local", "mean")
+
+
+def _check(counts, kind: str) -> torch.Tensor:
+    if kind not in NORMALISERS:
+        raise PacksimError(f"unknown normalisation {kind!r}: use one of {list(NORMALISERS)} "
+                           "(global is the one that matches a single process).")
+    counts = torch.as_tensor(counts)
+    if counts.dim() != 2 or counts.numel() == 0:
+        raise PacksimError(f"counts must be a non-empty (ranks, micro_batches) table, got shape "
+                           f"{tuple(counts.shape)}: one row per rank, one column per micro-batch.")
+    if bool((counts < 0).any()):
+        raise PacksimError("counts must be >= 0 (numbers of counted targets per micro-batch).")
+    return counts.to(torch.float64)
+
+
+def _safe_inverse(x: torch.Tensor) -> torch.Tensor:
+    """1 / x where x > 0, else 0: an empty micro-batch (or rank, or step) weighs nothing."""
+    return torch.where(x > 0, 1.0 / x.clamp(min=1), torch.zeros_like(x))
+
+
+def weights(counts, kind: str = "global") -> torch.Tensor:
+    """Weight of each micro-batch's summed token loss: counts (R, M) -> (R, M) float64.
+
+    ``global``: ``1 / counts.sum()``; ``local``: ``1 / (R * counts[r].sum())``;
+    ``mean``: ``1 / (R * M * counts[r, m])``. 0 wherever the count it divides by is 0.
+    """
+    n = _check(counts, kind)  # (R, M)
+    R, M = n.shape
+    if kind == "global":
+        return _safe_inverse(n.sum()).expand(R, M).clone()
+    if kind == "local":
+        return (_safe_inverse(n.sum(dim=1, keepdim=True)) / R).expand(R, M).clone()  # (R, 1) -> (R, M)
+    return _safe_inverse(n) / (R * M)
+
+
+def objective(sums, counts, kind: str = "global") -> torch.Tensor:
+    """The step's loss under ``kind``: sums, counts (R, M) -> scalar float64 (0 if nothing is counted)."""
+    w = weights(counts, kind)
+    sums = torch.as_tensor(sums, dtype=torch.float64)
+    if sums.shape != w.shape:
+        raise PacksimError(f"sums {tuple(sums.shape)} and counts {tuple(w.shape)} must have the same "
+                           "(ranks, micro_batches) shape.")
+    return (w * sums).sum()
+
+
+def backward_scales(counts, kind: str = "global") -> torch.Tensor:
+    """Factor rank r multiplies micro-batch m's summed token loss by before ``backward`` (R, M).
+
+    DistributedDataParallel averages gradients over the R ranks, so the factor is ``R`` times the
+    weight: under ``global`` every entry is ``R / counts.sum()``.
+    """
+    w = weights(counts, kind)
+    return w * w.shape[0]
