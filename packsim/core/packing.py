@@ -19,8 +19,11 @@ Four strategies, each a teaching point of notebook 01:
   row count is provably at most about 11/9 of the best possible (on real length distributions
   it is usually within a row or two of the lower bound ``ceil(total_tokens / capacity)``).
 
-Both decreasing strategies run in O(n log n) with two heaps (see :func:`_place`): a million
-examples pack in about a second of pure Python + numpy.
+Both decreasing strategies run in O(n log n) with two heaps (see :func:`_place`); ``"wrapped"``
+and the overflow policies are numpy array operations with no loop over examples (see
+:func:`_pack_wrapped`). What remains is building the Python lists and Pieces the packs are made
+of, so a million examples pack in well under a second (``benchmarks/packing.py`` measures it
+against TRL's ``pack_dataset``).
 
 A pack is a list of entries in the order their tokens appear in the row. An entry is a plain
 ``int`` (the example index) when the whole example is in that pack, and a :class:`Piece` when
@@ -29,8 +32,10 @@ only some of its tokens are. :func:`packing_stats` turns packs into the numbers 
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from heapq import heappop, heappush
 from itertools import pairwise
 from typing import NamedTuple
@@ -118,13 +123,22 @@ def pack(
     _check_choice("strategy", strategy, STRATEGIES, "strategy='bfd'")
     _check_choice("overflow", overflow, OVERFLOW_POLICIES, "overflow='split'")
     sizes = _check_lengths(lengths)
-    if strategy == "wrapped":
-        return _pack_wrapped(sizes, capacity)
-    index, start, stop = _items(sizes, capacity, overflow)
-    entries = _entries(index, start, stop, sizes)
-    if strategy == "sequential":
-        return _pack_sequential(entries, stop - start, capacity)
-    return _pack_decreasing(entries, stop - start, capacity, best=strategy == "bfd")
+    # The packs are up to millions of small lists and Pieces, none in a reference cycle; with the
+    # cyclic garbage collector running, every 700 new containers start a collection that walks
+    # ever more of them (1M lengths at capacity 512: about 4x slower). Pause it, then restore it.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        if strategy == "wrapped":
+            return _pack_wrapped(sizes, capacity)
+        index, start, stop = _items(sizes, capacity, overflow)
+        entries = _entries(index, start, stop, sizes)
+        if strategy == "sequential":
+            return _pack_sequential(entries, stop - start, capacity)
+        return _pack_decreasing(entries, stop - start, capacity, best=strategy == "bfd")
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def pack_pieces(
@@ -294,26 +308,40 @@ def _as_int_array(lengths: object) -> np.ndarray:
 
 
 def _pack_wrapped(sizes: np.ndarray, capacity: int) -> list[list[Entry]]:
-    """Concatenate in data order and cut every ``capacity`` tokens (examples may straddle cuts)."""
-    ends = np.cumsum(sizes)
-    n_packs = -(-int(ends[-1]) // capacity) if len(sizes) else 0
-    packs: list[list[Entry]] = [[] for _ in range(n_packs)]
-    for i, (a, b) in enumerate(zip((ends - sizes).tolist(), ends.tolist(), strict=True)):
-        first, last = a // capacity, (b - 1) // capacity
-        if first == last:
-            packs[first].append(i)
-            continue
-        for p in range(first, last + 1):
-            lo, hi = max(a, p * capacity), min(b, (p + 1) * capacity)
-            packs[p].append(Piece(i, lo - a, hi - a))
-    return packs
+    """Concatenate in data order and cut every ``capacity`` tokens (examples may straddle cuts).
+
+    In numpy, no loop over examples: every cut that falls inside an example is inserted into the
+    list of example starts, which gives the items (whole examples and pieces) in token order; a
+    pack is then a run of consecutive items, starting at the item that starts at its cut.
+    """
+    n = len(sizes)
+    if not n:
+        return []
+    bounds = np.zeros(n + 1, dtype=np.int64)  # (n + 1,) token offset where each example starts
+    np.cumsum(sizes, out=bounds[1:])
+    total = int(bounds[-1])
+    cuts = np.arange(capacity, total, capacity)  # (n_packs - 1,) where rows 1, 2, ... start
+    after = np.searchsorted(bounds, cuts)  # first example starting at or after each cut
+    inside = bounds[after] != cuts  # the cut splits example after - 1
+    cut_at = after[inside]  # (k,) insert before these example positions
+    index = np.insert(np.arange(n), cut_at, cut_at - 1)  # (n + k,) example of each item
+    item_start = np.insert(bounds, cut_at, cuts[inside])  # (n + k + 1,) token offsets, total last
+    # the item at each cut, whether inserted or an example start, sits after the earlier insertions
+    pack_start = [0, *(after + np.cumsum(inside) - inside).tolist(), len(index)]
+    inserted = cut_at + np.arange(len(cut_at))  # (k,) positions of the inserted items
+    is_piece = np.zeros(len(index), dtype=bool)  # every item of a cut example: each inserted
+    is_piece[inserted] = is_piece[inserted - 1] = True  # item and the item before it
+    piece_at = np.flatnonzero(is_piece)
+    base = bounds[index[piece_at]]
+    entries = _entry_array(index, piece_at, item_start[piece_at] - base, item_start[piece_at + 1] - base)
+    return _split(entries.tolist(), pack_start)
 
 
-def _pack_sequential(entries: list[Entry], item_sizes: np.ndarray, capacity: int) -> list[list[Entry]]:
+def _pack_sequential(entries: np.ndarray, item_sizes: np.ndarray, capacity: int) -> list[list[Entry]]:
     """Next fit in data order: a new pack whenever the next item does not fit the current one."""
     packs: list[list[Entry]] = []
     room = 0
-    for entry, size in zip(entries, item_sizes.tolist(), strict=True):
+    for entry, size in zip(entries.tolist(), item_sizes.tolist(), strict=True):
         if size > room:
             packs.append([])
             room = capacity
@@ -344,26 +372,42 @@ def _items(
     return index, start, np.minimum(start + capacity, sizes[index])
 
 
-def _entries(
-    index: np.ndarray, start: np.ndarray, stop: np.ndarray, sizes: np.ndarray
-) -> list[Entry]:
-    """One pack entry per item: the example index if the item is the whole example, else a Piece."""
-    entries: list[Entry] = index.tolist()
-    for k in np.flatnonzero((start > 0) | (stop < sizes[index])).tolist():
-        entries[k] = Piece(entries[k], int(start[k]), int(stop[k]))
+def _entries(index: np.ndarray, start: np.ndarray, stop: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """One pack entry per item, shape ``(n_items,)`` (object): the example index if the item is
+    the whole example, else a Piece."""
+    piece_at = np.flatnonzero((start > 0) | (stop < sizes[index]))
+    return _entry_array(index, piece_at, start[piece_at], stop[piece_at])
+
+
+def _entry_array(
+    index: np.ndarray, piece_at: np.ndarray, start: np.ndarray, stop: np.ndarray
+) -> np.ndarray:
+    """Entries as an object array, shape ``(n_items,)``: Python ints, and at ``piece_at`` (k,)
+    ``Piece(index, start, stop)``. The pieces are made in one C-level pass (``tuple.__new__``),
+    not by calling ``Piece(...)`` (a Python function) once each."""
+    entries = index.astype(object)  # Python ints
+    if piece_at.size:
+        fields = zip(index[piece_at].tolist(), start.tolist(), stop.tolist(), strict=True)
+        entries[piece_at] = np.fromiter(map(_new_piece, fields), dtype=object, count=piece_at.size)
     return entries
 
 
+_new_piece = partial(tuple.__new__, Piece)  # (index, start, stop) tuple -> Piece, in C
+
+
+def _split(flat: list[Entry], bounds: Sequence[int]) -> list[list[Entry]]:
+    """``flat[bounds[p]:bounds[p + 1]]`` for each pack ``p``."""
+    return [flat[a:b] for a, b in pairwise(bounds)]
+
+
 def _pack_decreasing(
-    entries: list[Entry], item_sizes: np.ndarray, capacity: int, best: bool
+    entries: np.ndarray, item_sizes: np.ndarray, capacity: int, best: bool
 ) -> list[list[Entry]]:
     """Place items longest first (stable), then group entries by the pack :func:`_place` chose."""
     order = np.argsort(-item_sizes, kind="stable")
     placed = np.asarray(_place(item_sizes[order].tolist(), capacity, best), dtype=np.int64)
     by_pack = order[np.argsort(placed, kind="stable")]  # stable: placement order inside a pack
-    flat = [entries[k] for k in by_pack.tolist()]
-    bounds = [0, *np.cumsum(np.bincount(placed)).tolist()]
-    return [flat[a:b] for a, b in pairwise(bounds)]
+    return _split(entries[by_pack].tolist(), [0, *np.cumsum(np.bincount(placed)).tolist()])
 
 
 def _place(sizes: list[int], capacity: int, best: bool) -> list[int]:
