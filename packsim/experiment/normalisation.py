@@ -69,10 +69,12 @@ def weights(counts, kind: str = "global") -> torch.Tensor:
     n = _check(counts, kind)  # (R, M)
     R, M = n.shape
     if kind == "global":
-        return _safe_inverse(n.sum()).expand(R, M).clone()
-    if kind == "local":
-        return (_safe_inverse(n.sum(dim=1, keepdim=True)) / R).expand(R, M).clone()  # (R, 1) -> (R, M)
-    return _safe_inverse(n) / (R * M)
+        w = _safe_inverse(n.sum()).expand(R, M)
+    elif kind == "local":
+        w = (_safe_inverse(n.sum(dim=1, keepdim=True)) / R).expand(R, M)  # (R, 1) -> (R, M)
+    else:
+        w = _safe_inverse(n) / (R * M)
+    return torch.where(n > 0, w, torch.zeros_like(n))  # an empty micro-batch weighs exactly 0
 
 
 def objective(sums, counts, kind: str = "global") -> torch.Tensor:
