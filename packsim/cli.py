@@ -7,12 +7,20 @@
 
 Each subcommand lives in the module it belongs to, which provides ``add_arguments(parser)`` and
 ``run(args) -> int``; this file only wires them up (imports are lazy so ``--help`` is fast).
+
+Bad input never ends in a traceback: an option argparse rejects, or a :class:`PacksimError`
+(or an ``OSError`` on a path) raised by a subcommand, prints one line on stderr,
+``packsim <command>: error: <what was wrong and how to fix it>``, and exits with status 2.
+Subcommands check their options before any training starts.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import sys
+
+from packsim.core.errors import PacksimError
 
 # name -> (module, help)
 SUBCOMMANDS = {
@@ -23,15 +31,34 @@ SUBCOMMANDS = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``packsim compare: error: ... (see packsim compare --help)``."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="packsim", description="packsim: pack sequences correctly.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    """Run one subcommand; bad input exits 2 with one line on stderr (``SystemExit``)."""
+    parser = _Parser(prog="packsim", description="packsim: pack sequences correctly.")
+    sub = parser.add_subparsers(dest="command", required=True)  # subparsers are _Parser too
     for name, (module, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
         _module(module).add_arguments(p)
     args = parser.parse_args(argv)
-    return int(_module(args._module).run(args) or 0)
+    try:
+        return int(_module(args._module).run(args) or 0)
+    except PacksimError as err:
+        _fail(args.command, str(err))
+    except OSError as err:  # a path the subcommand could not read or write
+        _fail(args.command, f"cannot use {err.filename}: {err.strerror}" if err.filename else str(err))
+
+
+def _fail(command: str, message: str):
+    """argparse's style: one line on stderr, exit status 2."""
+    print(f"packsim {command}: error: {' '.join(message.split())}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
 
 
 def _module(name: str):

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from packsim.cli import main
-from packsim.experiment.comparison import experiment_config, load_model
 from packsim.core.errors import PacksimError
+from packsim.experiment.comparison import experiment_config, load_model
 from packsim.experiment.results import Results
 
 TINY = ["--steps", "4", "--examples-per-step", "16", "--n-test", "12", "--throughput-steps", "1", "--quiet"]
@@ -71,7 +71,7 @@ def test_facts_copies_reach_the_training_stream():
     assert data.groups[:6] == ["first", "repeat", "repeat"] * 2
     assert data.train[0] is data.train[2] and data.train[2] is not data.train[3]
     with pytest.raises(PacksimError, match="copies >= 1, got 225 and 0"):
-        main(["compare", "--copies", "0", "--data", "facts", "--steps", "1"])  # before training
+        experiment_config("facts", fast=True, steps=1, copies=0)  # before training
 
 
 def test_budgets_and_bad_options():
@@ -106,5 +106,6 @@ def test_report_subcommand_rebuilds_the_html(tasks_out, tmp_path, capsys):
     assert main(["report", str(tasks_out), "--out", str(tmp_path / "r.html")]) == 0
     assert "Buggy vs correct, measured" in (tmp_path / "r.html").read_text()
     assert "isolated exact match" in capsys.readouterr().out
-    with pytest.raises(PacksimError, match="no results at"):
+    with pytest.raises(SystemExit) as exc:  # the CLI: one line, exit 2 (tests/test_cli.py has the rest)
         main(["report", str(tmp_path / "missing")])
+    assert exc.value.code == 2 and "no results at" in capsys.readouterr().err
