@@ -1,0 +1,470 @@
+"""A museum of real-world packing bugs: each one planted on the tiny model, each one caught.
+
+Every :class:`Exhibit` is a bug users reported in a public tracker, rebuilt as a planted fault on
+packsim's tiny Llama (``build_model("tiny")``, vocab 48, fp32, CPU): the buggy pipeline (model +
+batch + forward kwargs, or the loss reduction), the fixed one, and what catches it. Most are caught
+by :func:`packsim.audit` (perturbation, gradient, attention_mass, loss_coverage); two are not
+visible in one batch's probes and are caught by a small check here:
+
+- :func:`check_counted_labels`: a batch whose labels are all -100 (the loss is 0/0);
+- :func:`check_loss_normalisation`: every counted token must weigh the same in the loss summed over
+  the micro-batches of one optimizer step (gradient accumulation).
+
+Batches are transformers' ``DataCollatorWithFlattening`` rows (1, N) (``input_ids``, ``labels``,
+``position_ids``, ``cu_seq_lens_q/k``) unless the story says otherwise; ``response_mask`` (1, N) is
+True on response tokens and the final EOS. Every link was checked against the public thread; the
+stories are ours. :func:`museum_table` runs every exhibit (buggy and fixed) and tabulates what
+caught it. Used by lesson 06, docs/audit.md and tests/test_museum.py.
+"""
+
+from __future__ import annotations
+
+import html
+import random
+from collections.abc import Callable
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from functools import cache
+from unittest import mock
+
+import torch
+import torch.nn.functional as F
+
+from packsim.auditing.auditor import audit
+from packsim.auditing.report import AuditReport
+from packsim.core.errors import PacksimError
+from packsim.core.loss import IGNORE_INDEX
+
+VOCAB, BOS, EOS = 48, 1, 2
+SHAPES = ((4, 3), (5, 4), (3, 5))  # (prompt body, response body) per example
+
+
+@dataclass(frozen=True)
+class Ex:
+    """``tokens`` = [BOS] + prompt + response + [EOS]; the first ``n_prompt`` tokens are the prompt."""
+
+    tokens: tuple[int, ...]
+    n_prompt: int
+
+
+def examples(chat: bool = False, shapes=SHAPES, seed: int = 0) -> list[Ex]:
+    """Seeded toy examples; ``chat`` ends the user turn with an EOS (end of turn) as well."""
+    rng = random.Random(seed)
+    out = []
+    for n_prompt, n_response in shapes:
+        prompt = [BOS] + [rng.randrange(3, VOCAB) for _ in range(n_prompt)] + ([EOS] if chat else [])
+        out.append(Ex(tuple(prompt + [rng.randrange(3, VOCAB) for _ in range(n_response)] + [EOS]),
+                      len(prompt)))
+    return out
+
+
+def collate(exs, labels: str = "completion") -> dict:
+    """``DataCollatorWithFlattening`` over ``exs``: labels "completion" (prompt -100) or "all"."""
+    from transformers import DataCollatorWithFlattening
+
+    feats = []
+    for ex in exs:
+        lab = list(ex.tokens) if labels == "all" else [IGNORE_INDEX] * ex.n_prompt + list(ex.tokens[ex.n_prompt:])
+        feats.append({"input_ids": list(ex.tokens), "labels": lab})
+    return DataCollatorWithFlattening(return_flash_attn_kwargs=True)(feats)
+
+
+def response_mask(exs) -> torch.Tensor:
+    """(1, N) bool, True on response tokens and EOS, in collator order."""
+    return torch.tensor([j >= ex.n_prompt for ex in exs for j in range(len(ex.tokens))])[None]
+
+
+@cache
+def tiny(impl: str = "sdpa"):
+    """The shared tiny Llama per attention implementation (same weights; never mutated here)."""
+    from packsim.core.model import build_model
+
+    return build_model("tiny", vocab_size=VOCAB, attn_implementation=impl, seed=0)
+
+
+# ----------------------------------------------------------------------------- the museum's checks
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A museum check: ``status`` "pass" or "fail", its number and what it measured."""
+
+    name: str
+    status: str
+    value: float
+    summary: str
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "fail"
+
+
+def check_counted_labels(batch: dict) -> Finding:
+    """Fail when no label of the batch is counted (t >= 1 in a row, != -100): the loss is 0/0."""
+    labels = torch.as_tensor(batch["labels"])
+    counted = int((labels[..., 1:] != IGNORE_INDEX).sum())
+    if counted:
+        return Finding("counted_labels", "pass", counted, f"{counted} labels counted")
+    return Finding("counted_labels", "fail", 0, "no label is counted: the loss is 0/0, NaN in plain "
+                   "cross-entropy or a silent 0.0 where a trainer guards it; keep at least one "
+                   "response token per example (raise max_length, drop prompt-only examples)")
+
+
+def check_loss_normalisation(model, micro_batches: list[dict], accumulate: Callable) -> Finding:
+    """Each counted token's weight in ``accumulate(logits_list, labels_list)`` must be 1/N.
+
+    The weight of token t is read from the gradient: for cross-entropy, d loss/d logits_t =
+    w_t (softmax_t - onehot_t), so w_t = g_t . (p_t - e_t) / |p_t - e_t|^2 (exact).
+    """
+    with torch.no_grad():
+        logits = [model(**{k: v for k, v in b.items() if k != "labels"}, use_cache=False).logits
+                  for b in micro_batches]
+    leaves = [x.detach().float().requires_grad_(True) for x in logits]  # (1, N_k, V) each
+    labels = [b["labels"] for b in micro_batches]
+    total = accumulate(leaves, labels)
+    total.backward()
+    weights = []
+    for x, y in zip(leaves, labels, strict=True):
+        target = y[0, 1:]  # logits at t predict the label at t + 1
+        keep = target != IGNORE_INDEX
+        p = x.detach()[0, :-1][keep].softmax(-1)
+        diff = p - F.one_hot(target[keep], p.shape[-1]).float()
+        weights.append((x.grad[0, :-1][keep] * diff).sum(-1) / (diff * diff).sum(-1))
+    w = torch.cat(weights)
+    spread = float(w.max() / w.min())
+    counts = [int(k.numel()) for k in weights]
+    summary = (f"weight of each counted token in the accumulated loss: {float(w.min()):.4f}.."
+               f"{float(w.max()):.4f} (max/min {spread:.3f}; 1/N = {1 / len(w):.4f}) over micro-batches "
+               f"with {counts} counted tokens")
+    return Finding("loss_normalisation", "fail" if spread > 1 + 1e-4 else "pass", spread, summary)
+
+
+def mean_of_means(logits: list, labels: list) -> torch.Tensor:
+    """The pre-fix reduction: each micro-batch's mean token loss, averaged over the K steps."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    return sum(ForCausalLMLoss(x, y, x.shape[-1]) for x, y in zip(logits, labels, strict=True)) / len(logits)
+
+
+def global_token_mean(logits: list, labels: list) -> torch.Tensor:
+    """The fix: every micro-batch's summed loss divided by the step's counted tokens (num_items_in_batch)."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    n = sum(int((y[..., 1:] != IGNORE_INDEX).sum()) for y in labels)
+    return sum(ForCausalLMLoss(x, y, x.shape[-1], num_items_in_batch=n) for x, y in zip(logits, labels, strict=True))
+
+
+# ----------------------------------------------------------------------------- exhibits
+
+
+@dataclass
+class Case:
+    """One pipeline: ``audit(model, batch, **kwargs)`` inside ``context()``; optional micro-batches."""
+
+    model: object
+    batch: object
+    kwargs: dict
+    context: Callable = nullcontext
+    micro_batches: list | None = None
+    accumulate: Callable | None = None
+
+
+@dataclass(frozen=True)
+class Exhibit:
+    """A bug from a public tracker: ``story`` (symptom, cause, fix), ``links``, ``build(buggy)``.
+
+    ``expected``: the probes/checks that fail on the buggy pipeline (and pass when fixed);
+    ``evidence``: text the first failing probe's or check's summary must contain.
+    """
+
+    name: str
+    title: str
+    links: tuple[str, ...]
+    story: str
+    build: Callable[[bool], Case]
+    expected: frozenset
+    evidence: str = ""
+
+
+@dataclass
+class Examination:
+    """What the audit (and the museum's checks) found on one pipeline."""
+
+    exhibit: str
+    fixed: bool
+    report: AuditReport
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[str]:
+        return self.report.failed + [f.name for f in self.findings if f.failed]
+
+    def text(self) -> str:
+        lines = [self.report.table()]
+        lines += [f"museum check {f.name}: {f.status.upper()}: {f.summary}" for f in self.findings]
+        return "\n".join(lines)
+
+
+def examine(exhibit: Exhibit | str, fixed: bool = False) -> Examination:
+    """Run the audit and the museum's checks on the buggy (or fixed) pipeline of ``exhibit``."""
+    ex = EXHIBITS[exhibit] if isinstance(exhibit, str) else exhibit
+    case = ex.build(not fixed)
+    with case.context():
+        report = audit(case.model, case.batch, **case.kwargs)
+        findings = [check_counted_labels(case.batch)] if isinstance(case.batch, dict) else []
+        if case.micro_batches:
+            findings.append(check_loss_normalisation(case.model, case.micro_batches, case.accumulate))
+    return Examination(ex.name, fixed, report, findings)
+
+
+def _dict_case(batch: dict, exs, impl: str = "sdpa", model=None, **kwargs) -> Case:
+    kwargs.setdefault("use_cache", False)
+    return Case(model or tiny(impl), batch, {"response_mask": response_mask(exs), **kwargs})
+
+
+@contextmanager
+def _no_packed_detection():
+    """transformers before 4.56: eager/sdpa/flex never derive a packed mask from position_ids."""
+    import transformers.masking_utils as hf_masking
+
+    with mock.patch.object(hf_masking, "find_packed_sequence_indices", lambda position_ids: None):
+        yield
+
+
+def _eos_only(buggy: bool) -> Case:
+    exs = examples()
+    batch = collate(exs)
+    if buggy:  # concatenated with EOS between examples, positions 0..N-1, one causal mask
+        batch = {"input_ids": batch["input_ids"], "labels": batch["labels"],
+                 "seq_idx": torch.cat([torch.full((len(e.tokens),), i) for i, e in enumerate(exs)])[None]}
+    return _dict_case(batch, exs, "eager")
+
+
+def _no_detection(buggy: bool) -> Case:
+    exs = examples()
+    case = _dict_case(collate(exs), exs, "sdpa")
+    case.context = _no_packed_detection if buggy else nullcontext
+    return case
+
+
+def _ones_mask(buggy: bool) -> Case:
+    exs = examples()
+    batch = collate(exs)
+    if buggy:
+        batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+    return _dict_case(batch, exs, "sdpa")
+
+
+def _segment_mask(buggy: bool) -> Case:
+    exs = examples()
+    batch = collate(exs)
+    if buggy:  # multipack-style mask: 1, 1, ..., 2, 2, ..., 3 (segment ids, never 0)
+        batch["attention_mask"] = torch.cat([torch.full((len(e.tokens),), i + 1) for i, e in enumerate(exs)])[None]
+    return _dict_case(batch, exs, "eager")
+
+
+def _cache(buggy: bool) -> Case:
+    exs = examples()
+    if not buggy:
+        return _dict_case(collate(exs), exs, "sdpa")
+    from packsim.core.model import build_model
+
+    model = build_model("tiny", vocab_size=VOCAB, attn_implementation="sdpa", seed=0).train()
+    model.config.use_cache = True  # a hand-built config's default; no use_cache in the call
+    return Case(model, collate(exs), {"response_mask": response_mask(exs)})
+
+
+def _positions_only(buggy: bool) -> Case:
+    from packsim.core.batch import PackedBatch
+    from packsim.core.setups import Setup
+
+    exs = examples()
+    setup = Setup("causal", "reset", "completion") if buggy else "correct"
+    batch = PackedBatch.from_examples(exs, capacity=sum(len(e.tokens) for e in exs), setup=setup,
+                                      strategy="sequential")
+    return Case(tiny("packsim"), batch, {})
+
+
+def _boundary_label(buggy: bool) -> Case:
+    exs = examples()
+    batch = collate(exs)
+    if buggy:  # plain concatenation: each example's first token is a target of the previous one
+        starts = batch["cu_seq_lens_q"][1:-1].long()
+        batch["labels"][0, starts] = batch["input_ids"][0, starts]
+    return _dict_case(batch, exs)
+
+
+def _end_of_turn(buggy: bool) -> Case:
+    exs = examples(chat=True)
+    batch = collate(exs)
+    if buggy:  # the counted span ends at the FIRST EOS (end of the user turn), not the last
+        labels = []
+        for e in exs:
+            end = e.tokens.index(EOS) + 1
+            labels += [IGNORE_INDEX] + list(e.tokens[1:end]) + [IGNORE_INDEX] * (len(e.tokens) - end)
+        batch["labels"] = torch.tensor(labels)[None]
+    return _dict_case(batch, exs)
+
+
+def _no_response(buggy: bool) -> Case:
+    max_length = 4 if buggy else 32  # truncation keeps the first max_length tokens of each example
+    exs = [Ex(e.tokens[:max_length], min(e.n_prompt, max_length)) for e in examples()]
+    return _dict_case(collate(exs), exs)
+
+
+def _prompt_in_loss(buggy: bool) -> Case:
+    exs = examples(chat=True)
+    return _dict_case(collate(exs, "all" if buggy else "completion"), exs)
+
+
+def _accumulation(buggy: bool) -> Case:
+    short = examples(shapes=((6, 1),), seed=1)  # 2 counted tokens
+    long = examples(shapes=((2, 9), (3, 8)), seed=2)  # 19 counted tokens
+    micro = [collate(short), collate(long)]
+    case = _dict_case(micro[1], long)
+    case.micro_batches = micro
+    case.accumulate = mean_of_means if buggy else global_token_mean
+    return case
+
+
+_LEAK, _LEAK_SDPA = frozenset(("perturbation", "gradient", "attention_mass")), frozenset(("perturbation", "gradient"))
+_TRL, _HF = "https://github.com/huggingface/trl", "https://github.com/huggingface/transformers"
+EXHIBITS = {e.name: e for e in [
+    Exhibit("trl_eos_only_packing", "TRL's early packing: EOS between examples, one causal mask",
+            (f"{_TRL}/issues/805", f"{_TRL}/issues/3067"),
+            "A user asked whether packed SFT examples can see each other when only an EOS separates "
+            "them; the answer at the time was that EOS is enough signal, and a maintainer later "
+            "confirmed the mask stays triangular so samples can contaminate. Cause: examples "
+            "concatenated into one row with positions 0..N-1 and no mask, so every example attends "
+            "to all earlier ones. Fix: TRL's BFD packing turns padding-free on (position_ids restart "
+            "per example). Here seq_idx is in the batch only so the audit knows where examples are.",
+            _eos_only, _LEAK, "leaking pairs"),
+    Exhibit("padding_free_without_packed_mask", "Padding-free rows on sdpa/eager before transformers built a packed mask",
+            (f"{_TRL}/issues/2834", f"{_HF}/pull/39194"),
+            "Padding-free training started with a much higher loss; the reply was that padding-free "
+            "only worked with FlashAttention. Cause: before transformers 4.56 eager/sdpa/flex never "
+            "turned restarting position_ids into a block-diagonal mask, so the flattened row was one "
+            "causal sequence. Planted by switching transformers' packed-sequence detection off. Fix: "
+            "a flash implementation, or transformers >= 4.56 (the installed version detects it).",
+            _no_detection, _LEAK_SDPA, "leaking pairs"),
+    Exhibit("all_ones_mask", "An all-ones attention_mask next to packed position_ids",
+            (f"{_HF}/pull/46634",),
+            "Loss still went down, so nobody noticed: the packed row leaked on sdpa. Cause: "
+            "transformers derives the packed mask from position_ids only when attention_mask is None; "
+            "a 2D mask of ones turns detection off and sdpa takes the plain causal path. The PR to "
+            "drop that condition was closed. Fix: send no attention_mask with a padding-free batch.",
+            _ones_mask, _LEAK_SDPA, "leaking pairs"),
+    Exhibit("segment_id_mask", "Multipack's segment-id attention_mask on sdpa/eager",
+            ("https://github.com/axolotl-ai-cloud/axolotl/pull/3796",),
+            "Axolotl's sample packing leaked across documents on sdpa/eager and only warned. Cause: "
+            "its collator writes segment ids 1, 2, 3... into attention_mask; modern transformers casts "
+            "it to bool (all True), which also turns packed-sequence detection off. Fix: drop the "
+            "mask on those backends so isolation comes from position_ids.",
+            _segment_mask, _LEAK, "leaking pairs"),
+    Exhibit("cache_during_training", "A cache built during training (use_cache from the config)",
+            (f"{_HF}/pull/46634", f"{_TRL}/issues/2834"),
+            "Not a thread of its own: the gate quoted in transformers PR 46634 also requires no cache, "
+            "and the training recipe in TRL issue 2834 passes use_cache=True unless gradient "
+            "checkpointing is on. Cause: a model in train mode still builds a DynamicCache when "
+            "use_cache is true (a hand-built config's default), and with a cache transformers skips "
+            "packed-sequence detection. Fix: use_cache=False in the config or the call.",
+            _cache, _LEAK_SDPA, "leaking pairs"),
+    Exhibit("positions_reset_without_mask", "Positions reset per example, mask still causal over the pack",
+            ("https://github.com/huggingface/nanoVLM/pull/204", "https://github.com/DeepOpt-com/WrinkleFree-Monorepo/issues/53"),
+            "Two projects reset position ids per packed document and believed them isolated; "
+            "changing document 1 still moved document 2's logits (by up to 11.34 in one report). "
+            "Cause: positions only feed RoPE; the attention mask was still one causal triangle over "
+            "the row. Fix: a document-aware (block-diagonal) mask as well.",
+            _positions_only, _LEAK, "leaking pairs"),
+    Exhibit("boundary_label", "One example's last token trained to predict the next example's first",
+            ("https://github.com/meta-pytorch/torchtune/issues/1177", f"{_HF}/pull/31629"),
+            "A user noticed that in a packed row the EOS of one sequence is trained to predict the "
+            "BOS of the next. Cause: labels copied from the concatenated input_ids. Fix: -100 on the "
+            "first label of every example, as DataCollatorWithFlattening does since it was added.",
+            _boundary_label, frozenset({"loss_coverage"}), "boundary token(s) counted"),
+    Exhibit("end_of_turn_index", "End-of-turn index taken for the end of the sequence",
+            ("https://github.com/NVIDIA-NeMo/Speech/pull/14437",),
+            "NeMo's packed fine-tuning loss was 5.29 against 3.66 unpacked on one tiny chat example. "
+            "Cause: the code meant to find where each sequence ends took the first EOS, which in a "
+            "chat template ends the user's turn, not the conversation. Planted here in the span the "
+            "loss counts: it stops at the end of the turn, so the prompt is trained and the reply is "
+            "not. Fix: take the last EOS (the end of the sequence).",
+            _end_of_turn, frozenset({"loss_coverage"}), "response token(s) not counted"),
+    Exhibit("pack_without_response_tokens", "A pack whose examples have no response tokens left",
+            (f"{_TRL}/pull/6671",),
+            "Training reported a loss of 0.0 and looked fine. Cause: with completion-only loss, a "
+            "max_length shorter than the prompts truncated every completion away, so every label in "
+            "the batch was -100 and the mean loss was 0/0. Fix: raise max_length or drop prompt-only "
+            "examples; a warning when a batch counts no label (the PR). Caught by the museum's "
+            "counted_labels check: the audit's probes see nothing wrong with any single token.",
+            _no_response, frozenset({"counted_labels"}), "no label is counted"),
+    Exhibit("prompt_in_loss_chat_template", "Prompt tokens counted when packing a chat template",
+            (f"{_TRL}/issues/3728",),
+            "After SFT with packing the model kept emitting the turn-start token. Cause: "
+            "assistant_only_loss was ignored with packing=True, so system, user and template tokens "
+            "were trained as targets. Fix: keep the assistant mask through packing (labels -100 "
+            "outside the assistant's replies).",
+            _prompt_in_loss, frozenset({"loss_coverage"}), "prompt token(s) counted"),
+    Exhibit("mean_of_micro_batch_means", "A mean of per-micro-batch means under gradient accumulation",
+            (f"{_HF}/pull/34191", "https://github.com/meta-pytorch/torchtune/pull/1875"),
+            "Losses with gradient accumulation did not match the same run without it. Cause: each "
+            "micro-batch's loss was a mean over its own tokens and the means were averaged, so a "
+            "token in a short micro-batch weighed more: (x1/n1 + x2/n2)/2 != (x1+x2)/(n1+n2). Packing "
+            "makes counts vary more. Fix: sum the token losses and divide by the step's counted "
+            "tokens (num_items_in_batch). Caught by the museum's loss_normalisation check.",
+            _accumulation, frozenset({"loss_normalisation"}), "max/min"),
+]}
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+@dataclass
+class MuseumTable:
+    """One row per exhibit: (name, bug, link, what caught it, buggy failed, fixed passes)."""
+
+    rows: list[tuple[str, str, str, str, bool]]
+
+    def to_markdown(self) -> str:
+        lines = ["| bug | link | caught by | fixed version passes |", "|---|---|---|---|"]
+        lines += [f"| {bug} | {link} | {caught} | {'yes' if ok else 'NO'} |" for _, bug, link, caught, ok in self.rows]
+        return "\n".join(lines)
+
+    def text(self) -> str:
+        return "\n".join(f"{name}: {bug}\n  {link}\n  caught by {caught}; fixed version "
+                         f"{'passes' if ok else 'FAILS'}" for name, bug, link, caught, ok in self.rows)
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def _repr_html_(self) -> str:
+        body = "".join(f"<tr><td>{html.escape(bug)}</td><td><a href='{link}'>{html.escape(link)}</a></td>"
+                       f"<td>{html.escape(caught)}</td><td>{'yes' if ok else 'NO'}</td></tr>"
+                       for _, bug, link, caught, ok in self.rows)
+        return ("<table><tr><th>bug</th><th>link</th><th>caught by</th><th>fixed passes</th></tr>"
+                f"{body}</table>")
+
+
+def _caught_by(exam: Examination) -> str:
+    probes = [p for p in exam.report.failed]
+    checks = [f.name for f in exam.findings if f.failed]
+    parts = ([f"audit: {', '.join(probes)}"] if probes else []) + ([f"museum check: {', '.join(checks)}"] if checks else [])
+    return "; ".join(parts) or "NOT CAUGHT"
+
+
+def museum_table(names=None) -> MuseumTable:
+    """Run every exhibit (or ``names``), buggy and fixed, and tabulate what caught each bug."""
+    chosen = list(EXHIBITS) if names is None else list(names)
+    unknown = [n for n in chosen if n not in EXHIBITS]
+    if unknown:
+        raise PacksimError(f"unknown exhibit(s) {unknown}: use some of {list(EXHIBITS)}.")
+    rows = []
+    for name in chosen:
+        bug, fixed = examine(name), examine(name, fixed=True)
+        rows.append((name, EXHIBITS[name].title, EXHIBITS[name].links[0], _caught_by(bug), not fixed.failed))
+    return MuseumTable(rows)
+
+
+__all__ = ["EXHIBITS", "Case", "Examination", "Exhibit", "Finding", "MuseumTable",
+           "check_counted_labels", "check_loss_normalisation", "examine", "global_token_mean",
+           "mean_of_means", "museum_table"]
