@@ -24,7 +24,12 @@ import torch
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX, Role, make_labels, response_mask
 from packsim.core.packing import Piece, pack_pieces, packing_stats
-from packsim.core.segments import cu_seqlens_from_position_ids, find_boundaries
+from packsim.core.segments import (
+    cu_seqlens_from_position_ids,
+    example_positions,
+    find_boundaries,
+    seq_ids_from_cu_seqlens,
+)
 from packsim.core.setups import Setup, get_setup
 
 __all__ = ["PackedBatch", "Segment"]
@@ -283,9 +288,8 @@ class PackedBatch:
         labels = self.labels.reshape(-1)[real].clone()
         starts = self.cu_seqlens[:-1].long()
         labels[starts] = IGNORE_INDEX
-        lens = (self.cu_seqlens[1:] - self.cu_seqlens[:-1]).long()
-        seq_idx = torch.repeat_interleave(torch.arange(len(lens), dtype=torch.int32), lens)
-        position_ids = torch.arange(int(lens.sum())) - torch.repeat_interleave(starts, lens)
+        seq_idx = seq_ids_from_cu_seqlens(self.cu_seqlens)  # (N,) example per real token
+        position_ids = example_positions(seq_idx)  # (N,) restarting at 0 for each example
         return {
             "input_ids": self.input_ids.reshape(-1)[real].unsqueeze(0),
             "labels": labels.unsqueeze(0),
@@ -294,7 +298,7 @@ class PackedBatch:
             "cu_seq_lens_k": self.cu_seqlens.clone(),
             "max_length_q": self.max_seqlen,
             "max_length_k": self.max_seqlen,
-            "seq_idx": seq_idx.unsqueeze(0),
+            "seq_idx": seq_idx.to(torch.int32).unsqueeze(0),
         }
 
     @classmethod
@@ -317,12 +321,11 @@ class PackedBatch:
                 "from_flattening takes one row of real tokens; drop the padding first."
             )
         lens = (cu[1:] - cu[:-1]).long()
-        starts = torch.repeat_interleave(cu[:-1].long(), lens)
-        positions = (torch.arange(N) - starts).unsqueeze(0)
+        seq = found.seq_ids.cpu()  # (1, N): 0..S-1, no padding
+        positions = example_positions(seq)  # (1, N)
         roles = torch.where(labels[0] != IGNORE_INDEX, int(Role.RESPONSE), int(Role.PROMPT)).to(torch.uint8)
         roles[cu[1:-1].long()] = Role.BOUNDARY
         roles[0] = Role.FIRST
-        seq = torch.repeat_interleave(torch.arange(len(lens)), lens).unsqueeze(0)
         segments = [Segment(0, int(a), int(b), i) for i, (a, b) in enumerate(zip(cu[:-1], cu[1:], strict=True))]
         return cls(input_ids, labels, positions, seq, roles.unsqueeze(0), positions.clone(), cu,
                    int(lens.max()), segments, get_setup(setup), N, "given", lens.tolist(),
