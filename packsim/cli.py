@@ -28,6 +28,7 @@ SUBCOMMANDS = {
     "compare": ("packsim.experiment.comparison", "train setups side by side; write results.json and report.html"),
     "report": ("packsim.experiment.report", "rebuild report.html from a comparison's results.json"),
     "audit": ("packsim.auditing.command", "audit the built-in tiny pipeline for contamination under each setup"),
+    "train": ("packsim.experiment.data_parallel", "train one setup on one process, or data-parallel under torchrun"),
 }
 
 
