@@ -1,0 +1,96 @@
+"""Which library modules each lesson uses, read from the notebooks' code (their imports and calls).
+
+``modules_used(notebook)`` resolves every ``from packsim... import name``, ``import packsim...``
+and ``packsim.<attr>`` in a notebook's code cells to the module that defines it (``pack`` ->
+``packsim.core.packing``). ``lessons_by_module(root)`` inverts that over all notebooks, and
+``docstring_lessons(module)`` reads the ``Lessons: 01, 05.`` line every library module carries in
+its docstring. tests/test_lesson_map.py keeps the two in step, so a docstring never names a lesson
+that no longer uses the module, nor misses one that does.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import nbformat
+
+_LESSONS_RE = re.compile(r"^Lessons:\s*(.*?)\.?\s*$", re.M)
+_ATTR_RE = re.compile(r"\bpacksim((?:\.[A-Za-z_]\w*)+)")
+
+
+def _defining_module(obj, fallback: str) -> str:
+    if inspect.ismodule(obj):
+        return obj.__name__
+    mod = getattr(obj, "__module__", None)
+    return mod if isinstance(mod, str) and mod.startswith("packsim") else fallback
+
+
+def _resolve(dotted: str) -> str | None:
+    """``packsim.viz.leakage_explorer`` -> ``packsim.viz.leakage`` (None if it does not resolve)."""
+    parts = dotted.split(".")
+    obj = importlib.import_module(parts[0])
+    owner = parts[0]
+    for part in parts[1:]:
+        if not hasattr(obj, part):
+            try:
+                obj = importlib.import_module(f"{owner}.{part}")
+            except ModuleNotFoundError:
+                return None
+        else:
+            obj = getattr(obj, part)
+        owner = _defining_module(obj, owner)
+    return _defining_module(obj, owner)
+
+
+def _code(notebook: Path) -> str:
+    nb = nbformat.read(notebook, as_version=4)
+    lines = []
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            lines += [ln for ln in cell.source.splitlines() if not ln.lstrip().startswith(("!", "%"))]
+    return "\n".join(lines)
+
+
+def modules_used(notebook: Path | str) -> set[str]:
+    """The packsim modules a notebook's code imports or calls into."""
+    code = _code(Path(notebook))
+    used: set[str] = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("packsim"):
+            for alias in node.names:
+                used.add(_resolve(f"{node.module}.{alias.name}") or node.module)
+        elif isinstance(node, ast.Import):
+            used.update(a.name for a in node.names if a.name.startswith("packsim."))
+    for match in _ATTR_RE.finditer(code):
+        target = _resolve("packsim" + match.group(1))
+        if target:
+            used.add(target)
+    return {m for m in used if m != "packsim"}
+
+
+def lesson_number(notebook: Path | str) -> str:
+    """``notebooks/05_train_side_by_side.ipynb`` -> ``"05"``."""
+    return Path(notebook).name.split("_", 1)[0]
+
+
+def lessons_by_module(root: Path | str) -> dict[str, set[str]]:
+    """module -> lesson numbers whose notebooks use it, over every notebook under ``root``."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for nb in sorted(Path(root).glob("[0-9][0-9]_*.ipynb")):
+        for module in modules_used(nb):
+            out[module].add(lesson_number(nb))
+    return dict(out)
+
+
+def docstring_lessons(module: str) -> set[str] | None:
+    """The lessons a module's docstring names on its ``Lessons:`` line (None: no such line)."""
+    doc = importlib.import_module(module).__doc__ or ""
+    m = _LESSONS_RE.search(doc)
+    if m is None:
+        return None
+    return set(re.findall(r"\b\d\d\b", m.group(1)))
