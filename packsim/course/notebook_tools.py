@@ -12,6 +12,8 @@ result. Three commands (``python -m packsim.course.notebook_tools ...``):
   source and error if one fails.
 
 The same functions back ``tests/test_notebooks.py``.
+
+Lessons: none directly.
 """
 
 from __future__ import annotations
@@ -125,19 +127,19 @@ def _run_error(path: Path, nb, index: int, err: Exception, seconds: float) -> No
     return NotebookRunError(msg)
 
 
-def execute_notebook(path: Path | str, timeout: float = 180) -> float:
+def execute_notebook(path: Path | str, timeout: float = 180, cwd: Path | str | None = None) -> float:
     """Run a notebook top to bottom and return its wall time in seconds; nothing is written back.
 
-    Kernel ``python3`` (this interpreter), working directory = the notebook's folder, and the
-    kernel inherits this process's environment (so ``PACKSIM_FAST`` is honoured). ``timeout``
-    bounds the whole notebook, kernel start included. On failure raises
+    Kernel ``python3`` (this interpreter), working directory ``cwd`` (default: the notebook's
+    folder), and the kernel inherits this process's environment (so ``PACKSIM_FAST`` is
+    honoured). ``timeout`` bounds the whole notebook, kernel start included. On failure raises
     :class:`NotebookRunError` with the failing cell's source and error.
     """
-    return execute(path, timeout)[1]
+    return execute(path, timeout, cwd=cwd)[1]
 
 
 def execute(
-    path: Path | str, timeout: float = 180, store_widget_state: bool = False
+    path: Path | str, timeout: float = 180, store_widget_state: bool = False, cwd: Path | str | None = None
 ) -> tuple[nbformat.NotebookNode, float]:
     """Like :func:`execute_notebook`, but also return the executed notebook (outputs filled in).
 
@@ -161,7 +163,7 @@ def execute(
         timeout=int(timeout),
         startup_timeout=int(timeout),
         timeout_func=lambda cell: max(1, int(deadline - time.monotonic())),
-        resources={"metadata": {"path": str(path.parent.resolve())}},
+        resources={"metadata": {"path": str(Path(cwd or path.parent).resolve())}},  # kernel's cwd
         on_cell_start=on_cell_start,
         store_widget_state=store_widget_state,
     )
