@@ -1,0 +1,196 @@
+"""Pre-flight audit of a local checkpoint and the user's data: ``packsim audit --model DIR --data FILE``.
+
+Builds the training pipeline a practitioner is about to launch, from
+
+- ``DIR``: any local ``from_pretrained`` directory (config, weights, tokenizer files);
+- ``FILE``: JSON Lines, one ``{"prompt": ..., "completion": ...}`` object per line;
+- a collator NAME: ``packsim`` (:class:`packsim.PackingCollator`), ``flattening`` (transformers'
+  ``DataCollatorWithFlattening``), each under a transformers ``Trainer``; ``trl-bfd``,
+  ``trl-wrapped``, ``trl-padding-free`` (TRL's ``SFTTrainer`` with packing_strategy ``bfd``,
+  ``wrapped``, or ``padding_free=True`` without packing);
+- an attention implementation (``--attn``),
+
+and runs :func:`packsim.audit_trainer` on it. An implementation that needs what this machine
+lacks (flash attention without CUDA or the package) is audited under ``sdpa``, with the flash
+checks that can be read from the batch and a ``skipped`` finding saying what was not measured.
+Tokens: input_ids (B, T) per batch, as the chosen collator makes them. Lesson 06.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+
+from packsim.core.errors import PacksimError
+
+COLLATORS = ("packsim", "flattening", "trl-bfd", "trl-wrapped", "trl-padding-free")
+KNOWN_ATTN = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")
+
+
+def available_attn() -> list[str]:
+    """The attention implementations this machine can run (checked, not assumed)."""
+    from transformers.utils import (
+        is_flash_attn_2_available,
+        is_flash_attn_3_available,
+        is_torch_flex_attn_available,
+    )
+
+    out = ["eager", "sdpa"]
+    if is_torch_flex_attn_available():
+        out.append("flex_attention")
+    if torch.cuda.is_available() and is_flash_attn_2_available():
+        out.append("flash_attention_2")
+    if torch.cuda.is_available() and is_flash_attn_3_available():
+        out.append("flash_attention_3")
+    return out
+
+
+def load_records(path: str | Path) -> list[dict]:
+    """The prompt/completion records of a JSONL file; a bad line raises PacksimError naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise PacksimError(f"--data {path}: no such file: pass a JSON Lines file with one "
+                           '{"prompt": ..., "completion": ...} object per line.')
+    records = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise PacksimError(f"line {n} of {path} is not JSON ({err.msg}): write one JSON object "
+                               "per line.") from None
+        if not isinstance(record, dict):
+            raise PacksimError(f"line {n} of {path} is a {type(record).__name__}, not an object: write "
+                               '{"prompt": ..., "completion": ...}.')
+        for key in ("prompt", "completion"):
+            if not isinstance(record.get(key), str):
+                what = "has no" if key not in record else "has a non-string"
+                raise PacksimError(f"line {n} of {path} {what} {key!r}: each line needs 'prompt' and "
+                                   "'completion' strings.")
+        records.append({"prompt": record["prompt"], "completion": record["completion"]})
+    if len(records) < 2:
+        raise PacksimError(f"{path} holds {len(records)} record(s): the audit needs at least 2 examples "
+                           "to check that they stay apart.")
+    return records
+
+
+def load_checkpoint(model_dir: str | Path, attn: str):
+    """(model, tokenizer) from a local from_pretrained directory, with ``attn`` attention."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise PacksimError(f"--model {path}: no such directory: pass a local from_pretrained directory "
+                           "(config.json, the weights and the tokenizer files).")
+    if not (path / "config.json").is_file():
+        raise PacksimError(f"--model {path} has no config.json: pass the directory save_pretrained wrote "
+                           "(model.save_pretrained(DIR) and tokenizer.save_pretrained(DIR)).")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=attn)
+    except (OSError, ValueError, ImportError) as err:
+        raise PacksimError(f"--model {path} could not be loaded ({type(err).__name__}: "
+                           f"{str(err).splitlines()[0][:200]}): it needs config.json, the weights and the "
+                           "tokenizer files.") from None
+    return model, tokenizer
+
+
+def _split(tokenizer, record: dict) -> tuple[list[int], list[int]]:
+    """prompt_ids, completion_ids (+ EOS), split where the tokenized prompt and prompt+completion diverge."""
+    prompt = tokenizer(record["prompt"])["input_ids"]
+    full = tokenizer(record["prompt"] + record["completion"])["input_ids"]
+    eos = tokenizer.eos_token_id
+    if eos is not None and (not full or full[-1] != eos):
+        full = full + [eos]
+    k = 0
+    while k < min(len(prompt), len(full)) and prompt[k] == full[k]:
+        k += 1
+    if k == len(full):
+        raise PacksimError(f"record {record!r} has no completion tokens after tokenization: give each "
+                           "record a non-empty completion.")
+    return full[:k], full[k:]
+
+
+def _plain_trainer(model, tokenizer, records, collator: str, out: str, batch_size: int):
+    from datasets import Dataset
+    from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
+
+    from packsim.core.collator import PackingCollator
+
+    features = []
+    for r in records:
+        prompt, completion = _split(tokenizer, r)
+        if collator == "packsim":
+            features.append({"prompt_ids": prompt, "response_ids": completion})
+        else:
+            features.append({"input_ids": prompt + completion,
+                             "labels": [-100] * len(prompt) + completion,
+                             "completion_mask": [0] * len(prompt) + [1] * len(completion)})
+    collate = PackingCollator(vocab_size=len(tokenizer)) if collator == "packsim" else DataCollatorWithFlattening()
+    args = TrainingArguments(output_dir=out, per_device_train_batch_size=batch_size, max_steps=1,
+                             report_to="none", save_strategy="no", remove_unused_columns=False,
+                             use_cpu=not torch.cuda.is_available(), seed=0)
+    return Trainer(model=model, args=args, train_dataset=Dataset.from_list(features), data_collator=collate)
+
+
+def _sft_trainer(model, tokenizer, records, collator: str, out: str, batch_size: int, max_length: int):
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    packing = {"trl-bfd": dict(packing=True, packing_strategy="bfd", max_length=max_length),
+               "trl-wrapped": dict(packing=True, packing_strategy="wrapped", max_length=max_length),
+               "trl-padding-free": dict(padding_free=True, max_length=None)}[collator]
+    args = SFTConfig(output_dir=out, per_device_train_batch_size=batch_size, max_steps=1, report_to="none",
+                     save_strategy="no", bf16=False, use_cpu=not torch.cuda.is_available(), seed=0, **packing)
+    return SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(records),
+                      processing_class=tokenizer)
+
+
+def build_trainer(model, tokenizer, records, collator: str, out: str, batch_size: int = 4,
+                  max_length: int = 256):
+    """The Trainer / SFTTrainer the collator NAME stands for (see the module doc)."""
+    if collator not in COLLATORS:
+        raise PacksimError(f"unknown collator {collator!r}: use one of {', '.join(COLLATORS)}.")
+    if collator.startswith("trl-"):
+        return _sft_trainer(model, tokenizer, records, collator, out, batch_size, max_length)
+    return _plain_trainer(model, tokenizer, records, collator, out, batch_size)
+
+
+def preflight(model_dir, data, collator: str, attn: str | None = None, batches: int = 1,
+              batch_size: int = 4, max_length: int = 256):
+    """Audit the pipeline DIR + FILE + collator + attention would train; returns the AuditReport."""
+    from packsim.auditing.findings import BatchView, flash_rows, is_flash
+    from packsim.auditing.report import Finding
+    from packsim.auditing.trainer import audit_trainer
+
+    if collator not in COLLATORS:
+        raise PacksimError(f"unknown collator {collator!r}: use one of {', '.join(COLLATORS)}.")
+    available = available_attn()
+    if attn is not None and attn not in KNOWN_ATTN:
+        raise PacksimError(f"unknown attention implementation {attn!r}: use one of {', '.join(available)} "
+                           "(available here).")
+    planned = attn or "sdpa"
+    run_attn = planned if planned in available else "sdpa"
+    records = load_records(data)
+    model, tokenizer = load_checkpoint(model_dir, run_attn)
+    with tempfile.TemporaryDirectory(prefix="packsim-preflight-") as out:
+        trainer = build_trainer(model, tokenizer, records, collator, out, batch_size, max_length)
+        report = audit_trainer(trainer, batches=batches)
+        if run_attn != planned:
+            fields = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+            from packsim.core.segments import find_boundaries
+
+            seq = find_boundaries(fields, missing="rows").seq_ids
+            view = BatchView(fields, seq, seq, "", False)
+            report.findings.append(Finding(
+                planned, "skipped",
+                f"{planned} cannot run here (needs CUDA and its package; available: {', '.join(available)}), "
+                f"so the probes ran under {run_attn}; rerun this command on a GPU machine with it installed"))
+            if is_flash(planned):  # the flash rule read from the batch replaces the sdpa one
+                report.findings[:] = [f for f in report.findings if f.name != "flash_rows"]
+                report.findings.append(flash_rows(view, planned))
+    return report
