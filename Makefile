@@ -1,12 +1,19 @@
 # packsim: the two commands a newcomer needs are `make lab` (the course) and `make test`.
 #
 # Environment: the active virtualenv or conda env if there is one, else a local .venv.
-# TORCH_SPEC picks the torch build pip installs first (e.g. TORCH_SPEC="torch==2.13.0" for a
-# CPU wheel your pip can see); the default lets pip choose.
+# torch is installed first, if the environment has none. On Linux without an NVIDIA GPU (no
+# nvidia-smi) it is the CPU wheel from PyTorch's CPU index (TORCH_INDEX), not pip's default
+# CUDA build (several GB). TORCH_INDEX= (empty) turns that off: pip's default build.
+# TORCH_SPEC picks the build yourself (e.g. TORCH_SPEC="torch==2.13.0", a CPU wheel your pip can
+# see); with TORCH_SPEC set, no index is added unless you also set TORCH_INDEX.
 
 SHELL := /bin/bash
 PYTHON ?= python3
+ifeq ($(origin TORCH_SPEC)$(shell uname -s)$(shell command -v nvidia-smi),undefinedLinux)
+  TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+endif
 TORCH_SPEC ?= torch>=2.6
+TORCH_INDEX ?=
 LAB_ARGS ?=
 PYTEST_ARGS ?=
 
@@ -36,7 +43,7 @@ help:
 
 $(STAMP): pyproject.toml | $(NEW_VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install "$(TORCH_SPEC)"
+	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install -e ".[dev]"
 	$(PY) -m packsim.course.check_env --quiet
 	touch $(STAMP)
