@@ -4,26 +4,34 @@
 notebook (``PACKSIM_FAST`` passed through, so ``PACKSIM_FAST=1 make html`` builds the fast
 course) and writes one page per notebook plus ``index.html`` with each lesson's build time.
 
-Offline means no CDN at view time:
+Offline means no CDN at view time, and small means every large asset exists once, in
+``site/_static/``, shared by all pages (the fast site is about 10 MB; each page alone is mostly
+its figures' data):
 
-- plotly figures: the kernel runs with ``PLOTLY_RENDERER=plotly_mimetype+notebook``, whose
-  ``notebook`` half embeds plotly.js in the page once (``plotly_mimetype`` keeps JupyterLab happy);
-- figures inside widgets: every page loads ``_static/plotly.min.js`` (copied from the plotly
-  package) before anything else;
+- plotly.js: every page loads ``_static/plotly.min.js`` (copied from the plotly package) before
+  anything else. The kernel runs with ``PLOTLY_RENDERER=plotly_mimetype+notebook``: the
+  ``notebook`` half gives each figure an HTML version that draws with that global ``Plotly``,
+  but also displays a copy of plotly.js once per kernel, which :func:`build_page` drops from the
+  executed notebook before export (``plotly_mimetype`` keeps JupyterLab happy);
 - widgets: the widgets' state is saved at execution, and the page loads the Jupyter widget
-  manager (``@jupyter-widgets/html-manager``) and ``requirejs`` from ``site/_static/``, copied
-  from the npm registry's packages (``npm install`` runs once into ``build/web``);
+  manager (``@jupyter-widgets/html-manager``'s ``embed-amd.js`` and the woff2 icon fonts its CSS
+  uses) and ``requirejs`` from ``site/_static/``, copied from the npm registry's packages
+  (``npm install`` runs once into ``build/web``); figures in widgets' outputs keep only their HTML
+  version there (the widget manager draws that one);
+- JupyterLab's page style: ``_static/jupyterlab.css`` (nbconvert's lab template inlines it in
+  every page otherwise);
 - packsim's widgets also show their static plotly figure under the widget when
   ``PACKSIM_STATIC=1`` (set here), since a widget's live parts need a kernel.
 
-Nothing here runs at import of :mod:`packsim`; ``tests/test_site.py`` builds a page and opens it
-in Chromium with the network cut off.
+Nothing here runs at import of :mod:`packsim`; ``tests/browser/test_site.py`` builds two pages,
+opens them in Chromium with the network cut off and checks the site's size.
 """
 
 from __future__ import annotations
 
 import argparse
 import html
+import json
 import os
 import re
 import shutil
@@ -33,11 +41,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import plotly
+from plotly.offline import get_plotlyjs
 
 from packsim.core.errors import PacksimError
 from packsim.course.notebook_tools import NotebookRunError, execute, find_notebooks
 
-__all__ = ["NPM_PACKAGES", "build_page", "build_site", "install_widget_assets", "main"]
+__all__ = ["NPM_PACKAGES", "build_page", "build_site", "drop_shared_assets", "install_widget_assets", "main"]
 
 NPM_PACKAGES = ("@jupyter-widgets/html-manager@^1.0.15", "requirejs@^2.3.7")
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,22 +55,33 @@ STATIC = "_static"
 MANAGER_JS = f"{STATIC}/html-manager/embed-amd.js"
 REQUIRE_JS = f"{STATIC}/require.js"
 PLOTLY_JS = f"{STATIC}/plotly.min.js"
+LAB_CSS = f"{STATIC}/jupyterlab.css"
+_LAB_STYLES = ("static/index.css", "static/theme-light.css")  # what the lab template inlines
 # The lab template with plotly.js loaded first (a page whose only figures sit inside widgets gets
-# none from plotly's renderer) and without its MathJax <script> (a CDN; the lessons use no LaTeX) ...
+# none from plotly's renderer), JupyterLab's style linked from _static instead of inlined, and
+# without its MathJax <script> (a CDN; the lessons use no LaTeX) ...
 _TEMPLATE = (
     "{%- extends 'lab/index.html.j2' -%}"
     "{%- block html_head_js_requirejs -%}"
     f'<script src="{PLOTLY_JS}"></script>{{{{ super() }}}}'
     "{%- endblock html_head_js_requirejs -%}"
+    "{%- block notebook_css -%}"
+    f'<link rel="stylesheet" href="{LAB_CSS}">'
+    "{{ super() | replace(resources.include_css('static/index.css'), '')"
+    " | replace(resources.include_css('static/theme-light.css'), '') }}"
+    "{%- endblock notebook_css -%}"
     "{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}"
 )
 # ... and plotly's own MathJax <script src=CDN> that its `notebook` renderer puts by each figure.
 _MATHJAX_CDN = re.compile(r'<script[^>]*src="https://[^"]*mathjax[^"]*"[^>]*>\s*</script>', re.I)
 KERNEL_ENV = {"PACKSIM_STATIC": "1", "PLOTLY_RENDERER": "plotly_mimetype+notebook"}
+_PLOTLY_MIME = "application/vnd.plotly.v1+json"
+_WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
 
 def install_widget_assets(site: Path, npm_dir: Path = DEFAULT_NPM_DIR) -> None:
-    """Copy the widget manager, requirejs and plotly.js into ``site/_static`` (npm on first use).
+    """Copy the widget manager, requirejs, plotly.js and JupyterLab's page style into
+    ``site/_static``, the one copy every page shares (npm runs on first use).
 
     Raises PacksimError naming the fix when npm is missing or the install fails.
     """
@@ -85,11 +105,17 @@ def install_widget_assets(site: Path, npm_dir: Path = DEFAULT_NPM_DIR) -> None:
             )
     target = site / STATIC / "html-manager"
     target.mkdir(parents=True, exist_ok=True)
-    for f in dist.iterdir():  # the bundle and the icon fonts its CSS points at; no source maps
-        if f.is_file() and not f.name.endswith(".map"):
+    # The bundle the pages load and the icon fonts its CSS points at, woff2 only (every current
+    # browser takes the woff2 source first); not the other bundles (embed.js, libembed-amd.js),
+    # the older font formats or source maps.
+    for f in dist.iterdir():
+        if f.name == "embed-amd.js" or f.suffix == ".woff2" or f.name.endswith(".LICENSE.txt"):
             shutil.copy2(f, target / f.name)
     shutil.copy2(require, site / REQUIRE_JS)
     shutil.copy2(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", site / PLOTLY_JS)
+    env = _exporter().environment
+    css = "\n".join(env.loader.get_source(env, name)[0] for name in _LAB_STYLES)
+    (site / LAB_CSS).write_text(css, encoding="utf-8")
 
 
 @contextmanager
@@ -116,24 +142,62 @@ def _title(nb) -> str:
     return ""
 
 
-def build_page(notebook: Path | str, site: Path | str, timeout: float = 600) -> tuple[Path, float, str]:
-    """Execute one notebook and write ``site/<name>.html``; return (page, seconds, title).
-
-    The widget assets must already be in ``site/_static`` (:func:`install_widget_assets`).
-    """
+def _exporter():
+    """nbconvert's HTML exporter with packsim's template and the widget assets in _static."""
     from jinja2 import DictLoader
     from nbconvert import HTMLExporter
 
-    notebook, site = Path(notebook), Path(site)
-    with _kernel_env():
-        nb, seconds = execute(notebook, timeout=timeout, store_widget_state=True)
-    exporter = HTMLExporter(
+    return HTMLExporter(
         extra_loaders=[DictLoader({"packsim.html.j2": _TEMPLATE})],
         template_file="packsim.html.j2",
         widget_renderer_url=MANAGER_JS,
         require_js_url=REQUIRE_JS,
     )
-    body, _ = exporter.from_notebook_node(nb)
+
+
+def _output_bundles(nb):
+    """``(data, in_widget)`` for every output: the cells' own, then those in widgets' state."""
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            if "data" in output:
+                yield output["data"], False
+    states = nb.metadata.get("widgets", {}).get(_WIDGET_STATE, {}).get("state", {})
+    for model in states.values():
+        for output in model.get("state", {}).get("outputs", None) or []:
+            if isinstance(output, dict) and "data" in output:
+                yield output["data"], True
+
+
+def drop_shared_assets(nb) -> int:
+    """Remove from an executed notebook what every page gets from ``_static`` or never shows.
+
+    That is the copy of plotly.js that plotly's ``notebook`` renderer displays once per kernel
+    (about 4.6 MB), and the plotly JSON next to an HTML version of the same figure in a widget's
+    saved outputs (the page's widget manager draws the HTML). Returns the characters removed.
+    """
+    plotlyjs, removed = get_plotlyjs(), 0
+    for data, in_widget in _output_bundles(nb):
+        html = data.get("text/html")
+        if isinstance(html, list):
+            html = "".join(html)
+        if isinstance(html, str) and plotlyjs in html:
+            data["text/html"] = html.replace(plotlyjs, "")
+            removed += len(html) - len(data["text/html"])
+        if in_widget and html and _PLOTLY_MIME in data:
+            removed += len(json.dumps(data.pop(_PLOTLY_MIME)))
+    return removed
+
+
+def build_page(notebook: Path | str, site: Path | str, timeout: float = 600) -> tuple[Path, float, str]:
+    """Execute one notebook and write ``site/<name>.html``; return (page, seconds, title).
+
+    The shared assets must already be in ``site/_static`` (:func:`install_widget_assets`).
+    """
+    notebook, site = Path(notebook), Path(site)
+    with _kernel_env():
+        nb, seconds = execute(notebook, timeout=timeout, store_widget_state=True)
+    drop_shared_assets(nb)
+    body, _ = _exporter().from_notebook_node(nb)
     body = _MATHJAX_CDN.sub("", body)
     page = site / f"{notebook.stem}.html"
     page.write_text(body, encoding="utf-8")

@@ -63,6 +63,27 @@ def test_build_writes_pages_and_offline_assets(site):
     assert "b_widget_only.html" in (out / "index.html").read_text()
 
 
+def test_pages_share_one_copy_of_each_asset(site):
+    """plotly.js, the widget manager and JupyterLab's style exist once, in _static; a page holds
+    its own content only, and the whole site stays small."""
+    out, _ = site
+    static = {p.relative_to(out / "_static").as_posix(): p.stat().st_size
+              for p in (out / "_static").rglob("*") if p.is_file()}
+    assert {"plotly.min.js", "require.js", "jupyterlab.css", "html-manager/embed-amd.js"} <= set(static)
+    assert sum(static.values()) < 9.5e6, static  # plotly.js 4.8 MB + widget manager 3.6 MB + ...
+    manager = {name.split("/")[1] for name in static if name.startswith("html-manager/")}
+    assert {n for n in manager if not n.endswith((".woff2", ".LICENSE.txt"))} == {"embed-amd.js"}
+    plotlyjs_head = (out / "_static" / "plotly.min.js").read_text()[:2000]
+    for page in ("a_demo.html", "b_widget_only.html"):
+        text = (out / page).read_text()
+        assert len(text.encode()) < 200_000, page  # a page embedding plotly.js is > 4.8 MB
+        assert plotlyjs_head not in text
+        assert re.search(r'<link[^>]*href="_static/jupyterlab.css"', text)
+        assert "application/vnd.plotly.v1+json" not in text  # widgets keep the HTML version only
+    total = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    assert total < 10e6, total
+
+
 def _open_offline(browser, page_path):
     """Open a built page with every non-file request aborted; return (page, remote, errors)."""
     page = browser.new_page()
