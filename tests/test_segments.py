@@ -22,6 +22,7 @@ from packsim.core.segments import (
     find_boundaries,
     mean_outside_share,
     outside_share,
+    run_cu_seqlens,
     run_starts,
     seq_ids_from_cu_seqlens,
 )
@@ -116,6 +117,8 @@ def test_run_starts_same_id_or_plus_one():
     assert run_starts(ids).int().tolist() == [[1, 0, 1, 0, 1, 0], [1, 0, 0, 1, 0, 0]]
     pos = torch.tensor([0, 1, 2, 0, 1, 5])
     assert run_starts(pos, step=1).int().tolist() == [1, 0, 0, 1, 0, 1]
+    assert run_cu_seqlens(ids).tolist() == [0, 2, 4, 6, 9, 12]  # padding runs and rows split
+    assert run_cu_seqlens(pos, step=1).dtype == torch.int32
 
 
 def test_example_positions_restart_per_run():

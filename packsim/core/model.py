@@ -22,12 +22,7 @@ from packsim.core.attention import varlen_attention
 from packsim.core.batch import PackedBatch
 from packsim.core.errors import PacksimError
 from packsim.core.masks import block_diagonal_mask, flex_block_mask, to_additive_4d
-from packsim.core.segments import (
-    cu_seqlens_from_position_ids,
-    example_positions,
-    find_boundaries,
-    seq_ids_from_cu_seqlens,
-)
+from packsim.core.segments import find_boundaries, run_cu_seqlens, seq_ids_from_cu_seqlens
 
 __all__ = [
     "MODEL_SIZES",
@@ -121,7 +116,7 @@ def _segments_from_kwargs(kwargs, B: int, T: int, device) -> tuple[torch.Tensor,
             "segments must cover every token of the flattened batch (padding included)."
         )
     found = find_boundaries(kwargs, shape=(B, T), missing="rows")
-    cu = cu_seqlens_from_position_ids(example_positions(found.seq_ids)).to(device)  # padding runs too
+    cu = run_cu_seqlens(found.seq_ids).to(device)  # (S'+1,): padding runs are segments too
     return cu, int((cu[1:] - cu[:-1]).max())
 
 

@@ -37,6 +37,7 @@ __all__ = [
     "cu_seqlens_from_seq_ids",
     "cu_seqlens_from_position_ids",
     "run_starts",
+    "run_cu_seqlens",
     "example_positions",
     "Boundaries",
     "find_boundaries",
@@ -139,6 +140,17 @@ def run_starts(ids: torch.Tensor, step: int = 0) -> torch.Tensor:
     return starts
 
 
+def run_cu_seqlens(ids: torch.Tensor, step: int = 0) -> torch.Tensor:
+    """Offsets of every run over all tokens, rows split: (T,) or (B, T) -> (S'+1,) int32 over B*T.
+
+    Runs as :func:`run_starts` finds them (padding runs included), so the offsets cover every
+    token: what a varlen kernel needs to run a whole (B, T) batch. ``[[0, 0, 1, -1, -1]]`` -> ``[0, 2, 3, 5]``.
+    """
+    bounds = torch.nonzero(run_starts(ids, step).reshape(-1)).flatten()  # (S',)
+    end = torch.tensor([ids.numel()], device=ids.device)
+    return torch.cat([bounds, end]).to(torch.int32)  # (S'+1,)
+
+
 def example_positions(seq_ids: torch.Tensor) -> torch.Tensor:
     """Each token's index inside its run of one id: (T,) or (B, T) -> long, same shape.
 
@@ -226,10 +238,7 @@ def cu_seqlens_from_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
             f"position_ids must be a non-empty integer tensor of shape (T,) or (B, T), got "
             f"{tuple(pos.shape)} {pos.dtype}. Pass the position ids the model would get."
         )
-    pos = pos.reshape(-1, pos.shape[-1])  # (B, T)
-    bounds = torch.nonzero(run_starts(pos, step=1).reshape(-1)).flatten()  # (S,)
-    end = torch.tensor([pos.numel()], device=pos.device)
-    return torch.cat([bounds, end]).to(torch.int32)  # (S+1,)
+    return run_cu_seqlens(pos.reshape(-1, pos.shape[-1]), step=1)  # (S+1,)
 
 
 # ----------------------------------------------------------------------------- any batch
@@ -310,10 +319,10 @@ def find_boundaries(batch, shape: tuple[int, int] | None = None, missing: str = 
         seq[mask.to(seq.device) == 0] = -1
         source += "; padding from attention_mask == 0"
     real = seq >= 0
-    values, dense = torch.unique(seq[real], return_inverse=True)  # renumber 0..S-1, token order
-    seq[real] = dense
-    lengths = torch.bincount(dense, minlength=values.numel())  # (S,)
-    cu = torch.zeros(values.numel() + 1, dtype=torch.int32, device=seq.device)
+    if not bool(real.all()):  # padding took ids: renumber 0..S-1 in token order
+        seq[real] = torch.unique(seq[real], return_inverse=True)[1]
+    lengths = torch.bincount(seq[real])  # (S,)
+    cu = torch.zeros(lengths.numel() + 1, dtype=torch.int32, device=seq.device)
     cu[1:] = lengths.cumsum(0)
     return Boundaries(seq, cu, source)
 
