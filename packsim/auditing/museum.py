@@ -4,7 +4,7 @@ Every :class:`Exhibit` is a bug users reported in a public tracker, rebuilt as a
 packsim's tiny Llama (``build_model("tiny")``, vocab 48, fp32, CPU): the buggy pipeline (model +
 batch + forward kwargs, or the loss reduction), the fixed one, and what catches it. Most are caught
 by :func:`packsim.audit` (perturbation, gradient, attention_mass, loss_coverage); two are not
-visible in one batch's probes and are caught by a small check here:
+visible in one batch's probes and are caught by the museum's checks (:mod:`packsim.auditing.loss_checks`):
 
 - :func:`check_counted_labels`: a batch whose labels are all -100 (the loss is 0/0);
 - :func:`check_loss_normalisation`: every counted token must weigh the same in the loss summed over
@@ -23,15 +23,20 @@ import html
 import random
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from unittest import mock
 
 import torch
-import torch.nn.functional as F
 
 from packsim.auditing.auditor import audit
-from packsim.auditing.report import AuditReport
+from packsim.auditing.loss_checks import (
+    check_counted_labels,
+    check_loss_normalisation,
+    global_token_mean,
+    mean_of_means,
+)
+from packsim.auditing.report import PROBES, AuditReport
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX
 
@@ -82,78 +87,6 @@ def tiny(impl: str = "sdpa"):
     return build_model("tiny", vocab_size=VOCAB, attn_implementation=impl, seed=0)
 
 
-# ----------------------------------------------------------------------------- the museum's checks
-
-
-@dataclass(frozen=True)
-class Finding:
-    """A museum check: ``status`` "pass" or "fail", its number and what it measured."""
-
-    name: str
-    status: str
-    value: float
-    summary: str
-
-    @property
-    def failed(self) -> bool:
-        return self.status == "fail"
-
-
-def check_counted_labels(batch: dict) -> Finding:
-    """Fail when no label of the batch is counted (t >= 1 in a row, != -100): the loss is 0/0."""
-    labels = torch.as_tensor(batch["labels"])
-    counted = int((labels[..., 1:] != IGNORE_INDEX).sum())
-    if counted:
-        return Finding("counted_labels", "pass", counted, f"{counted} labels counted")
-    return Finding("counted_labels", "fail", 0, "no label is counted: the loss is 0/0, NaN in plain "
-                   "cross-entropy or a silent 0.0 where a trainer guards it; keep at least one "
-                   "response token per example (raise max_length, drop prompt-only examples)")
-
-
-def check_loss_normalisation(model, micro_batches: list[dict], accumulate: Callable) -> Finding:
-    """Each counted token's weight in ``accumulate(logits_list, labels_list)`` must be 1/N.
-
-    The weight of token t is read from the gradient: for cross-entropy, d loss/d logits_t =
-    w_t (softmax_t - onehot_t), so w_t = g_t . (p_t - e_t) / |p_t - e_t|^2 (exact).
-    """
-    with torch.no_grad():
-        logits = [model(**{k: v for k, v in b.items() if k != "labels"}, use_cache=False).logits
-                  for b in micro_batches]
-    leaves = [x.detach().float().requires_grad_(True) for x in logits]  # (1, N_k, V) each
-    labels = [b["labels"] for b in micro_batches]
-    total = accumulate(leaves, labels)
-    total.backward()
-    weights = []
-    for x, y in zip(leaves, labels, strict=True):
-        target = y[0, 1:]  # logits at t predict the label at t + 1
-        keep = target != IGNORE_INDEX
-        p = x.detach()[0, :-1][keep].softmax(-1)
-        diff = p - F.one_hot(target[keep], p.shape[-1]).float()
-        weights.append((x.grad[0, :-1][keep] * diff).sum(-1) / (diff * diff).sum(-1))
-    w = torch.cat(weights)
-    spread = float(w.max() / w.min())
-    counts = [int(k.numel()) for k in weights]
-    summary = (f"weight of each counted token in the accumulated loss: {float(w.min()):.4f}.."
-               f"{float(w.max()):.4f} (max/min {spread:.3f}; 1/N = {1 / len(w):.4f}) over micro-batches "
-               f"with {counts} counted tokens")
-    return Finding("loss_normalisation", "fail" if spread > 1 + 1e-4 else "pass", spread, summary)
-
-
-def mean_of_means(logits: list, labels: list) -> torch.Tensor:
-    """The pre-fix reduction: each micro-batch's mean token loss, averaged over the K steps."""
-    from transformers.loss.loss_utils import ForCausalLMLoss
-
-    return sum(ForCausalLMLoss(x, y, x.shape[-1]) for x, y in zip(logits, labels, strict=True)) / len(logits)
-
-
-def global_token_mean(logits: list, labels: list) -> torch.Tensor:
-    """The fix: every micro-batch's summed loss divided by the step's counted tokens (num_items_in_batch)."""
-    from transformers.loss.loss_utils import ForCausalLMLoss
-
-    n = sum(int((y[..., 1:] != IGNORE_INDEX).sum()) for y in labels)
-    return sum(ForCausalLMLoss(x, y, x.shape[-1], num_items_in_batch=n) for x, y in zip(logits, labels, strict=True))
-
-
 # ----------------------------------------------------------------------------- exhibits
 
 
@@ -186,35 +119,21 @@ class Exhibit:
     evidence: str = ""
 
 
-@dataclass
-class Examination:
-    """What the audit (and the museum's checks) found on one pipeline."""
+def examine(exhibit: Exhibit | str, fixed: bool = False) -> AuditReport:
+    """Audit the buggy (or fixed) pipeline of ``exhibit``; the museum's checks join ``report.findings``.
 
-    exhibit: str
-    fixed: bool
-    report: AuditReport
-    findings: list[Finding] = field(default_factory=list)
-
-    @property
-    def failed(self) -> list[str]:
-        return self.report.failed + [f.name for f in self.findings if f.failed]
-
-    def text(self) -> str:
-        lines = [self.report.table()]
-        lines += [f"museum check {f.name}: {f.status.upper()}: {f.summary}" for f in self.findings]
-        return "\n".join(lines)
-
-
-def examine(exhibit: Exhibit | str, fixed: bool = False) -> Examination:
-    """Run the audit and the museum's checks on the buggy (or fixed) pipeline of ``exhibit``."""
+    ``report.failed`` then names the failed probes and checks (``counted_labels`` for dict batches,
+    ``loss_over_accumulation`` where the exhibit accumulates micro-batches).
+    """
     ex = EXHIBITS[exhibit] if isinstance(exhibit, str) else exhibit
     case = ex.build(not fixed)
     with case.context():
         report = audit(case.model, case.batch, **case.kwargs)
-        findings = [check_counted_labels(case.batch)] if isinstance(case.batch, dict) else []
+        if isinstance(case.batch, dict):
+            report.findings.append(check_counted_labels(case.batch))
         if case.micro_batches:
-            findings.append(check_loss_normalisation(case.model, case.micro_batches, case.accumulate))
-    return Examination(ex.name, fixed, report, findings)
+            report.findings.append(check_loss_normalisation(case.model, case.micro_batches, case.accumulate))
+    return report
 
 
 def _dict_case(batch: dict, exs, impl: str = "sdpa", model=None, **kwargs) -> Case:
@@ -231,12 +150,16 @@ def _no_packed_detection():
         yield
 
 
+def _example_ids(exs, first: int = 0) -> torch.Tensor:
+    """(1, N): the example index of each token, counting from ``first``."""
+    return torch.cat([torch.full((len(e.tokens),), i + first) for i, e in enumerate(exs)])[None]
+
+
 def _eos_only(buggy: bool) -> Case:
     exs = examples()
     batch = collate(exs)
     if buggy:  # concatenated with EOS between examples, positions 0..N-1, one causal mask
-        batch = {"input_ids": batch["input_ids"], "labels": batch["labels"],
-                 "seq_idx": torch.cat([torch.full((len(e.tokens),), i) for i, e in enumerate(exs)])[None]}
+        batch = {"input_ids": batch["input_ids"], "labels": batch["labels"], "seq_idx": _example_ids(exs)}
     return _dict_case(batch, exs, "eager")
 
 
@@ -247,20 +170,18 @@ def _no_detection(buggy: bool) -> Case:
     return case
 
 
-def _ones_mask(buggy: bool) -> Case:
-    exs = examples()
-    batch = collate(exs)
-    if buggy:
-        batch["attention_mask"] = torch.ones_like(batch["input_ids"])
-    return _dict_case(batch, exs, "sdpa")
+def _mask_case(kind: str) -> Callable[[bool], Case]:
+    """A 2D attention_mask next to packed position_ids: all ones (sdpa) or segment ids 1, 2, 3 (eager)."""
 
+    def build(buggy: bool) -> Case:
+        exs = examples()
+        batch = collate(exs)
+        if buggy:
+            ones = torch.ones_like(batch["input_ids"])
+            batch["attention_mask"] = ones if kind == "ones" else _example_ids(exs, first=1)
+        return _dict_case(batch, exs, "sdpa" if kind == "ones" else "eager")
 
-def _segment_mask(buggy: bool) -> Case:
-    exs = examples()
-    batch = collate(exs)
-    if buggy:  # multipack-style mask: 1, 1, ..., 2, 2, ..., 3 (segment ids, never 0)
-        batch["attention_mask"] = torch.cat([torch.full((len(e.tokens),), i + 1) for i, e in enumerate(exs)])[None]
-    return _dict_case(batch, exs, "eager")
+    return build
 
 
 def _cache(buggy: bool) -> Case:
@@ -353,14 +274,14 @@ EXHIBITS = {e.name: e for e in [
             "transformers derives the packed mask from position_ids only when attention_mask is None; "
             "a 2D mask of ones turns detection off and sdpa takes the plain causal path. The PR to "
             "drop that condition was closed. Fix: send no attention_mask with a padding-free batch.",
-            _ones_mask, _LEAK_SDPA, "leaking pairs"),
+            _mask_case("ones"), _LEAK_SDPA, "leaking pairs"),
     Exhibit("segment_id_mask", "Multipack's segment-id attention_mask on sdpa/eager",
             ("https://github.com/axolotl-ai-cloud/axolotl/pull/3796",),
             "Axolotl's sample packing leaked across documents on sdpa/eager and only warned. Cause: "
             "its collator writes segment ids 1, 2, 3... into attention_mask; modern transformers casts "
             "it to bool (all True), which also turns packed-sequence detection off. Fix: drop the "
             "mask on those backends so isolation comes from position_ids.",
-            _segment_mask, _LEAK, "leaking pairs"),
+            _mask_case("segments"), _LEAK, "leaking pairs"),
     Exhibit("cache_during_training", "A cache built during training (use_cache from the config)",
             (f"{_HF}/pull/46634", f"{_TRL}/issues/2834"),
             "Not a thread of its own: the gate quoted in transformers PR 46634 also requires no cache, "
@@ -411,8 +332,8 @@ EXHIBITS = {e.name: e for e in [
             "micro-batch's loss was a mean over its own tokens and the means were averaged, so a "
             "token in a short micro-batch weighed more: (x1/n1 + x2/n2)/2 != (x1+x2)/(n1+n2). Packing "
             "makes counts vary more. Fix: sum the token losses and divide by the step's counted "
-            "tokens (num_items_in_batch). Caught by the museum's loss_normalisation check.",
-            _accumulation, frozenset({"loss_normalisation"}), "max/min"),
+            "tokens (num_items_in_batch). Caught by the museum's loss_over_accumulation check.",
+            _accumulation, frozenset({"loss_over_accumulation"}), "max/min"),
 ]}
 
 
@@ -430,12 +351,8 @@ class MuseumTable:
         lines += [f"| {bug} | {link} | {caught} | {'yes' if ok else 'NO'} |" for _, bug, link, caught, ok in self.rows]
         return "\n".join(lines)
 
-    def text(self) -> str:
-        return "\n".join(f"{name}: {bug}\n  {link}\n  caught by {caught}; fixed version "
-                         f"{'passes' if ok else 'FAILS'}" for name, bug, link, caught, ok in self.rows)
-
     def __str__(self) -> str:
-        return self.text()
+        return self.to_markdown()
 
     def _repr_html_(self) -> str:
         body = "".join(f"<tr><td>{html.escape(bug)}</td><td><a href='{link}'>{html.escape(link)}</a></td>"
@@ -445,10 +362,10 @@ class MuseumTable:
                 f"{body}</table>")
 
 
-def _caught_by(exam: Examination) -> str:
-    probes = [p for p in exam.report.failed]
-    checks = [f.name for f in exam.findings if f.failed]
-    parts = ([f"audit: {', '.join(probes)}"] if probes else []) + ([f"museum check: {', '.join(checks)}"] if checks else [])
+def _caught_by(report: AuditReport) -> str:
+    probes = [name for name in report.failed if name in PROBES]
+    checks = [name for name in report.failed if name not in PROBES]
+    parts = [f"audit: {', '.join(probes)}"] * bool(probes) + [f"museum check: {', '.join(checks)}"] * bool(checks)
     return "; ".join(parts) or "NOT CAUGHT"
 
 
@@ -465,6 +382,4 @@ def museum_table(names=None) -> MuseumTable:
     return MuseumTable(rows)
 
 
-__all__ = ["EXHIBITS", "Case", "Examination", "Exhibit", "Finding", "MuseumTable",
-           "check_counted_labels", "check_loss_normalisation", "examine", "global_token_mean",
-           "mean_of_means", "museum_table"]
+__all__ = ["EXHIBITS", "Case", "Exhibit", "MuseumTable", "examine", "museum_table"]
