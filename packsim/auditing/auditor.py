@@ -20,7 +20,9 @@ its setup; ``forward_kwargs`` go to that function, e.g. ``backend="blocked"``) o
 collator fields (run as ``model(**batch, **forward_kwargs)``, e.g. ``use_cache=False``).
 Example boundaries come from whatever the batch carries; the report says where it found them.
 
-Used by notebook 06_detect_contamination and the ``packsim audit`` command.
+Used by the ``packsim audit`` command.
+
+Lessons: 06, 08.
 """
 
 

@@ -1,6 +1,6 @@
 """Likely causes, read from the probes and the batch: which field or kwarg breaks isolation.
 
-Used by lesson 06 through :func:`packsim.audit`.
+Lessons: none directly (packsim.audit fills report.causes).
 """
 
 from __future__ import annotations

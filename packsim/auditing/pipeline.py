@@ -2,7 +2,9 @@
 
 A :class:`Pipeline` wraps a PackedBatch (run with ``packsim.core.model.forward``) or a collator dict
 (run as ``model(**batch, **kwargs)``): input_ids (B, T), seq (B, T) example index (-1 padding),
-roles (B, T), positions (B, T). Used by lesson 06 through :func:`packsim.audit`.
+roles (B, T), positions (B, T).
+
+Lessons: none directly (they call packsim.audit, which builds the pipeline).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Each takes a :class:`~packsim.auditing.pipeline.Pipeline` and returns a ProbeResult (and the
 per-pair evidence: (S, S) logit change, (S, S) gradient ratio, (L, H) outside-attention share).
-Used by lesson 06 through :func:`packsim.audit`.
+
+Lessons: none directly (they call packsim.audit, which runs the probes).
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 Shapes: ``logit_change`` (S, S) max |logit change| of example j when example i is perturbed;
 ``gradient_ratio`` (S, S); ``attention_outside`` (L, H) share of attention outside the own example.
-Used by lesson 06 and ``packsim audit``.
+Used by ``packsim audit``.
+
+Lessons: none directly (packsim.audit returns an AuditReport).
 """
 
 from __future__ import annotations

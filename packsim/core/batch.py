@@ -1,6 +1,6 @@
 """PackedBatch: examples packed into rows, with everything a setup needs to run and score them.
 
-Used from notebook 01 on; ``from_examples`` is the one builder the course, the trainer and the
+``from_examples`` is the one builder the course, the trainer and the
 audit share. Layout: ``B`` rows of ``T`` tokens (``T`` = capacity for packed setups, the longest
 example for ``padded``), padding at the end of each row.
 
@@ -12,6 +12,8 @@ Two kinds of boundaries live here, and the difference matters:
 - :meth:`PackedBatch.attention_segments` gives the segments the *setup's mask* uses over all
   ``B*T`` tokens: one per row for the causal mask (examples see each other: the bug), one per
   example and per padding run for the block-diagonal mask.
+
+Lessons: 00, 01, 02, 04, 06, 08.
 """
 
 from __future__ import annotations

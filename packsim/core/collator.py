@@ -27,6 +27,8 @@ Example::
     collator = PackingCollator(setup="correct", return_flash_attn_kwargs=True)
     trainer = Trainer(model=model, args=TrainingArguments(..., remove_unused_columns=False),
                       train_dataset=examples, data_collator=collator)
+
+Lessons: 06.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The tiny transformers decoder the course trains, and the forward that runs a PackedBatch under a setup.
 
-Notebooks 02-06 build models here. ``build_model`` makes a real ``LlamaForCausalLM`` from a
+The lessons build their models here. ``build_model`` makes a real ``LlamaForCausalLM`` from a
 config (random init, no download). ``forward`` runs a :class:`~packsim.core.batch.PackedBatch`:
 
 - ``backend`` = a packsim kernel (``auto``, ``dense``, ``blocked``, ``flex``, ``flash``,
@@ -9,6 +9,8 @@ config (random init, no download). ``forward`` runs a :class:`~packsim.core.batc
   as ``cu_seq_lens_q/k`` (no dense mask);
 - ``backend="transformers"``: the model's own attention (eager / sdpa / flex_attention) with
   a 4D additive mask built from the setup (dense, O(T^2): the reference way).
+
+Lessons: 00, 01, 02, 03, 04, 06, 08.
 """
 
 from __future__ import annotations

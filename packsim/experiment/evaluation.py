@@ -11,6 +11,8 @@ Notebook 05 uses it to score the models the experiment trains. Two numbers per e
 :func:`evaluate_packed` scores the same examples *inside packs* under a training setup: the
 train/eval mismatch. A model trained with the default causal mask is scored on what it was trained
 to do (read its neighbours); alone it has no neighbours.
+
+Lessons: none directly (the comparison scores its models with it).
 """
 
 from __future__ import annotations
