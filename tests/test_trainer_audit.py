@@ -26,6 +26,15 @@ PAIRS = [("abc=", "cba"), ("hello:", "olleh"), ("x+y=", "z"), ("sort 321:", "123
          ("rev abcd:", "dcba"), ("k=v;", "v"), ("add 2 3:", "5"), ("up ab:", "ba")]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny matrices: one thread beats two fighting for a busy 2-core machine (measured 20x)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """A tiny Llama and the local tokenizer, saved as any from_pretrained directory."""

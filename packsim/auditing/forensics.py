@@ -1,0 +1,215 @@
+"""Forensics from a finished checkpoint: did the run behind these weights let packed examples see each other?
+
+Interview question 2 ("how would you detect contamination after a run?") with only the trained
+model and a sample of its training examples. A run whose packs leaked trained the model, step
+after step, to predict each example *after other examples*: it learned to read past foreign
+neighbours. A run that kept its examples apart never showed the model a foreign prefix. Two
+measurements read that habit from the weights, on the same examples:
+
+- **pack gap**: an example's response loss scored inside a causal pack (after its neighbours,
+  positions continuing: the contaminated forward) minus its loss scored alone, averaged over the
+  examples that have a neighbour before them. Small when the run leaked;
+- **neighbour influence**: the mean |change| of an example's response loss when its neighbours
+  change (the same examples packed in another order, seeded).
+
+Both depend on the model, the data and the budget, so the verdict is calibrated by a **control**:
+the same model trained on the same kind of data, padded or correctly packed. The suspect is
+flagged when its pack gap is below ``threshold`` (default 0.5) times the control's. Without a
+control the report gives the numbers and no verdict ("uncalibrated"). A model pretrained on
+concatenated documents may read past neighbours whatever its fine-tuning did, which is why the
+control must share the suspect's base model.
+
+Why not :func:`packsim.audit`? A perturbation probe on the trained model under a corrected call
+proves nothing about the run: the leak lived in the forward the run used, not in the weights, and
+any model passes an isolated forward. Only the habit the leak left in the weights remains.
+
+Shapes: examples are packsim ``Example`` objects (``.tokens``, ``.n_prompt``) or dicts with
+``prompt_ids`` and ``response_ids``; per-example losses are (N,). Lessons 06 and 08.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from packsim.core.batch import PackedBatch
+from packsim.core.device import model_device
+from packsim.core.errors import PacksimError
+from packsim.core.setups import Setup
+from packsim.experiment.evaluation import example_scores
+
+__all__ = ["Evidence", "ForensicsReport", "measure", "forensics", "flag_comparison"]
+
+# The contaminated forward: one causal mask over the pack, positions continuing (preset "loss_fix").
+_LEAKY = Setup("causal", "continuous", "completion", name="causal pack")
+
+
+@dataclass(frozen=True)
+class _Ids:
+    tokens: list[int]
+    n_prompt: int
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What one model's weights show on a sample: losses in nats, means over ``n`` examples."""
+
+    n: int
+    alone_loss: float
+    packed_loss: float
+    pack_gap: float
+    neighbour_influence: float
+
+
+@dataclass(frozen=True)
+class ForensicsReport:
+    """The suspect's evidence, the control's (or None) and the verdict."""
+
+    suspect: Evidence
+    control: Evidence | None
+    threshold: float
+
+    @property
+    def gap_ratio(self) -> float | None:
+        """suspect pack gap / control pack gap (None without a control)."""
+        if self.control is None:
+            return None
+        return self.suspect.pack_gap / max(self.control.pack_gap, 1e-9)
+
+    @property
+    def flagged(self) -> bool | None:
+        """True: the weights read past neighbours far more than the control's (None: uncalibrated)."""
+        return None if self.control is None else self.gap_ratio < self.threshold
+
+    @property
+    def verdict(self) -> str:
+        s = self.suspect
+        if self.control is None:
+            return (f"UNCALIBRATED: pack gap {s.pack_gap:+.3f} nats, neighbour influence "
+                    f"{s.neighbour_influence:.3f}; pass a control (the same model trained padded or "
+                    "correctly packed) for a verdict.")
+        word = "CONTAMINATED" if self.flagged else "CLEAN"
+        rel = "below" if self.flagged else "not below"
+        return (f"{word}: pack gap {s.pack_gap:+.3f} nats is {self.gap_ratio:.2f}x the control's "
+                f"{self.control.pack_gap:+.3f}, {rel} {self.threshold}x: the weights "
+                f"{'learned to read past packed neighbours' if self.flagged else 'are disrupted by packed neighbours like the control'}.")
+
+    def table(self) -> str:
+        rows = [("", "alone loss", "in-pack loss", "pack gap", "neighbour influence", "examples")]
+        for name, e in (("suspect", self.suspect), ("control", self.control)):
+            if e is not None:
+                rows.append((name, f"{e.alone_loss:.3f}", f"{e.packed_loss:.3f}", f"{e.pack_gap:+.3f}",
+                             f"{e.neighbour_influence:.3f}", str(e.n)))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = [self.verdict] + ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _examples(examples: Sequence) -> list:
+    if isinstance(examples, (Mapping, str, bytes)) or not isinstance(examples, Sequence) or len(examples) < 4:
+        raise PacksimError("forensics needs a list of at least 4 training examples (a few hundred "
+                           "give stable numbers): packsim Examples or dicts with prompt_ids and response_ids.")
+    out = []
+    for i, ex in enumerate(examples):
+        if isinstance(ex, Mapping):
+            if "prompt_ids" not in ex or "response_ids" not in ex:
+                raise PacksimError(f"example {i} has keys {sorted(ex)}: give prompt_ids and response_ids.")
+            ex = _Ids(list(ex["prompt_ids"]) + list(ex["response_ids"]), len(ex["prompt_ids"]))
+        out.append(ex)
+    return out
+
+
+def _scores(model, examples: list, setup, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N,) response loss per example under ``setup``, and (N,) True for the first example of a row."""
+    batch = PackedBatch.from_examples(examples, capacity, setup=setup, strategy="sequential")
+    loss, _ = example_scores(model, batch.to(model_device(model)))
+    first = torch.zeros(len(examples), dtype=torch.bool)
+    first[batch.seq_ids[:, 0].cpu().clamp(min=0)] = True
+    return loss.float(), first
+
+
+@torch.no_grad()
+def measure(model, examples: Sequence, capacity: int = 256, seed: int = 0) -> Evidence:
+    """Pack gap and neighbour influence of ``model`` on ``examples`` (see the module doc)."""
+    exs = _examples(examples)
+    longest = max(len(ex.tokens) for ex in exs)
+    capacity = max(int(capacity), longest)
+    alone, _ = _scores(model, exs, "padded", longest)
+    packed, first = _scores(model, exs, _LEAKY, capacity)
+    perm = list(range(len(exs)))
+    random.Random(seed).shuffle(perm)
+    moved, moved_first = _scores(model, [exs[i] for i in perm], _LEAKY, capacity)
+    index = torch.tensor(perm)
+    other, other_first = torch.empty_like(moved), torch.empty_like(moved_first)
+    other[index], other_first[index] = moved, moved_first
+    inner = ~first & ~other_first  # a neighbour before it in both arrangements
+    if not bool(inner.any()):
+        raise PacksimError(f"no example has a neighbour before it in a pack of {capacity} tokens: raise "
+                           "capacity or pass more (shorter) examples.")
+    return Evidence(n=int(inner.sum()), alone_loss=float(alone[inner].mean()),
+                    packed_loss=float(packed[inner].mean()),
+                    pack_gap=float((packed - alone)[inner].mean()),
+                    neighbour_influence=float((packed - other).abs()[inner].mean()))
+
+
+def forensics(model, examples: Sequence, control=None, *, capacity: int = 256, seed: int = 0,
+              threshold: float = 0.5) -> ForensicsReport:
+    """Evidence of cross-example contamination in a trained ``model``, calibrated by ``control``.
+
+    Args:
+        model: the trained causal LM (packsim's, or a transformers model packsim's forward runs).
+        examples: a sample of its training examples (a few hundred).
+        control: a model trained the same way but padded or correctly packed, or its
+            :class:`Evidence` from :func:`measure`; None gives an uncalibrated report.
+        capacity: tokens per pack of the causal-pack scoring; seed: the neighbour shuffle.
+        threshold: flagged when suspect pack gap < threshold x control pack gap.
+    """
+    if not 0 < threshold < 1:
+        raise PacksimError(f"threshold={threshold}: use a fraction of the control's pack gap in (0, 1).")
+    suspect = measure(model, examples, capacity, seed)
+    if control is not None and not isinstance(control, Evidence):
+        control = measure(control, examples, capacity, seed)
+    return ForensicsReport(suspect, control, threshold)
+
+
+def flag_comparison(out: str | Path, control_setup: str = "correct", n_examples: int = 256) -> list[dict]:
+    """Run forensics on every model of a ``packsim compare --out DIR`` (tasks design).
+
+    Each run's sample is the first ``n_examples`` of its training stream; its control is the
+    ``control_setup`` model of another seed (so a control never judges itself). Returns one dict
+    per run: setup, seed, control seed, pack gap, control gap, ratio, neighbour influence, flagged.
+    """
+    from packsim.core.data import make_dataset
+    from packsim.experiment.comparison import load_model
+    from packsim.experiment.results import Results
+
+    results = Results.load(Path(out) / "results.json")
+    if results.config.get("data") != "tasks":
+        raise PacksimError(f"flag_comparison reads the tasks design; {out} holds {results.config.get('data')!r}.")
+    seeds = sorted({r.seed for r in results.runs if r.setup == control_setup})
+    if len(seeds) < 2:
+        raise PacksimError(f"{out} needs {control_setup!r} runs of at least 2 seeds (one controls the other): "
+                           "run packsim compare --seeds 3.")
+    capacity = int(results.config["train"]["capacity"])
+    controls: dict[tuple[int, int], Evidence] = {}
+    rows = []
+    for run in results.runs:
+        sample = make_dataset(n_examples, 0, seed=run.seed)[0]
+        later = [s for s in seeds if s > run.seed]
+        cseed = later[0] if later else next(s for s in seeds if s != run.seed)  # the next seed, cyclically
+        key = (cseed, run.seed)
+        if key not in controls:
+            controls[key] = measure(load_model(out, control_setup, cseed), sample, capacity)
+        report = forensics(load_model(out, run.setup, run.seed), sample, controls[key], capacity=capacity)
+        rows.append({"setup": run.setup, "seed": run.seed, "control_seed": cseed,
+                     "pack_gap": report.suspect.pack_gap, "control_gap": report.control.pack_gap,
+                     "ratio": report.gap_ratio, "neighbour_influence": report.suspect.neighbour_influence,
+                     "control_influence": report.control.neighbour_influence, "flagged": report.flagged})
+    return rows
