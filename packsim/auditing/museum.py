@@ -143,7 +143,7 @@ def _dict_case(batch: dict, exs, impl: str = "sdpa", model=None, **kwargs) -> Ca
 
 @contextmanager
 def _no_packed_detection():
-    """transformers before 4.56: eager/sdpa/flex never derive a packed mask from position_ids."""
+    """transformers before PR 39194: eager/sdpa/flex never derive a packed mask from position_ids."""
     import transformers.masking_utils as hf_masking
 
     with mock.patch.object(hf_masking, "find_packed_sequence_indices", lambda position_ids: None):
@@ -263,10 +263,10 @@ EXHIBITS = {e.name: e for e in [
     Exhibit("padding_free_without_packed_mask", "Padding-free rows on sdpa/eager before transformers built a packed mask",
             (f"{_TRL}/issues/2834", f"{_HF}/pull/39194"),
             "Padding-free training started with a much higher loss; the reply was that padding-free "
-            "only worked with FlashAttention. Cause: before transformers 4.56 eager/sdpa/flex never "
+            "only worked with FlashAttention. Cause: until transformers PR 39194 eager/sdpa/flex never "
             "turned restarting position_ids into a block-diagonal mask, so the flattened row was one "
             "causal sequence. Planted by switching transformers' packed-sequence detection off. Fix: "
-            "a flash implementation, or transformers >= 4.56 (the installed version detects it).",
+            "a flash implementation, or a transformers release with that PR (the installed one has it).",
             _no_detection, _LEAK_SDPA, "leaking pairs"),
     Exhibit("all_ones_mask", "An all-ones attention_mask next to packed position_ids",
             (f"{_HF}/pull/46634",),
@@ -316,7 +316,7 @@ EXHIBITS = {e.name: e for e in [
             "Training reported a loss of 0.0 and looked fine. Cause: with completion-only loss, a "
             "max_length shorter than the prompts truncated every completion away, so every label in "
             "the batch was -100 and the mean loss was 0/0. Fix: raise max_length or drop prompt-only "
-            "examples; a warning when a batch counts no label (the PR). Caught by the museum's "
+            "examples; the PR proposes a warning when a batch counts no label. Caught by the museum's "
             "counted_labels check: the audit's probes see nothing wrong with any single token.",
             _no_response, frozenset({"counted_labels"}), "no label is counted"),
     Exhibit("prompt_in_loss_chat_template", "Prompt tokens counted when packing a chat template",

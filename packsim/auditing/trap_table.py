@@ -7,22 +7,16 @@ tokens of the first example of each row changed. The cell is "isolated" when no 
 example moves by more than ``tol`` (fp32: 1e-5), else "leaks". Then :func:`packsim.audit` runs on
 the same model, batch and kwargs, and the cell records whether its verdict agrees.
 
-Conditions (columns), each a batch dict passed as ``model(**batch, use_cache=...)``:
+Conditions (columns, :data:`CONDITIONS` says each in words) are batch dicts passed as
+``model(**batch, use_cache=...)``: input_ids (1, 32) or (2, 32) for ``rows``, position_ids (B, 32),
+optionally attention_mask (B, 32) of ones or a 4D block-diagonal mask (B, 1, 32, 32) (bool or
+additive float), or cu_seq_lens_q/k (S+1,) with max_length_q/k.
 
-=============  ========================================================================
-``positions``  input_ids (1, 32), position_ids restarting per example, no mask, no cache
-``ones_mask``  + attention_mask of ones (1, 32)
-``cache``      + use_cache=True (a DynamicCache is built during the forward)
-``rows``       two packed rows per batch: input_ids (2, 32), position_ids (2, 32), no mask
-``cu_seq_lens`` cu_seq_lens_q/k + max_length_q/k given, position_ids 0..31 (no restart)
-``bool_4d``    a block-diagonal causal 4D mask (1, 1, 32, 32), bool, True = attend
-``float_4d``   the same mask as an additive float (0 = attend, finfo.min elsewhere)
-=============  ========================================================================
-
-flash_attention_2 and the hub kernel run only where CUDA and the package are present; elsewhere the
-cell says why it was not run. flex_attention runs UNCOMPILED on CPU by default (transformers' flex
-masking code, torch's flex kernel without torch.compile: compiling costs seconds per mask on CPU
-and, measured on torch 2.13.0+cpu, compiled CPU flex with a 4D tensor mask crashed the process, see
+flash_attention_2 and the hub kernel run only where CUDA and the package are present (in bfloat16,
+tolerance ``FLASH_TOL``; that path has not yet run on a GPU); elsewhere the cell says why not.
+flex_attention runs UNCOMPILED on CPU by default (transformers' flex masking code, torch's flex
+kernel without torch.compile): compiling costs seconds per mask on CPU and, measured on torch
+2.13.0+cpu, compiled CPU flex with a 4D tensor mask crashed the process (see
 tests/test_transformers_traps.py); with ``compile_flex=True`` on CPU those 4D-tensor cells are
 "not run" instead of crashing.
 
@@ -49,6 +43,7 @@ LEAK_PROBES = ("perturbation", "gradient", "attention_mass")
 VOCAB = 96
 ROWS = ((10, 13, 9), (12, 8, 12))  # example lengths of the two rows, 32 tokens each
 HUB_KERNEL = "kernels-community/flash-attn2"
+FLASH_TOL = 1e-2  # flash cells run in bf16 (set before any GPU run; not measured on a GPU yet)
 IMPLS = ("eager", "sdpa", "flex_attention", "flash_attention_2", HUB_KERNEL)
 CONDITIONS = {
     "positions": "position_ids restart per example, no attention_mask, use_cache=False",
@@ -301,6 +296,10 @@ def trap_table(families=None, impls=None, conditions=None, *, tol: float = 1e-5,
 
 
 def _impl_cells(model, family, impl, conditions, tol, seed, compile_flex) -> list[Cell]:
+    if impl in ("flash_attention_2", HUB_KERNEL) and not _impl_reason(impl):
+        import copy  # flash kernels take fp16/bf16 only: a bf16 copy, a bf16 tolerance
+
+        model, tol = copy.deepcopy(model).to(torch.bfloat16), max(tol, FLASH_TOL)
     if not _impl_reason(impl):
         try:
             model.set_attn_implementation(impl)
