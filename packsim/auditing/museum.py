@@ -12,9 +12,9 @@ visible in one batch's probes and are caught by the museum's checks (:mod:`packs
 
 Batches are transformers' ``DataCollatorWithFlattening`` rows (1, N) (``input_ids``, ``labels``,
 ``position_ids``, ``cu_seq_lens_q/k``) unless the story says otherwise; ``response_mask`` (1, N) is
-True on response tokens and the final EOS. Every link was checked against the public thread; the
-stories are ours. :func:`museum_table` runs every exhibit (buggy and fixed) and tabulates what
-caught it. Used by lesson 06, docs/audit.md and tests/test_museum.py.
+True on response tokens and the final EOS. Every link was checked against the stored public thread;
+the stories are ours. :func:`museum_table` runs every exhibit (buggy and fixed) and tabulates what
+caught it. For lesson 06 and docs/audit.md; tests/test_museum.py runs every exhibit.
 """
 
 from __future__ import annotations
@@ -136,9 +136,9 @@ def examine(exhibit: Exhibit | str, fixed: bool = False) -> AuditReport:
     return report
 
 
-def _dict_case(batch: dict, exs, impl: str = "sdpa", model=None, **kwargs) -> Case:
+def _dict_case(batch: dict, exs, impl: str = "sdpa", **kwargs) -> Case:
     kwargs.setdefault("use_cache", False)
-    return Case(model or tiny(impl), batch, {"response_mask": response_mask(exs), **kwargs})
+    return Case(tiny(impl), batch, {"response_mask": response_mask(exs), **kwargs})
 
 
 @contextmanager
