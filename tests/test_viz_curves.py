@@ -9,7 +9,7 @@ import pytest
 from packsim.core.errors import PacksimError
 from packsim.experiment.results import Results, RunResult, StepRecord
 from packsim.viz import curves, curves_figure
-from packsim.viz._common import shown_figure
+from packsim.viz.widget import shown_figure
 
 
 def _run(setup: str, seed: int, steps: int = 6, offset: float = 0.0) -> RunResult:
@@ -137,6 +137,28 @@ def test_loads_results_json_and_data_sets(tmp_path, results):
     fig = shown_figure(view.out)
     assert {t["name"] for t in fig["data"] if t.get("name")} == {"correct"}
     assert fig["data"][0]["x"] == [1, 2, 3]
+
+
+def test_data_dropdown_says_why_it_is_disabled(tmp_path, results):
+    view = curves(results)  # one data design: nothing to switch to
+    assert view.data.disabled
+    assert "Only one data design (tasks)" in view.data.tooltip
+    assert "Only one data design (tasks)" in view.data_note.value
+    results.runs.append(_run("correct", 0, steps=3))
+    results.runs[-1].data = "facts"
+    view = curves(results)
+    assert not view.data.disabled and view.data_note.value == ""
+    assert "Only one" not in view.data.tooltip
+
+
+def test_report_html_figures_are_offline(tmp_path, results):
+    from packsim.experiment.report import write_report
+
+    page = write_report(results, tmp_path / "report.html").read_text()
+    n_figures = page.count("Plotly.newPlot(")
+    assert n_figures >= 1
+    assert page.count('"displaylogo": false') == n_figures
+    assert page.count('"showSendToCloud": false') == n_figures
 
 
 def test_bad_input():

@@ -15,8 +15,8 @@ from packsim.core.errors import PacksimError
 from packsim.core.model import attention_maps, build_model
 from packsim.core.segments import mean_outside_share
 from packsim.viz import leakage_explorer, leakage_figure
-from packsim.viz._common import token_glyphs
 from packsim.viz.leakage import key_weights, share_html
+from packsim.viz.widget import token_glyphs
 
 SHARE = re.compile(r"outside its example: (\d+\.\d)%")
 
@@ -95,6 +95,19 @@ def test_click_third_example_leaks_in_buggy_not_in_correct(explorer):
     n_before = sum(1 for k in range(q) if int(seq[k]) != third)
     assert _n_outside(x.panels["buggy"]) == n_before  # every earlier key of another example
     assert _n_outside(x.panels["correct"]) == 0
+
+
+def test_examples_are_named_by_batch_index_and_place_in_the_row(explorer):
+    x = explorer
+    second = _tokens_of(x, 2)[0]  # row 0 holds examples 0, 2, 4: example 2 is its 2nd
+    name = "example 2 of the batch (2nd in this row)"
+    assert name in x.panels["buggy"].chips[second].tooltip
+    x.select(second)
+    assert name in x.panels["buggy"].share.value and name in x.panels["correct"].share.value
+    assert f'title="key {second} ' in x.panels["buggy"].attention.value
+    assert name in x.panels["buggy"].attention.value
+    assert "numbered by their index in the batch" in x.header.value
+    x.select(None)
 
 
 def test_first_example_sees_nothing_outside_even_buggy(explorer):
@@ -232,7 +245,7 @@ def test_bad_input_raises_packsim_error(explorer):
 
 def test_static_figure_titles_and_rows(explorer):
     fig = leakage_figure(make_examples(6, seed=0), capacity=64, seed=0, query=30)
-    titles = [a.text for a in fig.layout.annotations]
+    titles = [a.text.replace("<br>", " ") for a in fig.layout.annotations]  # wrapped to fit
     assert (
         titles[0].startswith("buggy: ")
         and titles[1] == "correct: 0.0% of attention outside its example"
@@ -242,7 +255,8 @@ def test_static_figure_titles_and_rows(explorer):
     assert buggy == pytest.approx(
         100 * mean_outside_share(maps[None, None], explorer.batch.seq_ids[0][None]), abs=0.051
     )
-    z = torch.tensor(fig.data[1].z)  # correct: rows of real queries sum to 1, nothing across
+    heatmaps = [t for t in fig.data if t.type == "heatmap"]  # one per setup (+ boundary lines)
+    z = torch.tensor(heatmaps[1].z)  # correct: rows of real queries sum to 1, nothing across
     real = explorer.batch.seq_ids[0] >= 0
     assert torch.allclose(z[real].sum(-1), torch.ones(int(real.sum())), atol=1e-5)
     assert mean_outside_share(z[None, None], explorer.batch.seq_ids[0][None]) == 0.0

@@ -9,7 +9,7 @@ import pytest
 
 from packsim.core.errors import PacksimError
 from packsim.viz import load_quizzes, quiz, quiz_figure
-from packsim.viz.quizzes import grade, split_words
+from packsim.viz.quiz_data import grade, split_words
 
 SCORE = re.compile(r"Score: (\d+)/(\d+)")
 

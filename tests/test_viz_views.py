@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+import plotly.io as pio
 import pytest
 import torch
 
@@ -26,9 +27,20 @@ from packsim.viz import (
     tile_figure,
     tile_map,
 )
-from packsim.viz._common import shown_figure, token_glyphs
 from packsim.viz.labels import counted_targets, label_reason
+from packsim.viz.style import (
+    CHAR_WIDTH,
+    DESIGN_WIDTH,
+    FIGURE_CONFIG,
+    LINE_HEIGHT,
+    SUBPLOT_TITLE_SIZE,
+    TITLE_SIZE,
+    figure_config,
+    layout,
+    text_lines,
+)
 from packsim.viz.tiles import as_cu_seqlens
+from packsim.viz.widget import example_name, figure_bundle, shown_figure, token_glyphs
 
 # ----------------------------------------------------------------------------- shared plumbing
 
@@ -57,6 +69,104 @@ def test_plotly_widgets_show_a_figure_bundle(make, css):
     json.dumps(bundle)  # goes over the wire as JSON
     assert shown_figure(w.out)["data"]
     assert w.figure().to_dict()["data"]
+    assert shown_figure(w.out)["config"] == figure_config()  # offline: no logo, no cloud button
+
+
+def test_offline_figure_config_everywhere(monkeypatch):
+    assert FIGURE_CONFIG["displaylogo"] is False and FIGURE_CONFIG["showSendToCloud"] is False
+    assert "sendChartToCloud" in FIGURE_CONFIG["modeBarButtonsToRemove"]
+    fig = packing_figure([10, 20, 30], 64)
+    # a plain fig.show(): importing packsim.viz configured every plotly.io renderer
+    for name in ("plotly_mimetype", "notebook", "notebook_connected", "colab", "browser", "iframe"):
+        config = pio.renderers[name].config
+        assert all(config.get(k) == v for k, v in figure_config().items()), (name, config)
+    mime = pio.renderers._build_mime_bundle(fig.to_dict(), "plotly_mimetype")
+    assert mime["application/vnd.plotly.v1+json"]["config"] == figure_config()
+    page = pio.renderers._build_mime_bundle(fig.to_dict(), "notebook_connected")["text/html"]
+    assert '"displaylogo": false' in page and '"showSendToCloud": false' in page
+    monkeypatch.setenv("PACKSIM_STATIC", "1")  # static site: HTML drawn by the page's plotly.js
+    html = figure_bundle(fig)["text/html"]
+    assert '"displaylogo": false' in html and '"showSendToCloud": false' in html
+    assert "responsive" not in FIGURE_CONFIG  # plotly's to_html got a copy, not the original
+
+
+def _figures():
+    from packsim.experiment.report import copies_figure
+    from packsim.experiment.results import Results, RunResult, StepRecord
+    from packsim.viz import curves_figure, leakage_figure, quiz_figure
+
+    runs = []
+    for setup in ("buggy", "correct"):
+        r = RunResult(setup=setup, seed=0, data="facts")
+        for s in (1, 2, 3):
+            values = {"reported_loss": 1 / s, "response_loss": 1 / s,
+                      "response_loss_first": 1 / s, "response_loss_repeat": 2 / s}  # fmt: skip
+            r.add(StepRecord("train", setup, 0, s, values))
+            r.add(StepRecord("eval", setup, 0, s, {"isolated_exact_match": s / 3,
+                                                   "isolated_response_loss": 1 / s}))  # fmt: skip
+        runs.append(r)
+    results = Results(runs=runs, config={}, env={})
+    ex = make_examples(4, seed=0)
+    return {
+        "curves": lambda: curves_figure(results),
+        "copies": lambda: copies_figure(results),
+        "mask": lambda: mask_figure(),
+        "tiles": lambda: tile_figure(),
+        "leakage": lambda: leakage_figure(ex, capacity=48),
+        "labels": lambda: labels_figure(),
+        "packing": lambda: packing_figure([10, 20, 30], 64),
+        "quiz": lambda: quiz_figure(),
+    }
+
+
+@pytest.mark.parametrize("name", list(_figures()))
+def test_no_title_collides_with_another(name):
+    """At DESIGN_WIDTH, subplot titles fit beside each other and sit below the figure title."""
+    fig = _figures()[name]()
+    lay = fig.layout
+    plot_px = DESIGN_WIDTH - lay.margin.l - lay.margin.r
+    assert lay.title.yref == "container" and lay.title.y == 1 and lay.title.yanchor == "top"
+    title_bottom = lay.title.pad.t + len(text_lines(lay.title.text)) * LINE_HEIGHT * TITLE_SIZE
+    assert title_bottom <= lay.margin.t
+    subs = [a for a in lay.annotations if a.yref == "paper" and a.yanchor == "bottom"]
+    for a in subs:  # above its panel, below the figure title
+        size = a.font.size
+        assert size == SUBPLOT_TITLE_SIZE
+        assert lay.margin.t - len(text_lines(a.text)) * LINE_HEIGHT * size >= title_bottom, a.text
+    rows: dict[float, list] = {}
+    for a in subs:
+        rows.setdefault(a.y, []).append(a)
+    for row in rows.values():  # neighbours in a row do not overlap horizontally
+        row.sort(key=lambda a: a.x)
+        half = [max(map(len, text_lines(a.text))) * CHAR_WIDTH * a.font.size / plot_px / 2
+                for a in row]  # fmt: skip
+        for i in range(len(row) - 1):
+            assert row[i + 1].x - row[i].x >= half[i] + half[i + 1], (row[i].text, row[i + 1].text)
+
+
+def test_layout_wraps_long_titles_and_sizes_the_top_margin():
+    from plotly.subplots import make_subplots
+
+    long = "a fairly long subplot title that cannot fit one column of three"
+    fig = make_subplots(rows=1, cols=3, subplot_titles=(long, "b", "c"))
+    layout(fig, "one line", 300, below="legend")
+    first = fig.layout.annotations[0].text
+    assert "<br>" in first and first.replace("<br>", " ") == long
+    assert fig.layout.legend.yref == "container" and fig.layout.legend.orientation == "h"
+    one = fig.layout.margin.t
+    layout(fig, "two<br>lines", 300)
+    assert fig.layout.margin.t > one and fig.layout.margin.b < 95
+
+
+def test_example_name_says_which_numbering():
+    row = torch.tensor([5, 5, 3, 3, 1, -1])
+    assert example_name(3, row) == "example 3 of the batch (2nd in this row)"
+    assert example_name(5, row) == "example 5 of the batch (1st in this row)"
+    assert example_name(1, row) == "example 1 of the batch (3rd in this row)"
+    assert example_name(-1, row) == "padding"
+    many = torch.arange(13)
+    assert example_name(10, many).endswith("(11th in this row)")
+    assert example_name(12, many).endswith("(13th in this row)")
 
 
 # ----------------------------------------------------------------------------- playground
@@ -136,6 +246,16 @@ def test_mask_explorer_heatmaps_and_block_counts():
     m.row.value = 1
     ref1 = block_sparsity(flex_block_mask(batch.seq_ids[1], block_size=8))
     assert f"{ref1.skipped} skipped of {ref1.total}" in m.counts.value
+
+
+def test_mask_figure_axes_span_the_tokens_and_blocks():
+    fig = mask_figure(make_examples(6, seed=0), capacity=64, block_size=16)
+    for i in ("", "2"):
+        assert tuple(fig.layout[f"xaxis{i}"].range) == (-0.5, 63.5)
+        assert tuple(fig.layout[f"yaxis{i}"].range) == (63.5, -0.5)
+    assert tuple(fig.layout.xaxis3.range) == (-0.5, 3.5)  # 4 blocks of 16
+    grid = [t for t in fig.data if t.type == "scatter"]  # the block grid: one trace per token map
+    assert len(grid) == 2 and {x for x in grid[0].x if x is not None} >= {15.5, 31.5, 47.5}
 
 
 def test_mask_figure_one_example_and_bad_block():
@@ -218,6 +338,35 @@ def test_tile_map_widget_numbers_and_bad_input():
         tile_map([3, 0])
     with pytest.raises(PacksimError, match="tile"):
         tile_map(tile=0)
+
+
+@pytest.mark.parametrize("lengths,tile", [([100, 300, 28, 340, 256], 128), ([30, 50, 21], 16)])
+def test_tile_map_axes_span_exactly_the_tokens(lengths, tile):
+    N, n = sum(lengths), -(-sum(lengths) // tile)
+    fig = tile_figure(lengths, tile=tile)
+    for x, y in (("xaxis", "yaxis"), ("xaxis2", "yaxis2")):
+        xa, ya = fig.layout[x], fig.layout[y]
+        assert tuple(xa.range) == (0, N) and tuple(ya.range) == (N, 0)
+        # a square panel shrinks its domain instead of widening the range past 0..N
+        assert xa.constrain == ya.constrain == "domain" and ya.scaleanchor == x.replace("axis", "")
+    (heat,) = [t for t in fig.data if t.type == "heatmap"]
+    assert len(heat.x) == n + 1 and heat.x[0] == 0 and heat.x[-1] == N  # tile edges, not centres
+    assert tuple(heat.y) == tuple(heat.x)
+
+
+def test_tile_map_without_causal_has_no_causal_kernel_row():
+    t = tile_map([40, 20], tile=16)
+    assert "causal kernel over the whole pack" in t.numbers.value
+    t.causal.value = False
+    assert "causal kernel" not in t.numbers.value and "not causal" in t.numbers.value
+    fig = shown_figure(t.out)
+    assert "not causal" in fig["layout"]["title"]["text"]
+    w = attention_work(as_cu_seqlens([40, 20]), causal=False, tile=16)
+    assert f"{w.varlen_pairs:,}" in t.numbers.value and w.varlen_pairs == 40 * 40 + 20 * 20
+    (varlen,) = [d for d in fig["data"] if d.get("fill") == "toself"]
+    xs, ys = varlen["x"], varlen["y"]
+    above = [(x, y) for x, y in zip(xs, ys, strict=True) if x is not None and x > y + 16]
+    assert above  # without causal, key tiles right of the diagonal are computed too
 
 
 def test_every_widget_has_its_root_class_and_displays(capsys):

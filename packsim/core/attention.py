@@ -21,8 +21,9 @@ Backends (``BACKENDS``):
 
 ``backend="auto"`` picks the best available one and logs the choice once at INFO on the
 ``packsim`` logger. How much work each layout does (score pairs, tiles computed and skipped)
-is counted in :mod:`packsim.core.tiles`. Used by notebooks 03_block_diagonal and
-07_flash_varlen_internals.
+is counted in :mod:`packsim.core.tiles`.
+
+Lessons: 03, 07.
 """
 
 from __future__ import annotations

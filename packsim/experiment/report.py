@@ -4,6 +4,8 @@
 (plotly.js embedded, works offline) with the curves side by side, the final table (mean and
 spread over seeds), the buggy-vs-correct table of the course card filled with measured numbers,
 and the throughput on the long-tailed mix. Notebook 05 shows the same figures.
+
+Lessons: 05, 08.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from packsim.experiment.results import Results, spread
-from packsim.viz._common import setup_colour
+from packsim.viz.style import figure_config, layout, setup_colour
 from packsim.viz.training_curves import curves_figure as viz_curves_figure
 from packsim.viz.training_curves import seed_spread
 
@@ -59,8 +61,7 @@ def copies_figure(results: Results, data: str | None = "facts") -> go.Figure | N
                                      line=dict(color=colour, width=2)), row=1, col=col)
     fig.update_xaxes(title_text="step")
     fig.update_yaxes(title_text="response loss")
-    fig.update_layout(height=340, margin=dict(t=60, l=40, r=20, b=40), legend=dict(orientation="h", y=-0.25))
-    return fig
+    return layout(fig, "", 380, below="legend")
 
 
 def _cell(values: list[float], fmt: str) -> str:
@@ -161,13 +162,14 @@ def write_report(results: Results, path: str | Path) -> Path:
     include = True
     for data in dict.fromkeys(r.data for r in results.runs):
         parts.append(f"<h2>Training curves ({html.escape(data)} data)</h2>")
-        parts.append(curves_figure(results, data).to_html(full_html=False, include_plotlyjs=include))
+        parts.append(curves_figure(results, data).to_html(full_html=False, include_plotlyjs=include,
+                                                          config=figure_config()))
         include = False
         parts += ["<h2>Final metrics (mean [min, max] over seeds)</h2>", _html_table(*final_rows(results, data))]
         copies = copies_figure(results, data)
         if copies is not None:
             parts += ["<h2>Copying: in-pack loss of first vs repeated copies</h2>",
-                      copies.to_html(full_html=False, include_plotlyjs=include)]
+                      copies.to_html(full_html=False, include_plotlyjs=include, config=figure_config())]
     if results.throughput:
         parts += ["<h2>Throughput on the long-tailed mix (packed vs one example per row)</h2>",
                   _html_table(*_throughput_rows(results))]

@@ -16,15 +16,26 @@ widget                                 static figure               notebook
 :func:`tile_map`                       :func:`tile_figure`         07
 :func:`quiz` (:func:`load_quizzes`)    :func:`quiz_figure`         08
 =====================================  ==========================  ========
+
+Shared pieces: :mod:`packsim.viz.style` (colours, the offline plotly config, layout helpers) and
+:mod:`packsim.viz.widget` (the widget base class, figures in ``Output`` widgets). Importing this
+package sets the offline figure config (no vendor logo, no cloud upload button) on every plotly.io
+renderer, so a plain ``fig.show()`` in a notebook follows it too.
+
+Lessons: 01, 02, 07, 08.
 """
 
 from packsim.viz.labels import label_viewer, labels_figure
 from packsim.viz.leakage import leakage_explorer, leakage_figure
 from packsim.viz.mask_view import mask_explorer, mask_figure
 from packsim.viz.playground import packing_figure, packing_playground
-from packsim.viz.quizzes import load_quizzes, quiz, quiz_figure
+from packsim.viz.quiz_data import load_quizzes
+from packsim.viz.quizzes import quiz, quiz_figure
+from packsim.viz.style import use_figure_config
 from packsim.viz.tiles import tile_figure, tile_map
 from packsim.viz.training_curves import curves, curves_figure
+
+use_figure_config()
 
 __all__ = [
     "curves",

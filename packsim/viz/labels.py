@@ -6,6 +6,8 @@ ignored (label ``-100``). Hovering a chip gives the reason, from the token's
 :class:`~packsim.core.loss.Role` (prompt, padding, boundary, response, EOS, first token of the row).
 A token ``t`` is a target when ``labels[t] != -100`` and ``t > 0`` (the model predicts token
 ``t`` from position ``t - 1``; the first token of a row has nothing before it).
+
+Lessons: 04.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from packsim.core.data import make_examples
 from packsim.core.loss import IGNORE_INDEX, Role
 from packsim.core.segments import run_starts
 from packsim.core.setups import get_setup
-from packsim.viz._common import (
+from packsim.viz.style import example_colour, layout
+from packsim.viz.widget import (
     PacksimWidget,
     as_batch,
     check_row,
     escape,
-    example_colour,
+    example_name,
     row_dropdown,
     style_html,
     token_glyphs,
@@ -66,7 +69,7 @@ def _row_html(glyphs, seq, roles, counted) -> str:
         ex = int(seq[k])
         start = starts[k]
         reason = label_reason(int(roles[k]), counted[k])
-        where = "padding" if ex < 0 else f"example {ex}"
+        where = example_name(ex, seq)
         style = (
             f"background:{COUNTED if counted[k] else IGNORED};"
             f"border-top-color:{example_colour(ex)};"
@@ -177,12 +180,12 @@ def _figure(batch, row: int, setups) -> go.Figure:
         )
     )
     fig.update_yaxes(autorange="reversed")
-    fig.update_layout(
-        title=f"Which tokens of row {row} the loss counts (green) or ignores (grey)",
+    return layout(
+        fig,
+        f"Which tokens of row {row} the loss counts (green) or ignores (grey)",
+        140 + 70 * len(z),
         xaxis_title="token",
-        height=140 + 70 * len(z),
     )
-    return fig
 
 
 def _default_batch(examples_or_batch, capacity: int, seed: int):

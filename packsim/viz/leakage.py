@@ -9,6 +9,8 @@ first in a row reads its neighbours; under ``correct`` the share is exactly 0.
 
 Attention comes from :func:`packsim.core.model.attention_maps` (``(L, B, H, T, T)``) under each
 panel's setup, computed once when the widget is built (packs here are short: 48-96 tokens).
+
+Lessons: 02, 05, 06.
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ from packsim.core.loss import Role
 from packsim.core.model import attention_maps, build_model
 from packsim.core.segments import mean_outside_share, outside_share, run_starts
 from packsim.core.setups import get_setup
-from packsim.viz._common import (
-    LEAK_RED,
+from packsim.viz.style import LEAK_RED, add_boundaries, example_colour, layout
+from packsim.viz.widget import (
     PacksimWidget,
     as_batch,
     check_row,
     escape,
-    example_colour,
+    example_name,
+    row_dropdown,
     style_html,
     token_glyphs,
 )
@@ -69,9 +72,13 @@ def key_weights(maps: torch.Tensor, row: int, query: int, layer=MEAN, head=MEAN)
     layer, head = _check_choice(layer, L, "layer"), _check_choice(head, H, "head")
     if isinstance(query, bool) or not isinstance(query, int) or not 0 <= query < T:
         raise PacksimError(f"query={query!r} is not a token of the row: pick 0..{T - 1}.")
-    m = maps[:, row, :, query, :]  # (L, H, T)
-    m = m.mean(0) if layer == MEAN else m[layer]  # (H, T)
-    return m.mean(0) if head == MEAN else m[head]  # (T,)
+    return _pick(maps[:, row, :, query, :], layer, head)  # (L, H, T) -> (T,)
+
+
+def _pick(m: torch.Tensor, layer, head) -> torch.Tensor:
+    """One layer and head (or the mean over them) of attention ``m`` (L, H, ...) -> (...)."""
+    m = m.mean(0) if layer == MEAN else m[layer]  # (H, ...)
+    return m.mean(0) if head == MEAN else m[head]
 
 
 def _query_share(weights: torch.Tensor, seq_row: torch.Tensor, query: int) -> float:
@@ -105,8 +112,8 @@ def _maps(model, batch: PackedBatch, setup: str) -> torch.Tensor:
     return attention_maps(model, batch.with_setup(setup).to(device)).float().cpu()
 
 
-def _token_desc(glyph: str, k: int, ex: int, role: int) -> str:
-    where = "padding" if ex < 0 else f"example {ex}, {Role(role).label}"
+def _token_desc(glyph: str, k: int, ex: int, role: int, seq_row: torch.Tensor) -> str:
+    where = "padding" if ex < 0 else f"{example_name(ex, seq_row)}, {Role(role).label}"
     return f"token {k} {glyph!r} ({where})"
 
 
@@ -134,7 +141,7 @@ def attention_html(glyphs, seq_row, weights, query: int | None) -> str:
                 sup = f"<sup>{w[k]:.1%}</sup>"
         alpha = 0.75 * w[k] / w_max
         style = f"background: rgba(31,119,180,{alpha:.3f}); border-top-color: {example_colour(ex)};"
-        where = "padding" if ex < 0 else f"example {ex}"
+        where = example_name(ex, seq_row)
         title = f"key {k} {glyphs[k]!r} ({where})" + ("" if query is None else f": {w[k]:.2%}")
         spans.append(
             f'<span class="{" ".join(cls)}" style="{style}" title="{escape(title)}">'
@@ -200,7 +207,7 @@ class _Panel:
             e = int(seq[k])
             chip = widgets.Button(
                 description=glyph,
-                tooltip=_token_desc(glyph, k, e, int(roles[k])),
+                tooltip=_token_desc(glyph, k, e, int(roles[k]), seq),
                 layout=widgets.Layout(
                     width="auto", min_width="22px", height="26px", padding="0 3px", margin="1px"
                 ),
@@ -230,7 +237,7 @@ class _Panel:
         desc = (
             ""
             if q is None
-            else _token_desc(ex.glyphs[q], q, int(seq[q]), int(ex.batch.roles[ex.row, q]))
+            else _token_desc(ex.glyphs[q], q, int(seq[q]), int(ex.batch.roles[ex.row, q]), seq)
         )
         self.share.value = share_html(share, q, desc)
 
@@ -247,28 +254,17 @@ class LeakageExplorer(PacksimWidget):
         self.batch = batch
         self.models = models
         self.maps = {name: _maps(m, batch, name) for name, m in models.items()}
-        L, B, H = next(iter(self.maps.values())).shape[:3]
+        L, _, H = next(iter(self.maps.values())).shape[:3]
         self.row = check_row(batch, row)
         self.query: int | None = None
-        self.layer = widgets.Dropdown(
-            options=[("mean", MEAN)] + [(f"layer {i}", i) for i in range(L)],
-            value=MEAN,
-            description="layer",
-            layout=widgets.Layout(width="180px"),
-        )
-        self.head = widgets.Dropdown(
-            options=[("mean", MEAN)] + [(f"head {i}", i) for i in range(H)],
-            value=MEAN,
-            description="head",
-            layout=widgets.Layout(width="180px"),
-        )
-        self.row_picker = widgets.Dropdown(
-            options=list(range(B)),
-            value=self.row,
-            description="row",
-            disabled=B == 1,
-            layout=widgets.Layout(width="140px"),
-        )
+        self.layer, self.head = (
+            widgets.Dropdown(
+                options=[("mean", MEAN)] + [(f"{what} {i}", i) for i in range(n)],
+                value=MEAN, description=what, layout=widgets.Layout(width="180px"),
+            )
+            for what, n in (("layer", L), ("head", H))
+        )  # fmt: skip
+        self.row_picker = row_dropdown(batch, self.row)
         self.layer.observe(lambda _c: self._render_all(self.query), names="value")
         self.head.observe(lambda _c: self._render_all(self.query), names="value")
         self.row_picker.observe(lambda c: self.set_row(c["new"]), names="value")
@@ -336,8 +332,9 @@ class LeakageExplorer(PacksimWidget):
         self.header.value = (
             f"<b>Pack row {row}</b>: {int((seq >= 0).sum())} tokens of {n_ex} example(s), "
             f"{int((seq < 0).sum())} padding; {model_text}. Each colour is one example; a thick "
-            "left border marks where an example starts. Click any token: every panel shows "
-            "where that token looks under its setup."
+            "left border marks where an example starts. Examples are numbered by their index in "
+            "the batch (hover a token: e.g. 'example 3 of the batch (2nd in this row)'). Click "
+            "any token: every panel shows where that token looks under its setup."
         )
         for panel in self.panels.values():
             panel.build_chips()
@@ -383,38 +380,29 @@ def _figure(batch, maps: dict, row: int, query, layer, head) -> go.Figure:
     for name, m in maps.items():
         L, _, H = m.shape[:3]
         layer_, head_ = _check_choice(layer, L, "layer"), _check_choice(head, H, "head")
-        w = m[:, row]  # (L, H, T, T)
-        w = w.mean(0) if layer_ == MEAN else w[layer_]  # (H, T, T)
-        mats[name] = w.mean(0) if head_ == MEAN else w[head_]  # (T, T)
+        mats[name] = _pick(m[:, row], layer_, head_)  # (L, H, T, T) -> (T, T)
     titles = [
         f"{n}: {mean_outside_share(mats[n][None, None], seq[None]):.1%} of attention outside its example"
         for n in names
     ]
     fig = make_subplots(rows=1, cols=len(names), subplot_titles=titles, horizontal_spacing=0.08)
-    labels = [f"{k} {g}" for k, g in enumerate(glyphs)]
+    labels = [f"{k} {g!r}" for k, g in enumerate(glyphs)]
+    pairs = [[f"query {q}<br>key {k}" for k in labels] for q in labels]  # (T, T) hover text
     starts = [k for k in run_starts(seq).nonzero().flatten().tolist() if k > 0]
     for c, name in enumerate(names, start=1):
         fig.add_trace(
             go.Heatmap(
-                z=mats[name].tolist(),
-                x=labels,
-                y=labels,
+                z=mats[name].tolist(),  # x, y: token 0..T-1
                 colorscale="Blues",
                 zmin=0,
                 showscale=c == 1,
-                hovertemplate="query %{y}<br>key %{x}<br>weight %{z:.3f}<extra>"
-                + name
-                + "</extra>",
+                customdata=pairs,
+                hovertemplate=f"%{{customdata}}<br>weight %{{z:.3f}}<extra>{name}</extra>",
             ),
             row=1,
             col=c,
         )
-        for k in starts:  # example boundaries
-            for kw in (
-                dict(x0=k - 0.5, x1=k - 0.5, y0=-0.5, y1=T - 0.5),
-                dict(y0=k - 0.5, y1=k - 0.5, x0=-0.5, x1=T - 0.5),
-            ):
-                fig.add_shape(type="line", line=dict(color="#444", width=1), row=1, col=c, **kw)
+        add_boundaries(fig, [k - 0.5 for k in starts], -0.5, T - 0.5, col=c)  # examples
         if query is not None:
             fig.add_shape(
                 type="rect",
@@ -427,18 +415,14 @@ def _figure(batch, maps: dict, row: int, query, layer, head) -> go.Figure:
                 col=c,
             )
         fig.update_yaxes(
-            autorange="reversed", showticklabels=False, title_text="query", row=1, col=c
+            range=[T - 0.5, -0.5], showticklabels=False, title_text="query", row=1, col=c
         )
-        fig.update_xaxes(showticklabels=False, title_text="key", row=1, col=c)
-    fig.update_layout(
-        title=(
-            f"Attention of pack row {row} (layer {layer}, head {head}); "
-            "lines mark example boundaries"
-        ),
-        height=460,
-        margin=dict(t=90),
+        fig.update_xaxes(range=[-0.5, T - 0.5], showticklabels=False, title_text="key", row=1, col=c)
+    return layout(
+        fig,
+        f"Attention of pack row {row} (layer {layer}, head {head}); lines mark example boundaries",
+        480,
     )
-    return fig
 
 
 def leakage_figure(

@@ -6,6 +6,8 @@ view of the fix: per (query block, key block) of ``block_size`` tokens, whether 
 it, computes it with the mask applied per element (partial) or computes it unmasked (full). The
 counts compare with the block map of the plain causal mask, which skips only blocks above the
 diagonal.
+
+Lessons: 03.
 """
 
 from __future__ import annotations
@@ -18,15 +20,14 @@ from plotly.subplots import make_subplots
 from packsim.core.data import make_examples
 from packsim.core.errors import PacksimError
 from packsim.core.masks import block_diagonal_mask, block_sparsity, causal_mask, flex_block_mask
-from packsim.viz._common import (
-    TILE_SCALE,
+from packsim.viz.style import TILE_SCALE, add_boundaries, layout, tile_colorbar
+from packsim.viz.widget import (
     PacksimWidget,
     as_batch,
     check_row,
     row_dropdown,
     show_figure,
     style_html,
-    tile_colorbar,
     token_glyphs,
 )
 
@@ -61,34 +62,29 @@ def _figure(batch, row: int, block_size: int) -> go.Figure:
     masks = {"causal": causal_mask(T), "block_diagonal": block_diagonal_mask(seq)}  # (T, T) bool
     doc, plain = row_sparsity(seq, block_size), row_sparsity(seq, block_size, document=False)
     titles = (
-        f"causal over the pack: {int(masks['causal'].sum())} pairs",
-        f"block-diagonal: {int(masks['block_diagonal'].sum())} pairs",
-        f"Flex blocks of {block_size}: {doc.skipped}/{doc.total} skipped "
+        f"causal over the pack<br>{int(masks['causal'].sum())} pairs",
+        f"block-diagonal<br>{int(masks['block_diagonal'].sum())} pairs",
+        f"Flex blocks of {block_size}: {doc.skipped}/{doc.total} skipped<br>"
         f"(causal alone: {plain.skipped})",
     )
     fig = make_subplots(rows=1, cols=3, subplot_titles=titles, horizontal_spacing=0.06)
-    labels = [f"{k} {g}" for k, g in enumerate(glyphs)]
+    labels = [f"{k} {g!r}" for k, g in enumerate(glyphs)]
+    pairs = [[f"query {q}<br>key {k}" for k in labels] for q in labels]  # (T, T) hover text
+    grid_lines = [k - 0.5 for k in range(block_size, T, block_size)]
     for col, m in enumerate(masks.values(), start=1):
         fig.add_trace(
             go.Heatmap(
-                z=m.int().tolist(),
-                x=labels,
-                y=labels,
+                z=m.int().tolist(),  # x, y: token 0..T-1
                 zmin=0,
                 zmax=1,
                 showscale=False,
                 colorscale=[[0, "#f4f4f4"], [1, "#3182bd"]],
-                hovertemplate="query %{y}<br>key %{x}<br>may attend: %{z}<extra></extra>",
+                customdata=pairs,
+                hovertemplate="%{customdata}<br>may attend: %{z}<extra></extra>",
             ),
             row=1,
             col=col,
         )
-        for k in range(block_size, T, block_size):  # block grid
-            for kw in (
-                dict(x0=k - 0.5, x1=k - 0.5, y0=-0.5, y1=T - 0.5),
-                dict(y0=k - 0.5, y1=k - 0.5, x0=-0.5, x1=T - 0.5),
-            ):
-                fig.add_shape(type="line", line=dict(color="#bbb", width=0.5), row=1, col=col, **kw)
     grid = doc.grid[0, 0]  # (nq, nk) 0 skipped, 1 partial, 2 full
     names = [[_BLOCK_NAMES[int(c)] for c in r] for r in grid.tolist()]
     fig.add_trace(
@@ -98,33 +94,39 @@ def _figure(batch, row: int, block_size: int) -> go.Figure:
             zmax=2,
             colorscale=TILE_SCALE,
             customdata=names,
-            colorbar=tile_colorbar(0.25, 0.86, -0.3),
+            colorbar=tile_colorbar(0.25, 0.86),
             hovertemplate="query block %{y}, key block %{x}: %{customdata}<extra></extra>",
         ),
         row=1,
         col=3,
     )
+    n = grid.shape[0]
+    for col in (1, 2):  # the block grid over the token maps
+        add_boundaries(fig, grid_lines, -0.5, T - 0.5, col=col, colour="#bbb", width=0.5)
     for col in (1, 2, 3):
+        hi = (T if col < 3 else n) - 0.5  # each panel spans exactly its tokens (or blocks)
         fig.update_yaxes(
-            autorange="reversed",
+            range=[hi, -0.5],
             row=1,
             col=col,
-            title_text="query block" if col == 3 else "query",
+            title_text="query block" if col == 3 else "query token",
             showticklabels=col == 3,
         )
         fig.update_xaxes(
-            row=1, col=col, title_text="key block" if col == 3 else "key", showticklabels=col == 3
+            range=[-0.5, hi],
+            row=1,
+            col=col,
+            title_text="key block" if col == 3 else "key token",
+            showticklabels=col == 3,
         )
-    fig.update_layout(
-        title=(
-            f"Row {row}: {doc.full} full + {doc.partial} partial blocks computed, "
-            f"{doc.skipped} of {doc.total} skipped ({doc.skipped_fraction:.0%}); "
-            f"plain causal skips {plain.skipped} ({plain.skipped_fraction:.0%})"
-        ),
-        height=480,
-        margin=dict(t=90, b=110),
+    return layout(
+        fig,
+        f"Row {row}: {doc.full} full + {doc.partial} partial blocks computed, "
+        f"{doc.skipped} of {doc.total} skipped ({doc.skipped_fraction:.0%}); "
+        f"plain causal skips {plain.skipped} ({plain.skipped_fraction:.0%})",
+        500,
+        below="colorbar",
     )
-    return fig
 
 
 def mask_figure(
@@ -152,7 +154,7 @@ class MaskExplorer(PacksimWidget):
             description="block size",
             layout=widgets.Layout(width="200px"),
         )
-        self.out = widgets.Output(layout=widgets.Layout(min_height="440px"))
+        self.out = widgets.Output(layout=widgets.Layout(min_height="510px"))
         self.counts = widgets.HTML()
         for w in (self.row, self.block):
             w.observe(lambda _c: self.update(), names="value")

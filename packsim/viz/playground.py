@@ -6,6 +6,8 @@ stacked bars (one bar per row, one segment per example or piece, capacity dashed
 compares the three algorithms: rows vs the lower bound ``ceil(tokens / capacity)``, fill ratio,
 examples cut, and the padding one-example-per-row would waste. Lengths are clipped to the
 capacity (as a ``max_length`` truncation would), so every example fits one row.
+
+Lessons: 01.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import plotly.graph_objects as go
 from packsim.core.data import long_tailed_lengths, uniform_lengths
 from packsim.core.errors import PacksimError
 from packsim.core.packing import STRATEGIES, Piece, pack, packing_stats
-from packsim.viz._common import PacksimWidget, escape, example_colour, show_figure, style_html
+from packsim.viz.style import example_colour, layout
+from packsim.viz.widget import PacksimWidget, escape, show_figure, style_html
 
 __all__ = ["PackingPlayground", "packing_playground", "packing_figure", "draw_lengths"]
 
@@ -101,19 +104,16 @@ def packing_figure(lengths, capacity: int, strategy: str = "bfd") -> go.Figure:
         annotation_text=f"capacity {capacity}",
         annotation_position="top left",
     )
-    fig.update_layout(
+    return layout(
+        fig,
+        f"{strategy}: {stats.n_packs} rows for {stats.n_examples} examples "
+        f"(lower bound {stats.lower_bound}), fill {stats.fill_ratio:.1%}",
+        380,
         barmode="stack",
         bargap=0.05 if len(rows) > 40 else 0.2,
-        height=380,
-        title=(
-            f"{strategy}: {stats.n_packs} rows for {stats.n_examples} examples "
-            f"(lower bound {stats.lower_bound}), fill {stats.fill_ratio:.1%}"
-        ),
         xaxis_title="packed row",
         yaxis_title="tokens",
-        margin=dict(t=60),
     )
-    return fig
 
 
 def comparison_rows(lengths, capacity: int) -> list[dict]:

@@ -12,6 +12,8 @@ The tiles and the numbers come from :mod:`packsim.core.tiles` (the one tile clas
 :func:`~packsim.core.tiles.tile_grid`, and :func:`~packsim.core.tiles.attention_work`): score
 pairs of dense-mask SDPA (N^2, nothing skipped), of a causal kernel over the whole pack (the leaky
 setup) and of varlen (sum of L_i^2 / 2), and the tile counts of both views.
+
+Lessons: 07.
 """
 
 from __future__ import annotations
@@ -28,15 +30,8 @@ from packsim.core.batch import PackedBatch
 from packsim.core.errors import PacksimError
 from packsim.core.segments import check_cu_seqlens
 from packsim.core.tiles import AttentionWork, attention_work, tile_grid, varlen_tiles
-from packsim.viz._common import (
-    TILE_SCALE,
-    PacksimWidget,
-    check_row,
-    escape,
-    show_figure,
-    style_html,
-    tile_colorbar,
-)
+from packsim.viz.style import LEAK_RED, TILE_SCALE, add_boundaries, layout, tile_colorbar
+from packsim.viz.widget import PacksimWidget, check_row, escape, show_figure, style_html
 
 __all__ = ["TileMap", "tile_map", "tile_figure", "as_cu_seqlens"]
 
@@ -82,9 +77,10 @@ def _check_tile(tile, N: int) -> int:
 
 
 def _work_html(w: AttentionWork) -> str:
-    rows = [
-        ("dense mask + SDPA (nothing skipped)", f"{w.dense_pairs:,}", f"{w.tiles_total:,}"),
-        ("causal kernel over the whole pack (leaks)", f"{w.pack_pairs:,}", "-"),
+    rows = [("dense mask + SDPA (nothing skipped)", f"{w.dense_pairs:,}", f"{w.tiles_total:,}")]
+    if w.causal:  # without causal, a kernel over the whole pack is the dense row again
+        rows.append(("causal kernel over the whole pack (leaks)", f"{w.pack_pairs:,}", "-"))
+    rows += [
         (
             "block-sparse, pack-aligned tiles (Flex)",
             "-",
@@ -97,10 +93,11 @@ def _work_html(w: AttentionWork) -> str:
         f"<td style='text-align:right'>{c}</td></tr>"
         for a, b, c in rows
     )
+    mask = "causal" if w.causal else "not causal"
     return (
-        f"<div>{w.tokens} tokens in {w.num_seqs} sequences, tiles of {w.tile}: varlen computes "
-        f"<b>{w.saving:.1f}x fewer</b> score pairs than a dense mask; the pack-aligned grid skips "
-        f"<b>{w.tiles_skipped} of {w.tiles_total}</b> tiles.</div>"
+        f"<div>{w.tokens} tokens in {w.num_seqs} sequences, tiles of {w.tile}, {mask}: varlen "
+        f"computes <b>{w.saving:.1f}x fewer</b> score pairs than a dense mask; the pack-aligned "
+        f"grid skips <b>{w.tiles_skipped} of {w.tiles_total}</b> tiles.</div>"
         "<table class='packsim-table'><tr><th>how</th>"
         f"<th>score pairs</th><th>tiles computed</th></tr>{body}</table>"
     )
@@ -121,23 +118,28 @@ def _figure(cu: torch.Tensor, tile: int, causal: bool) -> go.Figure:
             f"varlen kernel: {work.varlen_tiles} tiles, each inside one sequence",
         ),
     )
-    centres = [min(i * tile + tile / 2, N) for i in range(n)]
-    names = [[_NAMES[int(c)] for c in r] for r in grid.tolist()]
+    edges = [min(i * tile, N) for i in range(n + 1)]  # (n+1,) tile edges in tokens: 0 .. N
+    hover = [
+        [
+            f"query tokens {edges[i]}-{edges[i + 1] - 1}, key tokens {edges[j]}-{edges[j + 1] - 1}: "
+            f"{_NAMES[int(grid[i, j])]}"
+            for j in range(n)
+        ]
+        for i in range(n)
+    ]
     fig.add_trace(
         go.Heatmap(
             z=grid.tolist(),
-            x=centres,
-            y=centres,
+            x=edges,  # n+1 values: brick edges, so the cells cover exactly 0..N
+            y=edges,
             zmin=0,
             zmax=2,
             colorscale=TILE_SCALE,
             xgap=1,
             ygap=1,
-            customdata=names,
-            colorbar=tile_colorbar(0.35, 0.22, -0.22),
-            hovertemplate=(
-                "query tile at token %{y}, key tile at token %{x}: %{customdata}<extra></extra>"
-            ),
+            customdata=hover,
+            colorbar=tile_colorbar(0.35, 0.23),
+            hovertemplate="%{customdata}<extra></extra>",
         ),
         row=1,
         col=1,
@@ -160,38 +162,27 @@ def _figure(cu: torch.Tensor, tile: int, causal: bool) -> go.Figure:
         row=1,
         col=2,
     )
-    bx, by = [], []  # sequence boundaries: one dotted trace per view (a shape each is slow)
-    for b in cu.tolist()[1:-1]:
-        bx += [b, b, None, 0, N, None]
-        by += [0, N, None, b, b, None]
     for col in (1, 2):
-        fig.add_trace(
-            go.Scatter(
-                x=bx, y=by, mode="lines", line=dict(color="#d62728", width=1, dash="dot"),
-                hoverinfo="skip", showlegend=False,
-            ),
-            row=1,
-            col=col,
-        )
-    for col in (1, 2):
-        fig.update_xaxes(range=[0, N], title_text="key token", row=1, col=col)
+        add_boundaries(fig, cu.tolist()[1:-1], 0, N, col=col, colour=LEAK_RED, dash="dot")
+        # constrain="domain": the square aspect shrinks the panel, never widens the token range
+        fig.update_xaxes(range=[0, N], constrain="domain", title_text="key token", row=1, col=col)
         fig.update_yaxes(
             range=[N, 0],
+            constrain="domain",
             title_text="query token",
             row=1,
             col=col,
             scaleanchor=f"x{col if col > 1 else ''}",
         )
-    fig.update_layout(
-        title=(
-            f"{N} tokens, {work.num_seqs} sequences, tiles of {tile}: dense {work.dense_pairs:,} "
-            f"score pairs vs varlen {work.varlen_pairs:,} ({work.saving:.1f}x less)"
-            "<br><sup>dotted red lines: sequence boundaries</sup>"
-        ),
-        height=580,
-        margin=dict(t=90, b=110),
+    mask = "causal" if causal else "not causal"
+    return layout(
+        fig,
+        f"{N} tokens, {work.num_seqs} sequences, tiles of {tile}, {mask}: dense "
+        f"{work.dense_pairs:,} score pairs<br>vs varlen {work.varlen_pairs:,} "
+        f"({work.saving:.1f}x less); dotted red lines: sequence boundaries",
+        600,
+        below="colorbar",
     )
-    return fig
 
 
 def tile_figure(
@@ -227,7 +218,7 @@ class TileMap(PacksimWidget):
             layout=widgets.Layout(width="160px"),
         )
         self.causal = widgets.Checkbox(value=causal, description="causal")
-        self.out = widgets.Output(layout=widgets.Layout(min_height="530px"))
+        self.out = widgets.Output(layout=widgets.Layout(min_height="610px"))
         self.numbers = widgets.HTML()
         self.message = widgets.HTML()
         for w in (self.lengths, self.tile, self.causal):

@@ -12,6 +12,8 @@ With several seeds of a setup, the line is the mean over seeds and a band spans 
 The widget reads the format of :mod:`packsim.experiment.results`: a :class:`~packsim.experiment.results.Results`
 (or its ``results.json``) and/or live :class:`~packsim.experiment.results.StepRecord` s passed to
 ``.callback`` while training runs (redraws are throttled; eval records always redraw).
+
+Lessons: 05.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from plotly.subplots import make_subplots
 
 from packsim.core.errors import PacksimError
 from packsim.experiment.results import Results, RunResult, StepRecord
-from packsim.viz._common import PacksimWidget, escape, setup_colour, show_figure, style_html
+from packsim.viz.style import layout, setup_colour
+from packsim.viz.widget import PacksimWidget, escape, show_figure, style_html
 
 __all__ = ["Curves", "curves", "curves_figure", "PANELS"]
 
@@ -38,9 +41,9 @@ PANELS = (
     ("eval", "isolated_exact_match", 3, False),
 )
 _TITLES = (
-    "reported loss (what you watch)",
-    "response-only loss (solid: held-out, dotted: train)",
-    "exact match (held-out, run alone)",
+    "reported loss<br>(what you watch)",
+    "response-only loss<br>(solid: held-out, dotted: train)",
+    "exact match<br>(held-out, run alone)",
 )
 
 
@@ -91,7 +94,7 @@ def _rgba(colour: str, alpha: float) -> str:
 
 
 def _figure(runs: list[RunResult], title: str = "") -> go.Figure:
-    fig = make_subplots(rows=1, cols=3, subplot_titles=_TITLES, horizontal_spacing=0.06)
+    fig = make_subplots(rows=1, cols=3, subplot_titles=_TITLES, horizontal_spacing=0.07)
     by_setup: dict[str, list[RunResult]] = {}
     for r in runs:
         by_setup.setdefault(r.setup, []).append(r)
@@ -141,14 +144,13 @@ def _figure(runs: list[RunResult], title: str = "") -> go.Figure:
     for col in (1, 2, 3):
         fig.update_xaxes(title_text="step", row=1, col=col)
     fig.update_yaxes(range=[0, 1.02], row=1, col=3)
-    fig.update_layout(
-        title=title or "Training side by side: reported loss vs what matters",
-        height=420,
-        legend=dict(orientation="h", y=-0.2),
-        margin=dict(t=80),
+    return layout(
+        fig,
+        title or "Training side by side: reported loss vs what matters",
+        460,
+        below="legend",
         font=dict(size=11),
     )
-    return fig
 
 
 def curves_figure(results, title: str = "") -> go.Figure:
@@ -175,17 +177,28 @@ class Curves(PacksimWidget):
         for r in _as_runs(results):
             self.runs[(r.setup, int(r.seed), r.data)] = r
         datas = list(dict.fromkeys(d for _, _, d in self.runs)) or ["tasks"]
+        single = len(datas) == 1
+        why = (
+            f"Only one data design ({datas[0]}) in these results, so there is nothing to switch "
+            "to: the dropdown switches when they hold runs of both designs (tasks and facts)."
+        )
         self.data = widgets.Dropdown(
             options=datas,
             value=datas[0],
             description="data",
-            disabled=len(datas) == 1,
+            disabled=single,
+            tooltip=why if single else "Which data design's runs to show.",
             layout=widgets.Layout(width="220px"),
         )
+        self.data_note = widgets.HTML(
+            f"<span style='color:#777;font-size:12px'>{escape(why)}</span>" if single else ""
+        )
         self.data.observe(lambda _c: self.redraw(), names="value")
-        self.out = widgets.Output(layout=widgets.Layout(min_height="430px"))
+        self.out = widgets.Output(layout=widgets.Layout(min_height="470px"))
         self.status = widgets.HTML()
-        self.widget = widgets.VBox([style_html(), self.data, self.out, self.status])
+        self.widget = widgets.VBox(
+            [style_html(), widgets.HBox([self.data, self.data_note]), self.out, self.status]
+        )
         self.widget.add_class("packsim-curves")
         self.n_records = 0
         self.n_draws = 0

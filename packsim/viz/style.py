@@ -1,0 +1,228 @@
+"""How packsim's figures look: colours, the offline plotly config, and the shared layout helpers.
+
+- Colours: :func:`example_colour` (one light colour per example, grey padding),
+  :func:`setup_colour` (one line colour per setup, used by the widgets and by
+  :mod:`packsim.experiment.report`), ``LEAK_RED``, and ``TILE_SCALE`` with :func:`tile_colorbar`
+  for (query block, key block) maps coded skipped 0 / partial 1 / full 2.
+- ``FIGURE_CONFIG``: the plotly.js config of every figure. The course runs offline, so no figure
+  shows the vendor logo or the modebar button that uploads the figure to a cloud service
+  (plotly.js 4, the one plotly ships, shows that button unless ``showSendToCloud`` is false:
+  see ``dfltConfig`` in ``plotly/package_data/plotly.min.js``). It is set once, here:
+  :func:`use_figure_config` puts it on every :mod:`plotly.io` renderer (so a plain
+  ``fig.show()`` or a figure as a cell's last expression obeys it; importing :mod:`packsim.viz`
+  calls it), the widgets' mime bundles carry it (:mod:`packsim.viz.widget`), and the HTML report
+  passes it to ``to_html``.
+- :func:`layout`: title, height, margins and legend of a figure in one call; the top margin is
+  sized from the lines of the title and of the subplot titles, and titles are wrapped to fit
+  their width at ``DESIGN_WIDTH`` pixels, so no two titles collide.
+- :func:`add_boundaries`: example (or block) boundaries of a (T, T) map as one line trace.
+
+Lessons: none directly.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+import zlib
+from collections.abc import Sequence
+from types import MappingProxyType
+
+import plotly.graph_objects as go
+import plotly.io as pio
+
+__all__ = [
+    "EXAMPLE_COLOURS",
+    "PAD_COLOUR",
+    "SETUP_COLOURS",
+    "LEAK_RED",
+    "TILE_SCALE",
+    "FIGURE_CONFIG",
+    "figure_config",
+    "DESIGN_WIDTH",
+    "example_colour",
+    "setup_colour",
+    "tile_colorbar",
+    "use_figure_config",
+    "layout",
+    "add_boundaries",
+    "text_lines",
+]
+
+# ----------------------------------------------------------------------------- colours
+
+# Light colours for examples (text stays readable on them); padding is grey.
+EXAMPLE_COLOURS = (
+    "#8dd3c7", "#ffffb3", "#bebada", "#fdb462", "#80b1d3", "#b3de69",
+    "#fccde5", "#ccebc5", "#ffed6f", "#bc80bd", "#a6cee3", "#fb8072",
+)  # fmt: skip
+PAD_COLOUR = "#f0f0f0"
+SETUP_COLOURS = {
+    "buggy": "#d62728",
+    "correct": "#2ca02c",
+    "padded": "#7f7f7f",
+    "mask_fix": "#1f77b4",
+    "loss_fix": "#ff7f0e",
+    "positions_only": "#9467bd",
+}
+_OTHER_SETUP_COLOURS = ("#8c564b", "#e377c2", "#17becf", "#bcbd22", "#393b79", "#637939")
+LEAK_RED = "#d62728"
+
+# Heatmap colours of a (query block, key block) grid: skipped | partial | full (mask and tile views).
+TILE_SCALE = [
+    [0, "#f4f4f4"],
+    [0.33, "#f4f4f4"],
+    [0.33, "#9ecae1"],
+    [0.66, "#9ecae1"],
+    [0.66, "#08519c"],
+    [1, "#08519c"],
+]
+
+
+def example_colour(example: int) -> str:
+    """Chip colour of an example index (``-1`` = padding, grey)."""
+    return PAD_COLOUR if example < 0 else EXAMPLE_COLOURS[example % len(EXAMPLE_COLOURS)]
+
+
+def setup_colour(name: str, order: Sequence[str] = ()) -> str:
+    """Line colour of a setup: fixed for the presets, else by position in ``order``."""
+    if name in SETUP_COLOURS:
+        return SETUP_COLOURS[name]
+    i = list(order).index(name) if name in order else zlib.crc32(name.encode())
+    return _OTHER_SETUP_COLOURS[i % len(_OTHER_SETUP_COLOURS)]
+
+
+def tile_colorbar(length: float, x: float) -> dict:
+    """Horizontal colorbar labelling :data:`TILE_SCALE`, in the bottom margin (see :func:`layout`)."""
+    return dict(tickvals=[0.33, 1, 1.67], ticktext=["skipped", "partial", "full"],
+                orientation="h", len=length, thickness=12, x=x, xanchor="center",
+                yref="container", y=0, yanchor="bottom", ypad=6)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- plotly config
+
+FIGURE_CONFIG = MappingProxyType({  # read-only: plotly's to_html adds keys to a config it is given
+    "displaylogo": False,  # no vendor logo in the modebar
+    "showSendToCloud": False,  # no "share chart" button (it opens a cloud upload dialog)
+    "modeBarButtonsToRemove": ("sendChartToCloud",),  # ... even where a host turns it back on
+})  # fmt: skip
+
+
+def figure_config() -> dict:
+    """A fresh copy of :data:`FIGURE_CONFIG` to hand to plotly (``to_html(config=...)``)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in FIGURE_CONFIG.items()}
+
+
+def use_figure_config() -> None:
+    """Put :data:`FIGURE_CONFIG` on every plotly.io renderer that takes a config (idempotent)."""
+    for name in pio.renderers:
+        renderer = pio.renderers[name]
+        if hasattr(renderer, "config"):
+            renderer.config = {**(renderer.config or {}), **figure_config()}
+
+
+# ----------------------------------------------------------------------------- layout
+
+DESIGN_WIDTH = 900  # px: the narrowest notebook output area the titles are wrapped for
+MARGIN = dict(l=60, r=40)
+TITLE_SIZE, SUBPLOT_TITLE_SIZE = 16, 13
+LINE_HEIGHT = 1.3  # a text line is about 1.3 x its font size tall
+CHAR_WIDTH = 0.55  # and a character about 0.55 x the font size wide on average (sans-serif)
+_TITLE_PAD = 10  # px above the figure title
+_GAP = 8  # px between the figure title and the subplot titles
+_BELOW = {None: 50, "legend": 95, "colorbar": 105}  # bottom margin: axis title (+ legend/colorbar)
+
+
+def text_lines(text: str | None) -> list[str]:
+    """The lines of a plotly text (``<br>`` breaks), tags removed: what is drawn."""
+    if not text:
+        return []
+    return [re.sub(r"<[^>]+>", "", line) for line in re.split(r"<br\s*/?>", text)]
+
+
+def _is_subplot_title(a: dict) -> bool:
+    """Is this annotation (a dict) one make_subplots added as a subplot title (above a panel)?"""
+    return (a.get("xref"), a.get("yref"), a.get("yanchor")) == ("paper", "paper", "bottom") and (
+        a.get("showarrow") is False
+    )
+
+
+def _column_width(lay: dict, x_centre: float) -> float:
+    """Paper width of the x axis domain (layout dict) centred at ``x_centre`` (1.0: none)."""
+    for name, axis in lay.items():
+        if name.startswith("xaxis"):
+            lo, hi = axis.get("domain", (0, 1))
+            if abs((lo + hi) / 2 - x_centre) < 1e-6:
+                return hi - lo
+    return 1.0
+
+
+def _wrap(text: str, chars: int) -> str:
+    """``text`` with ``<br>`` breaks so that no drawn line is longer than ``chars`` characters.
+
+    Lines that fit are kept as they are (with their tags); longer ones are split at spaces.
+    """
+    lines = []
+    for line in re.split(r"<br\s*/?>", text):
+        fits = len(re.sub(r"<[^>]+>", "", line)) <= chars
+        lines += [line] if fits else (textwrap.wrap(line, max(chars, 8)) or [""])
+    return "<br>".join(lines)
+
+
+def layout(
+    fig: go.Figure, title: str, height: int, below: str | None = None, **extra
+) -> go.Figure:
+    """Title, height, margins (and legend) of ``fig``; returns it. One call per figure builder.
+
+    ``below``: what sits under the plot, in the bottom margin: None, ``"legend"`` (horizontal) or
+    ``"colorbar"`` (place it with :func:`tile_colorbar`). Subplot titles are set in
+    ``SUBPLOT_TITLE_SIZE`` and wrapped to fit their column at ``DESIGN_WIDTH``; the figure title
+    is pinned to the top and the top margin holds both, so they never overlap. ``extra`` goes
+    to ``fig.update_layout`` (``barmode``, axis titles, ...).
+    """
+    plot_px = DESIGN_WIDTH - MARGIN["l"] - MARGIN["r"]
+    lay = fig.layout.to_plotly_json()  # plain dicts: reading them is cheap, plotly objects are not
+    sub_lines = 0
+    for obj, ann in zip(fig.layout.annotations, lay.get("annotations", []), strict=True):
+        if _is_subplot_title(ann):
+            width = _column_width(lay, ann.get("x", 0.5)) * plot_px
+            text = _wrap(ann.get("text", ""), int(width / (CHAR_WIDTH * SUBPLOT_TITLE_SIZE)))
+            if text != ann.get("text"):
+                obj.text = text
+            obj.font.size = SUBPLOT_TITLE_SIZE  # (setting one property is cheap, replacing all is not)
+            sub_lines = max(sub_lines, len(text_lines(text)))
+    title = _wrap(title, int(DESIGN_WIDTH / (CHAR_WIDTH * TITLE_SIZE)))
+    top = _TITLE_PAD + len(text_lines(title)) * LINE_HEIGHT * TITLE_SIZE + _GAP
+    top += sub_lines * LINE_HEIGHT * SUBPLOT_TITLE_SIZE
+    if below == "legend":
+        extra.setdefault("legend", dict(orientation="h", yref="container", y=0, yanchor="bottom", x=0))
+    fig.update_layout(
+        title=dict(text=title, font=dict(size=TITLE_SIZE), yref="container", y=1,
+                   yanchor="top", pad=dict(t=_TITLE_PAD)),
+        height=height,
+        margin=dict(**MARGIN, t=int(top + 6), b=_BELOW[below]),
+        **extra,
+    )  # fmt: skip
+    return fig
+
+
+def add_boundaries(
+    fig: go.Figure, positions, lo: float, hi: float, row: int = 1, col: int = 1,
+    colour: str = "#444", width: float = 1, dash: str | None = None,
+) -> None:  # fmt: skip
+    """Lines across a (T, T) map at each of ``positions``, from ``lo`` to ``hi``: one trace.
+
+    A vertical and a horizontal line per position (e.g. each example start ``k - 0.5`` on a
+    heatmap of tokens ``0..T-1``, or each ``cu_seqlens`` offset on a token axis); one Scatter
+    trace per panel of a ``make_subplots`` figure, much faster to draw than a shape per line.
+    """
+    xs, ys = [], []
+    for p in positions:
+        xs += [p, p, None, lo, hi, None]
+        ys += [lo, hi, None, p, p, None]
+    if xs:
+        fig.add_trace(
+            go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=colour, width=width, dash=dash),
+                       hoverinfo="skip", showlegend=False),
+            row=row, col=col,
+        )  # fmt: skip
