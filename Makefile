@@ -28,7 +28,7 @@ else
 endif
 STAMP := $(ENV_DIR)/.packsim-setup.stamp
 
-.PHONY: setup lab test check html clean help bench bench-quick
+.PHONY: setup lab test check html clean help bench bench-quick gpu-check
 
 help:
 	@echo "make lab    set up (first run only) and open the course in JupyterLab"
@@ -37,6 +37,7 @@ help:
 	@echo "make html   execute the course into static HTML in site/ (offline; PACKSIM_FAST=1 for the quick one)"
 	@echo "make bench  CPU benchmarks (packing vs TRL, attention, throughput; < 15 min) -> benchmarks/results"
 	@echo "make bench-quick  the same in quick mode (< 2 min) -> runs/bench-quick"
+	@echo "make gpu-check  on a CUDA machine: GPU tests, kernels, packed vs padded, compare (< 8 min) -> benchmarks/results/gpu_check.json"
 
 .venv/bin/python:
 	$(PYTHON) -m venv .venv
@@ -82,3 +83,8 @@ bench-quick: setup
 	$(PY) benchmarks/attention.py --quick
 	$(PY) benchmarks/throughput.py --quick
 	$(PY) benchmarks/plots.py --dir runs/bench-quick
+
+# The one GPU check (benchmarks/gpu_check.py): on a CUDA machine with torch, triton and
+# transformers only, so no setup step; without CUDA it says so in one line and exits 0.
+gpu-check:
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) benchmarks/gpu_check.py

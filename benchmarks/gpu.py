@@ -21,11 +21,14 @@ lengths (the course's long-tailed mix; about 480 examples at 64k). Paths, each i
 Each path: forward and forward + backward time (median [min-max] after warmup; flex's first
 call, which compiles, is reported apart), peak CUDA memory above the inputs, and the relative
 error ``||x - ref|| / ||ref||`` of the output and of dq, dk, dv against a float32 reference
-(per-example SDPA in float32: packsim ``blocked``). Then the training step of
-``benchmarks/throughput.py``: packed vs one-example-per-row padded, same examples, bf16 model.
+(per-example SDPA in float32: packsim ``blocked``; ``ok`` within 2% for the output and 5% for
+the gradients). Then the training step of ``benchmarks/throughput.py``: packed vs
+one-example-per-row padded, same examples, bf16 model.
 
 A time budget (``--budget-s``, default 390 s) skips what would not fit, so the whole script stays
-under 8 minutes on one H200; skipped items are listed in the JSON and the table.
+under 8 minutes on one H200; skipped items are listed in the JSON and the table. ``gpu.json`` is
+rewritten after each N (``"complete": false`` until the end), so a run stopped from outside
+(``benchmarks/gpu_check.py`` gives it a hard time limit) keeps what it measured.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ PACKSIM_BACKEND = {"flash": "flash", "torch_varlen": "torch_varlen", "sdpa_dense
 LEAKY = {"causal"}  # expected to differ from the block-diagonal reference
 DEFAULT_SIZES = [4096, 8192, 16384, 32768, 65536]
 QUICK_SIZES = [4096, 16384]
-REL_TOL = 2e-2  # bf16 vs float32: output and gradients within 2% (relative Frobenius norm)
+REL_TOL = 2e-2  # bf16 vs float32: output within 2% (relative Frobenius norm) ...
+GRAD_TOL = 5e-2  # ... and dq, dk, dv within 5% (two bf16 matmuls more; as tests/test_attention.py)
 TRAIN_RESERVE_S = 60.0  # seconds kept for the training step
 
 
@@ -120,7 +124,8 @@ def plan(args, availability: dict[str, str]) -> list[str]:
         lines.append(f"training step: model {args.model!r} bf16, packed micro-batches of {args.packed_rows} "
                      f"row(s) of {args.capacity} vs padded micro-batches of {args.padded_batch} examples, "
                      f"{args.examples_per_step} examples/step, {args.steps} timed steps")
-    lines.append(f"time budget {args.budget_s:.0f} s; float32 reference: per-example SDPA; tolerance {REL_TOL}")
+    lines.append(f"time budget {args.budget_s:.0f} s; float32 reference: per-example SDPA; tolerance "
+                 f"{REL_TOL} (output), {GRAD_TOL} (dq, dk, dv)")
     return lines
 
 
@@ -172,11 +177,12 @@ def training_table(summary: dict | None) -> str:
 
 
 def check_label(path: str, rel_err: dict) -> str:
-    """``ok`` / ``FAIL`` against :data:`REL_TOL`; the leaky causal path is expected to differ."""
-    worst = max(v for v in rel_err.values() if v is not None)
+    """``ok`` / ``FAIL``: output within :data:`REL_TOL` and gradients within :data:`GRAD_TOL` of
+    the float32 reference; the leaky causal path is expected to differ."""
+    over = [k for k, v in rel_err.items() if v is not None and v > (REL_TOL if k == "out" else GRAD_TOL)]
     if path in LEAKY:
-        return "differs (leak, expected)" if worst > REL_TOL else "matches?! (check the pack)"
-    return "ok" if worst <= REL_TOL else "FAIL"
+        return "differs (leak, expected)" if over else "matches?! (check the pack)"
+    return "ok" if not over else "FAIL"
 
 
 def build_payload(args, machine: dict, availability: dict, rows: list[dict], training: dict | None,
@@ -189,7 +195,7 @@ def build_payload(args, machine: dict, availability: dict, rows: list[dict], tra
         "availability": availability,
         "config": {"sizes": args.sizes, "paths": args.paths, "heads": args.heads, "head_dim": args.head_dim,
                    "dtype": "bfloat16", "reference": "float32 per-example SDPA (packsim blocked)",
-                   "rel_tol": REL_TOL, "budget_s": args.budget_s, "model": args.model,
+                   "rel_tol": REL_TOL, "grad_tol": GRAD_TOL, "budget_s": args.budget_s, "model": args.model,
                    "capacity": args.capacity, "examples_per_step": args.examples_per_step,
                    "padded_batch": args.padded_batch, "packed_rows": args.packed_rows,
                    "steps": args.steps},
@@ -339,7 +345,9 @@ def measure_path(path: str, inputs, cu, max_len: int, ref: dict, iters: int) -> 
     return row
 
 
-def run_attention(args, availability: dict, deadline: float, skipped: list[str]) -> list[dict]:
+def run_attention(args, availability: dict, deadline: float, skipped: list[str],
+                  on_size=lambda rows: None) -> list[dict]:
+    """Every path at every N; ``on_size(rows)`` after each N (gpu.py saves partial JSON there)."""
     import torch
 
     device = torch.device(args.device)
@@ -370,7 +378,8 @@ def run_attention(args, availability: dict, deadline: float, skipped: list[str])
         del inputs, base, ref
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    add_ratios(rows)
+        add_ratios(rows)
+        on_size(rows)
     return rows
 
 
@@ -422,7 +431,19 @@ def main(argv=None) -> int:
     deadline = t_start + max(0.0, args.budget_s - reserve)
     print("\n".join(plan(args, availability)), flush=True)
     skipped: list[str] = []
-    rows = run_attention(args, availability, deadline, skipped)
+    command = " ".join(["python benchmarks/gpu.py", *(sys.argv[1:] if argv is None else argv)])
+    machine = gpu_machine_info(torch.device(args.device))
+    json_path = bu.out_dir(args.out, args.quick) / "gpu.json"
+
+    def save(rows, training, complete: bool):
+        """gpu.json, rewritten after each N: a run stopped from outside still leaves its rows."""
+        payload = build_payload(args, machine, availability, rows, training, skipped,
+                                time.perf_counter() - t_start, command)
+        payload["complete"] = complete
+        return bu.save_json(json_path, payload)
+
+    rows = run_attention(args, availability, deadline, skipped,
+                         on_size=lambda done: save(done, None, complete=False))
     training = None
     if not args.no_train:
         try:
@@ -430,9 +451,7 @@ def main(argv=None) -> int:
         except Exception as err:
             skipped.append(f"training step: {type(err).__name__}: {err}"[:200])
     wall = time.perf_counter() - t_start
-    command = " ".join(["python benchmarks/gpu.py", *(sys.argv[1:] if argv is None else argv)])
-    payload = build_payload(args, gpu_machine_info(torch.device(args.device)), availability, rows, training, skipped, wall, command)
-    path = bu.save_json(bu.out_dir(args.out, args.quick) / "gpu.json", payload)
+    path = save(rows, training, complete=True)
     print(f"\nwrote {path} ({wall:.0f} s)")
     if skipped:
         print("skipped: " + "; ".join(skipped))

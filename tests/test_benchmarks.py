@@ -3,8 +3,9 @@
 Speed and memory are measured in benchmarks/, never asserted here: these tests only check that
 each CPU script's --quick mode runs in a fresh process, prints its Markdown table last and
 writes consistent results, that the packing benchmark skips TRL cleanly when it cannot be
-imported, and that gpu.py's CPU-testable parts (arguments, checks, table, JSON, the no-CUDA
-exit) work.
+imported, that gpu.py's CPU-testable parts (arguments, checks, table, JSON, the no-CUDA
+exit) work, and that gpu_check.py (``make gpu-check``) exits at once without CUDA, fits its
+parts in 8 minutes, stops a part at its budget and gathers every part into one JSON.
 """
 
 from __future__ import annotations
@@ -151,3 +152,90 @@ def test_gpu_measurement_logic_on_cpu(bench, tmp_path, capsys):
     assert rows["blocked"]["check"] == rows["sdpa_dense"]["check"] == "ok"
     assert rows["causal"]["check"].startswith("differs")
     assert rows["blocked"]["vs_fastest"]["path"] in {"blocked", "sdpa_dense"}
+
+
+# ------------------------------------------------------------------------------ gpu_check.py
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the exit without CUDA")
+def test_gpu_check_without_cuda_exits_at_once_with_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, str(BENCH / "gpu_check.py"), "--out", str(tmp_path / "out"),
+                           "--work", str(tmp_path / "work")],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1 and "CUDA is not available" in lines[0] and "nothing was run" in lines[0]
+    assert not (tmp_path / "out").exists() and not (tmp_path / "work").exists()
+
+
+def test_gpu_check_plan_fits_eight_minutes_and_runs_every_part(bench, tmp_path, capsys):
+    check = bench("gpu_check")
+    args = check.parse_args([])
+    assert args.parts == ["tests", "kernels", "compare"]
+    assert sum(check.budgets(args).values()) <= 450  # + start-up: under 8 minutes
+    cmds = check.part_commands(args, tmp_path)
+    assert cmds["tests"][1:5] == ["-m", "pytest", "-m", "gpu"]
+    assert "tests/test_attention.py" in cmds["tests"]  # the files holding GPU tests
+    assert cmds["kernels"][1] == "benchmarks/gpu.py" and "4096,16384,65536" in cmds["kernels"]
+    kernel_budget = float(cmds["kernels"][cmds["kernels"].index("--budget-s") + 1])
+    assert kernel_budget < check.BUDGET_S["kernels"]  # gpu.py skips work before it is stopped
+    assert cmds["compare"][1:5] == ["-m", "packsim", "compare", "--fast"]
+    assert "cuda" in cmds["compare"]
+    assert check.main(["--plan"]) == 0
+    assert "450 s of budget" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        check.parse_args(["--parts", "tests,nonsense"])
+
+
+def test_gpu_check_stops_a_part_at_its_budget_and_names_missing_modules(bench):
+    check = bench("gpu_check")
+    slow = check.run_part([sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"],
+                          1.0, "slow", dict(os.environ))
+    assert slow["over_budget"] and slow["wall_s"] < 30 and slow["tail"] == ["started"]
+    assert check.status_of(slow) == "over budget"
+    missing = check.run_part([sys.executable, "-c", "import no_such_module_here"], 30, "m", dict(os.environ))
+    assert check.status_of(missing) == "missing no_such_module_here"
+    assert check.status_of({"over_budget": False, "returncode": 0, "tail": []}) == "ok"
+    assert check.status_of({"over_budget": False, "returncode": 2, "tail": ["boom"]}) == "failed (exit 2)"
+
+
+def test_gpu_check_reads_each_parts_results(bench, tmp_path):
+    check = bench("gpu_check")
+    (tmp_path / "t.xml").write_text(
+        '<testsuites><testsuite tests="5" failures="1" errors="0" skipped="2">'
+        '<testcase classname="tests.test_attention" name="test_a"><failure/></testcase>'
+        '<testcase classname="tests.test_model" name="test_b"/></testsuite></testsuites>')
+    counts = check.junit_counts(tmp_path / "t.xml")
+    assert (counts["passed"], counts["failed"], counts["skipped"]) == (2, 1, 2)
+    assert counts["failures"] == ["tests.test_attention::test_a"]
+    assert check.junit_counts(tmp_path / "missing.xml") is None
+    spread = {"median": 0.012, "min": 0.011, "max": 0.013, "n": 5}
+    gpu = {"attention": [{"n": 4096, "path": "flash", "check": "ok", "fwd_bwd_s": spread},
+                         {"n": 65536, "path": "flash", "check": "ok", "fwd_bwd_s": spread},
+                         {"n": 65536, "path": "sdpa_dense", "check": "error"}],
+           "training": {"ratio": {"median": 2.2, "min": 2.1, "max": 2.4, "n": 4},
+                        "padded": {"pad_fraction": 0.6, "real_tokens_per_s": 1e5},
+                        "packed": {"pad_fraction": 0.04, "real_tokens_per_s": 2.2e5}},
+           "complete": False}
+    kernels = check.kernel_summary(gpu)
+    assert "N=65,536: flash 12" in kernels and "error 1, ok 2" in kernels and "incomplete" in kernels
+    assert "2.2 [2.1-2.4]" in check.training_summary(gpu)
+    results = {"runs": [{"setup": "buggy", "final": {"isolated_exact_match": 0.15, "reported_loss": 0.25}},
+                        {"setup": "correct", "final": {"isolated_exact_match": 0.5, "reported_loss": 0.43}}]}
+    assert check.compare_summary(results) == ("buggy: isolated exact match 0.15, reported loss 0.25; "
+                                              "correct: isolated exact match 0.5, reported loss 0.43")
+    table = check.summary_table([{"status": "ok", "wall_s": 40.2, "budget_s": 75, "lines": [("tests", "3 passed")]}])
+    assert table.splitlines()[-1].startswith("| tests") and "40 / 75" in table
+
+
+def test_gpu_check_logic_on_cpu_writes_one_json(bench, tmp_path, capsys):
+    """The orchestration with the kernels part run on CPU at a tiny size (not GPU numbers)."""
+    check = bench("gpu_check")
+    assert check.main(["--device", "cpu", "--parts", "kernels", "--out", str(tmp_path),
+                       "--work", str(tmp_path / "work")]) == 0
+    last_line_is_table(capsys.readouterr().out)
+    data = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert data["complete"] and [p["part"] for p in data["parts"]] == ["kernels"]
+    part = data["parts"][0]
+    assert part["status"] == "ok" and part["returncode"] == 0
+    assert {r["path"] for r in part["gpu"]["attention"]} == {"sdpa_dense", "blocked", "causal"}
