@@ -5,7 +5,7 @@ useful work is the ``mean``: the straggler ratio ``max / mean`` (1.0: nobody wai
 slowdown from imbalance. On the long-tailed mix (``packsim.core.data.long_tailed_lengths``:
 lognormal, median 90, sigma 0.9, clipped to [8, capacity]), ``--per-rank`` examples per rank per step,
 rows of ``--capacity`` tokens (BFD), four ways to give ranks their work
-(``packsim.experiment.data_parallel.plan_step``):
+(``packsim.experiment.sharding.plan_step``):
 
 - ``shard``: each rank packs its own contiguous 1/R of the step's examples (``packsim train``'s
   default, what a sharded sampler + per-rank packing collator does);
@@ -89,7 +89,7 @@ def measured(steps: int, per_rank: int, capacity: int, seed: int, threads: int, 
     from packsim.core.loss import token_losses
     from packsim.core.model import build_model, forward
     from packsim.core.rank_balance import assign, pack_costs, straggler_ratio
-    from packsim.experiment.data_parallel import plan_step, select_rows
+    from packsim.experiment.sharding import plan_step, select_rows
     from packsim.experiment.training import TrainConfig, make_batches
 
     torch.set_num_threads(threads)

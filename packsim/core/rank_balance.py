@@ -16,6 +16,8 @@ rank ``i % R``, what an order-preserving sampler does) or greedy longest-first b
 (``tokens`` or ``attention``: each pack, most expensive first, goes to the currently least loaded
 rank; the classic LPT rule, within 4/3 of the best possible maximum). :func:`straggler_ratio` is
 ``max(loads) / mean(loads)``: 1.0 means no rank waits. ``benchmarks/straggler.py`` measures it.
+
+Lessons: 09.
 """
 
 from __future__ import annotations

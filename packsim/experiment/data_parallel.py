@@ -1,22 +1,19 @@
 """``packsim train``: one setup trained on one process or data-parallel under torchrun (lesson 09).
 
 Run plainly it is one process. Launched by a real launcher it trains with PyTorch's
-``DistributedDataParallel`` (gloo on CPU, nccl on CUDA), one rank per process::
+``DistributedDataParallel`` (gloo on CPU, nccl on CUDA), one rank per process (with accelerate 1.15,
+``--cpu --num_processes 2`` starts ONE process: its simple launcher uses ``--num_processes`` only
+for mpirun; ``--multi_gpu`` goes through torch.distributed.run, gloo when there is no GPU)::
 
     packsim train --steps 20 --out runs/one                                 # one process
     python -m torch.distributed.run --standalone --nproc_per_node 2 -m packsim train --out runs/two
-    accelerate launch --cpu --num_processes 2 -m packsim train --out runs/two
+    accelerate launch --multi_gpu --num_processes 2 -m packsim train --out runs/two       # gloo without a GPU
     packsim train --nproc 2 --out runs/two                                  # the same, via torchrun
 
-Every rank builds the same example stream (same seed), so the global batch of step ``s`` is
-``examples[s*E : (s+1)*E]`` whatever the world size. How it is split (:func:`plan_step`):
-
-- ``--balance none`` (default): the step's E examples are cut into ``R*M`` near-equal contiguous
-  shards (``R`` ranks, ``M = --grad-accum`` micro-batches); shard ``m*R + r`` is micro-batch ``m``
-  of rank ``r`` (the order accelerate's sharded dataloader uses), and each rank packs its own shards;
-- ``--balance round_robin|tokens|attention``: the step is packed once (every rank computes the same
-  packing) and its packs are dealt to ranks by :func:`packsim.core.rank_balance.assign`; a rank's
-  packs are then cut into M micro-batches.
+Every rank builds the same example stream, so the global batch of each step and the order of its
+examples are those of the one-process run; :mod:`packsim.experiment.sharding` splits it over ranks
+and micro-batches (``--balance none``: each rank packs its own share; ``round_robin|tokens|attention``:
+the step is packed once and its packs are dealt out by cost).
 
 Before the backward passes, one all-reduce shares every micro-batch's counted targets
 (an ``(R, M)`` table), and each micro-batch's summed token loss is scaled by
@@ -29,13 +26,14 @@ Outputs (rank 0): ``OUT/results.json`` (one run, :class:`~packsim.experiment.res
 ``OUT/model.pt`` (final weights) and ``OUT/losses.json`` (the loss curves at full precision;
 results.json keeps 6 digits). :func:`compare_outputs` diffs two runs. ``--engine trainer`` trains
 the same way through the transformers ``Trainer`` instead (:mod:`packsim.experiment.trainer_parallel`).
+
+Lessons: 09.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -43,128 +41,23 @@ from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from packsim.core.batch import PackedBatch, Segment
-from packsim.core.data import make_examples, make_long_tailed_examples
+from packsim.core.batch import PackedBatch
 from packsim.core.device import get_device
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX, make_labels, token_losses
 from packsim.core.model import build_model
-from packsim.core.rank_balance import METHODS, assign, pack_costs, straggler_ratio
+from packsim.core.rank_balance import pack_costs, straggler_ratio
 from packsim.core.setups import get_setup
-from packsim.experiment.normalisation import NORMALISERS, backward_scales, weights
+from packsim.experiment.normalisation import backward_scales, weights
 from packsim.experiment.results import Results, RunResult, StepRecord
-from packsim.experiment.training import TrainConfig, lr_at, make_batches
+from packsim.experiment.sharding import make_data, plan_step, select_rows, validate, world
+from packsim.experiment.training import TrainConfig, lr_at
 
-__all__ = ["DATA", "BALANCE", "world", "make_data", "validate", "plan_step", "train_data_parallel",
-           "load_output", "compare_outputs", "torchrun_command", "add_arguments", "run"]
-
-DATA = ("tasks", "long_tailed")
-BALANCE = ("none", *METHODS)
-
-
-def world() -> tuple[int, int, int]:
-    """(rank, world_size, local_rank) from the launcher's environment; (0, 1, 0) when run plainly."""
-    return (int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
-            int(os.environ.get("LOCAL_RANK", 0)))
-
-
-def make_data(kind: str, n: int, seed: int, capacity: int) -> list:
-    """The training stream: ``tasks`` (the course's mix) or ``long_tailed`` copy examples (lengths up
-    to ``capacity``; response counts differ a lot between examples, so ranks get unequal counts)."""
-    if kind == "tasks":
-        return make_examples(n, seed=seed)
-    if kind == "long_tailed":
-        return make_long_tailed_examples(n, seed=seed, median=max(8, min(90, capacity // 4)), max_len=capacity)
-    raise PacksimError(f"unknown --data {kind!r}: use one of {list(DATA)}.")
-
-
-# ------------------------------------------------------------------------------ the plan of a step
-
-
-def _shards(n: int, world_size: int, grad_accum: int) -> list[list[np.ndarray]]:
-    """Example indices [r][m] of the step: shard m*R + r of R*M near-equal contiguous shards."""
-    parts = np.array_split(np.arange(n), world_size * grad_accum)
-    return [[parts[m * world_size + r] for m in range(grad_accum)] for r in range(world_size)]
-
-
-def _row_lengths(batch: PackedBatch) -> list[list[int]]:
-    """Segment lengths of each row (pack) of a batch."""
-    rows: list[list[int]] = [[] for _ in range(batch.shape[0])]
-    for s in batch.segments:
-        rows[s.row].append(s.stop - s.start)
-    return rows
-
-
-def select_rows(batch: PackedBatch, rows: list[int]) -> PackedBatch:
-    """The rows ``rows`` of a batch as a batch of their own (segments and cu_seqlens rebuilt)."""
-    idx = torch.tensor(rows, dtype=torch.long)
-    new_row = {r: i for i, r in enumerate(rows)}
-    segs = sorted((Segment(new_row[s.row], s.start, s.stop, s.example) for s in batch.segments if s.row in new_row),
-                  key=lambda s: (s.row, s.start))
-    lens = torch.tensor([s.stop - s.start for s in segs])
-    cu = torch.zeros(len(segs) + 1, dtype=torch.int32)
-    cu[1:] = torch.cumsum(lens, 0)
-    names = ("input_ids", "labels", "position_ids", "seq_ids", "roles", "example_positions")
-    return replace(batch, **{k: getattr(batch, k)[idx] for k in names}, cu_seqlens=cu,
-                   max_seqlen=int(lens.max()), segments=segs)
-
-
-def plan_step(step_examples: list, cfg: TrainConfig, setup, world_size: int, grad_accum: int,
-              balance: str = "none") -> tuple[list[list[PackedBatch | None]], list[list[list[int]]]]:
-    """Micro-batches [r][m] (None: no example) and each rank's packs as segment lengths [r][pack].
-
-    Every rank can compute the whole plan; the training loop builds only its own row of it.
-    Raises :class:`PacksimError` when a rank would get no pack.
-    """
-    setup = get_setup(setup)
-    if balance not in BALANCE:
-        raise PacksimError(f"unknown --balance {balance!r}: use one of {list(BALANCE)}.")
-    if balance == "none":
-        micro = [[PackedBatch.from_examples([step_examples[i] for i in idx], cfg.capacity, setup, cfg.strategy)
-                  if len(idx) else None for idx in shards] for shards in _shards(len(step_examples), world_size,
-                                                                                  grad_accum)]
-        packs = [[p for b in mbs if b is not None for p in _row_lengths(b)] for mbs in micro]
-        return micro, packs
-    full = make_batches(step_examples, cfg.capacity, setup, len(step_examples), cfg.strategy)[0]
-    all_packs = _row_lengths(full)
-    ranks = assign(all_packs, world_size, balance)  # raises if a rank would have no pack
-    micro = [[select_rows(full, [int(i) for i in part]) if len(part) else None
-              for part in np.array_split(np.asarray(mine), grad_accum)] for mine in ranks]
-    return micro, [[all_packs[i] for i in mine] for mine in ranks]
-
-
-def validate(n_examples: int, cfg: TrainConfig, world_size: int, grad_accum: int, normalise: str,
-             balance: str, data: list | None = None) -> None:
-    """Every check that can fail, before any process group or training starts (one clear line each)."""
-    if normalise not in NORMALISERS:
-        raise PacksimError(f"unknown --normalise {normalise!r}: use one of {list(NORMALISERS)} "
-                           "(global matches one process; local and mean are the common mistakes).")
-    if balance not in BALANCE:
-        raise PacksimError(f"unknown --balance {balance!r}: use one of {list(BALANCE)}.")
-    for name, value in (("--steps", cfg.steps), ("--examples-per-step", cfg.examples_per_step),
-                        ("--grad-accum", grad_accum), ("world size", world_size)):
-        if value < 1:
-            raise PacksimError(f"{name} must be >= 1, got {value}.")
-    if world_size > cfg.examples_per_step:
-        raise PacksimError(
-            f"world size {world_size} is larger than --examples-per-step {cfg.examples_per_step}: every "
-            "rank needs at least one example per step; raise --examples-per-step or use fewer processes."
-        )
-    if n_examples < cfg.steps * cfg.examples_per_step:
-        raise PacksimError(f"{cfg.steps} steps x {cfg.examples_per_step} examples need "
-                           f"{cfg.steps * cfg.examples_per_step} examples, got {n_examples}.")
-    if data is not None and balance != "none":
-        E = cfg.examples_per_step
-        for s in range(cfg.steps):
-            try:
-                plan_step(data[s * E : (s + 1) * E], cfg, "correct", world_size, grad_accum, balance)
-            except PacksimError as err:
-                raise PacksimError(f"step {s + 1}: {err}") from None
-
+__all__ = ["train_data_parallel", "save_output", "load_output", "compare_outputs", "torchrun_command",
+           "add_arguments", "run", "main"]
 
 # ------------------------------------------------------------------------------ the training loop
 
@@ -429,3 +322,10 @@ def run(args: argparse.Namespace) -> int:
         path = save_output(result, model, args.out, config, env)
         say(f"wrote {path}, model.pt and losses.json in {result.wall_s:.1f} s")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``packsim train`` from Python, e.g. the one-process run of a notebook: same options, same outputs."""
+    parser = argparse.ArgumentParser(prog="packsim train", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -29,6 +29,8 @@ by ``M``.)
 DistributedDataParallel *averages* gradients over the ``R`` ranks, so a rank that wants the
 objective's gradient calls ``backward`` on ``sums[r, m] * weights[r, m] * R``:
 :func:`backward_scales` returns those factors.
+
+Lessons: 09.
 """
 
 from __future__ import annotations

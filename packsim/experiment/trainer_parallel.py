@@ -21,6 +21,8 @@ How the Trainer normalises the loss (read in the installed ``transformers/traine
 So ``--normalise global`` maps to ``average_tokens_across_devices=True``, ``local`` to ``False``,
 and ``mean`` to ``model_accepts_loss_kwargs = False``, each checked against one process in
 ``tests/test_data_parallel.py`` and lesson 09.
+
+Lessons: none directly.
 """
 
 from __future__ import annotations
