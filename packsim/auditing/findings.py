@@ -73,7 +73,7 @@ def wrapped_packing(trainer, view: BatchView) -> Finding:
     args = trainer.args
     B, T = view.shape
     n = int(view.seq.max()) + 1 if bool((view.seq >= 0).any()) else 0
-    where = (f"batch 0: {B} row(s) of {T} tokens hold {n} examples ({view.source})"
+    where = (f"the audited batch: {B} row(s) of {T} tokens hold {n} examples ({view.source})"
              + (f", {view.rows_mid_example} row(s) start in the middle of an example"
                 if view.rows_mid_example else ""))
     fix = ("use packing_strategy='bfd' (TRL's default: whole examples, padding-free, with "
@@ -230,7 +230,7 @@ def completion_only_loss(trainer, mask_note: str | None, counted: tuple[int, int
         which = "completion_only_loss" if getattr(trainer, "completion_only_loss", False) else "assistant_only_loss"
         return Finding("completion_only_loss", "pass",
                        f"SFTTrainer.{which}=True: prompt labels are -100 ({c} of {n} tokens inside the "
-                       "examples of batch 0 counted)")
+                       "examples of the audited batch counted)")
     if getattr(args, "completion_only_loss", None) is None:
         return Finding("completion_only_loss", "pass",
                        "completion_only_loss unset and TRL found language-modelling data (no prompt and "
@@ -240,7 +240,7 @@ def completion_only_loss(trainer, mask_note: str | None, counted: tuple[int, int
            if "completion_mask" in columns else "TRL's default for prompt/completion data is True")
     return Finding("completion_only_loss", "fail",
                    f"SFTConfig(completion_only_loss=False) trains on the prompts too: {c} of {n} tokens "
-                   f"inside the examples of batch 0 are counted; {why}",
+                   f"inside the examples of the audited batch are counted; {why}",
                    "leave completion_only_loss unset (TRL then masks the prompts of prompt/completion "
                    "data) or set it to True")
 
