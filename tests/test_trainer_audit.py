@@ -122,6 +122,12 @@ def test_trl_wrapped_packing_fails_on_perturbation(checkpoint, tmp_path):
     assert "packing_strategy='wrapped'" in wrapped.evidence and "start in the middle" in wrapped.evidence
     assert report.causes[0].startswith("wrapped_packing: use packing_strategy='bfd'")
     assert agrees(report, trainer)
+    text, page = report.table(), report.to_html()  # the report explains its numbers and its skips
+    assert ".;" not in report.verdict and "Not measured (skipped: attention_mass" in report.verdict
+    assert "skipped attention_mass: not measured, so it is neither a pass nor a fail" in text
+    assert "attn_implementation='eager'" in text
+    assert "reading the numbers" in text and "gradient ratio" in text.split("worst pair:")[1]
+    assert "findings (configuration checks):" in text and "<code>wrapped_packing</code>" in page
 
 
 def test_trl_completion_only_loss_off_fails_on_loss_coverage(checkpoint, tmp_path):
@@ -190,17 +196,6 @@ def test_several_batches_and_the_model_mode_is_restored(checkpoint, tmp_path):
 
 
 # ----------------------------------------------------------------------------- report and input
-
-
-def test_report_explains_its_numbers_and_skips(checkpoint, tmp_path):
-    report = packsim.audit_trainer(sft(checkpoint, tmp_path, packing=True, packing_strategy="wrapped",
-                                       max_length=16))
-    text, page = report.table(), report.to_html()
-    assert ".;" not in report.verdict and "Not measured (skipped: attention_mass" in report.verdict
-    assert "skipped attention_mass: not measured, so it is neither a pass nor a fail" in text
-    assert "attn_implementation='eager'" in text
-    assert "reading the numbers" in text and "gradient ratio" in text.split("worst pair:")[1]
-    assert "findings (configuration checks):" in text and "<code>wrapped_packing</code>" in page
 
 
 def test_bad_input():

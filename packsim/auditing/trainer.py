@@ -98,8 +98,8 @@ def _special_ids(trainer, model, name: str) -> set[int]:
 
 def _token_seq(trainer, model, ids: torch.Tensor, pad: torch.Tensor) -> torch.Tensor | None:
     """Example index (B, T) from the tokens, or None when the tokens mark nothing more than rows."""
-    bos = _special_ids(trainer, model, "bos")
     eos = _special_ids(trainer, model, "eos")
+    bos = _special_ids(trainer, model, "bos") - eos  # GPT-2's <|endoftext|> is both: an end, not a start
     dev = ids.device
     is_bos = torch.isin(ids, torch.tensor(sorted(bos), device=dev)) if bos else torch.zeros_like(pad)
     is_eos = torch.isin(ids, torch.tensor(sorted(eos), device=dev)) if eos else torch.zeros_like(pad)
@@ -129,7 +129,7 @@ def _view(trainer, model, fields: dict) -> BatchView:
         if tok is not None:
             view.seq, view.from_tokens = tok, True
             view.source = "the tokens: a BOS, or the token after a run of EOS under wrapped packing, starts an example"
-    bos = _special_ids(trainer, model, "bos")
+    bos = _special_ids(trainer, model, "bos") - _special_ids(trainer, model, "eos")
     if bos:
         first = torch.isin(ids[:, 0], torch.tensor(sorted(bos), device=ids.device))
         view.rows_mid_example = int((~first & (field_seq[:, 0] >= 0)).sum())
@@ -297,6 +297,7 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 16, tol: flo
             rest = {k: v for k, v in inputs.items() if k != "labels"}
             return model(**rest, **forward_kwargs).logits
 
+        model.eval()  # dropout off: the two forwards compared below must see the same network
         accumulation = loss_over_accumulation(trainer, [b for b, _ in drawn], logits, autocast)
     finally:
         model.train(was_training)
