@@ -1,0 +1,65 @@
+"""The static configuration findings, on hand-built batches (no forward, no GPU needed)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from packsim.auditing.findings import (
+    BatchView,
+    attention_mask,
+    flash_rows,
+    loss_across_devices,
+    padding_free_attention,
+)
+from packsim.core.segments import find_boundaries
+
+POS = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2], [0, 1, 0, 1, 2, 3, 0, 1]])  # (2, 8): 3 examples per row
+
+
+def view(**fields) -> BatchView:
+    fields = {"input_ids": torch.ones(POS.shape, dtype=torch.long), **fields}
+    seq = find_boundaries(fields, missing="rows").seq_ids
+    return BatchView(fields, seq, seq, "test", False)
+
+
+def test_flash_rows_follows_is_packed_sequence():
+    cu = torch.tensor([0, 3, 5, 8, 10, 14, 16], dtype=torch.int32)
+    two_rows = view(position_ids=POS)
+    assert flash_rows(two_rows, "flash_attention_2").status == "fail"  # batch_size != 1, no cu_seq_lens
+    assert "_is_packed_sequence" in flash_rows(two_rows, "flash_attention_2").evidence
+    given = view(position_ids=POS, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=4, max_length_k=4)
+    assert flash_rows(given, "flash_attention_2").status == "pass"
+    one_row = BatchView({"input_ids": torch.ones(1, 16, dtype=torch.long), "position_ids": POS.reshape(1, -1)},
+                        *(2 * [find_boundaries({"position_ids": POS.reshape(1, -1)}, (1, 16)).seq_ids]), "t", False)
+    assert flash_rows(one_row, "kernels-community/flash-attn2").status == "pass"
+    assert flash_rows(two_rows, "sdpa").status == "pass"  # not a flash path
+
+
+def test_attention_mask_next_to_restarting_positions():
+    ones = torch.ones(POS.shape, dtype=torch.long)
+    assert attention_mask(view(position_ids=POS, attention_mask=ones), "sdpa").status == "fail"
+    assert attention_mask(view(position_ids=POS, attention_mask=ones), "flash_attention_2").status == "pass"
+    holes = ones.clone()
+    holes[1, -1] = 0
+    assert attention_mask(view(position_ids=POS, attention_mask=holes), "flash_attention_2").status == "fail"
+    assert attention_mask(view(position_ids=POS), "sdpa").status == "pass"
+
+
+def test_padding_free_attention_by_implementation():
+    packed = view(position_ids=POS)
+    assert padding_free_attention(packed, "sdpa").status == "pass"  # masking_utils.find_packed_sequence_indices
+    assert padding_free_attention(packed, "my_custom_kernel").status == "skipped"
+    assert padding_free_attention(packed, "flash_attention_2").status == "fail"  # two rows, no cu_seq_lens
+    plain = view()  # one example per row: not padding-free
+    assert padding_free_attention(plain, "eager").status == "pass"
+
+
+@pytest.mark.parametrize("world, avg, counts, status", [
+    (1, True, True, "skipped"), (4, True, True, "pass"), (4, False, True, "fail"), (4, True, False, "fail"),
+])
+def test_loss_across_devices(world, avg, counts, status):
+    trainer = SimpleNamespace(args=SimpleNamespace(world_size=world, average_tokens_across_devices=avg))
+    assert loss_across_devices(trainer, counts).status == status
