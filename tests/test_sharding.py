@@ -49,6 +49,8 @@ def test_validate_checks_before_anything_runs():
         validate(2, cfg, 2, 1, "global", "tokens", make_examples(2))
     with pytest.raises(PacksimError, match="unknown --normalise 'sum'"):
         validate(2, cfg, 1, 1, "sum", "none")
+    with pytest.raises(PacksimError, match="has 2[0-9] tokens but --capacity is 16"):
+        validate(2, TrainConfig(steps=1, examples_per_step=2, capacity=16), 1, 1, "global", "none", make_examples(2))
     with pytest.raises(PacksimError, match="need 2 examples, got 1"):
         validate(1, cfg, 1, 1, "global", "none")
 

@@ -101,7 +101,8 @@ def train_data_parallel(model, examples: list, setup="correct", cfg: TrainConfig
     device = next(model.parameters()).device
     torch.manual_seed(seed)
     model.train()
-    net = torch.nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
+    ids = [device.index] if device.type == "cuda" else None  # one device per process
+    net = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids) if world_size > 1 else model
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=0.0)
     run = RunResult(setup=setup.name, seed=seed, data=data)
     E, M, R = cfg.examples_per_step, grad_accum, world_size
@@ -113,14 +114,14 @@ def train_data_parallel(model, examples: list, setup="correct", cfg: TrainConfig
         filler = _empty_like(next(b for b in micro[rank] if b is not None))
         mine = [(b if b is not None else filler).to(device) for b in micro[rank]]  # (B_m, T) each
         counts = torch.tensor([float((b.labels[:, 1:] != IGNORE_INDEX).sum()) for b in mine], dtype=torch.float64)
-        table = torch.zeros(R, M, dtype=torch.float64)
-        table[rank] = counts
-        _all_reduce(table, R)  # (R, M): counted targets of every micro-batch of the step
+        table = torch.zeros(R, M, dtype=torch.float64, device=device)  # nccl reduces device tensors only
+        table[rank] = counts.to(device)
+        table = _all_reduce(table, R).cpu()  # (R, M): counted targets of every micro-batch of the step
         w, scale = weights(table, normalise), backward_scales(table, normalise)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         opt.zero_grad(set_to_none=True)
-        sums = torch.zeros(4, dtype=torch.float64)  # objective part, response loss sum, response count, padded
+        sums = torch.zeros(4, dtype=torch.float64, device=device)  # objective part, response loss, count, padded
         for m, batch in enumerate(mine):
             sync = m == M - 1 or R == 1
             with nullcontext() if sync else net.no_sync():

@@ -130,6 +130,11 @@ def validate(n_examples: int, cfg: TrainConfig, world_size: int, grad_accum: int
     if n_examples < cfg.steps * cfg.examples_per_step:
         raise PacksimError(f"{cfg.steps} steps x {cfg.examples_per_step} examples need "
                            f"{cfg.steps * cfg.examples_per_step} examples, got {n_examples}.")
+    if data is not None:
+        longest = max(len(ex.tokens) for ex in data[: cfg.steps * cfg.examples_per_step])
+        if longest > cfg.capacity:
+            raise PacksimError(f"an example has {longest} tokens but --capacity is {cfg.capacity}: raise "
+                               f"--capacity to at least {longest}.")
     if data is not None and balance != "none":
         E = cfg.examples_per_step
         for s in range(cfg.steps):
