@@ -304,7 +304,7 @@ def _impl_cells(model, family, impl, conditions, tol, seed, compile_flex) -> lis
         try:
             model.set_attn_implementation(impl)
         except Exception as err:  # noqa: BLE001 - e.g. GPT-2 has no flex, Gemma2 no sdpa
-            note = f"not supported: {(str(err).splitlines() or [''])[0].split(' yet.')[0][:140]}"
+            note = f"not supported: {(str(err).splitlines() or [''])[0].split('. ')[0][:160]}"
             return [Cell(family, impl, c, "not run", note=note) for c in conditions]
     return [measure_cell(model, family, impl, c, tol=tol, seed=seed, compile_flex=compile_flex)
             for c in conditions]
