@@ -35,9 +35,8 @@ from __future__ import annotations
 import gc
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from functools import partial
 from heapq import heappop, heappush
-from itertools import pairwise
+from itertools import pairwise, repeat
 from typing import NamedTuple
 
 import numpy as np
@@ -383,16 +382,15 @@ def _entry_array(
     index: np.ndarray, piece_at: np.ndarray, start: np.ndarray, stop: np.ndarray
 ) -> np.ndarray:
     """Entries as an object array, shape ``(n_items,)``: Python ints, and at ``piece_at`` (k,)
-    ``Piece(index, start, stop)``. The pieces are made in one C-level pass (``tuple.__new__``),
-    not by calling ``Piece(...)`` (a Python function) once each."""
+    ``Piece(index, start, stop)``. The pieces are made in one C-level pass (``tuple.__new__``
+    on each ``(index, start, stop)`` tuple), not by calling ``Piece(...)`` (a Python function)
+    once each: about half the time per piece."""
     entries = index.astype(object)  # Python ints
     if piece_at.size:
-        fields = zip(index[piece_at].tolist(), start.tolist(), stop.tolist(), strict=True)
-        entries[piece_at] = np.fromiter(map(_new_piece, fields), dtype=object, count=piece_at.size)
+        fields = zip(entries[piece_at].tolist(), start.tolist(), stop.tolist(), strict=True)
+        pieces = map(tuple.__new__, repeat(Piece), fields)
+        entries[piece_at] = np.fromiter(pieces, dtype=object, count=piece_at.size)
     return entries
-
-
-_new_piece = partial(tuple.__new__, Piece)  # (index, start, stop) tuple -> Piece, in C
 
 
 def _split(flat: list[Entry], bounds: Sequence[int]) -> list[list[Entry]]:
