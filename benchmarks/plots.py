@@ -21,8 +21,9 @@ import benchutil as bu
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-COLORS = {"wrapped": "#9e9e9e", "ffd": "#64b5f6", "bfd": "#1565c0", "trl_bfd": "#e65100",
-          "trl_bfd_1batch": "#ffb74d", "trl_wrapped": "#6d4c41", "trl_wrapped_1batch": "#bcaaa4",
+COLORS = {"wrapped": "#9e9e9e", "ffd": "#64b5f6", "bfd": "#1565c0", "bfd_split": "#0d47a1",
+          "trl_bfd": "#e65100", "trl_bfd_1batch": "#ffb74d", "trl_bfd_split": "#bf360c",
+          "trl_bfd_split_1batch": "#ffcc80", "trl_wrapped": "#6d4c41", "trl_wrapped_1batch": "#bcaaa4",
           "dense": "#c62828", "sdpa_dense": "#c62828", "blocked": "#1565c0", "flex": "#2e7d32",
           "causal": "#9e9e9e", "flash": "#6a1b9a", "torch_varlen": "#00838f",
           "padded": "#9e9e9e", "packed": "#1565c0"}
@@ -46,24 +47,38 @@ def _line(name, xs, summaries, scale=1.0, dash=None):
 
 
 def packing_figure(data: dict) -> go.Figure:
+    """Time vs n at the smallest capacity (every packer runs there), packsim/TRL time ratios at
+    the largest n per capacity (below 1: packsim faster), and the gap to the lower bound."""
     rows = [r for r in data["rows"] if r["mix"] == "long_tailed"]
     caps = sorted({r["capacity"] for r in rows})
-    cap = 2048 if 2048 in caps else caps[0]
     big = max(r["n"] for r in rows)
     packers = list(dict.fromkeys(r["packer"] for r in rows))
-    fig = make_subplots(rows=1, cols=2, subplot_titles=(
-        f"packing time vs n (long-tailed, capacity {cap})",
-        f"gap to the lower bound (long-tailed, n={big:,})"))
+    fig = make_subplots(rows=1, cols=3, column_widths=[0.4, 0.35, 0.25], horizontal_spacing=0.08,
+                        subplot_titles=(f"time vs n, capacity {caps[0]}", f"packsim / TRL time, n={big:,}",
+                                        f"gap to the lower bound, n={big:,}"))
+    fig.update_layout(title=dict(text=(
+        "long-tailed mix. Middle: bars per packsim packer (colour) vs TRL as SFTTrainer calls it "
+        "(solid) and in one batch (pale); below the dotted line packsim is faster"), font=dict(size=12)))
     for p in packers:
-        pts = sorted((r["n"], r["time_s"]) for r in rows if r["packer"] == p and r["capacity"] == cap)
+        pts = sorted((r["n"], r["time_s"]) for r in rows if r["packer"] == p and r["capacity"] == caps[0])
         fig.add_trace(_line(p, [n for n, _ in pts], [s for _, s in pts]), 1, 1)
         gaps = [(r["capacity"], r["gap"] * 100) for r in rows if r["packer"] == p and r["n"] == big]
         fig.add_trace(go.Bar(x=[str(c) for c, _ in gaps], y=[g for _, g in gaps], name=p,
-                             marker_color=COLORS.get(p), showlegend=False), 1, 2)
+                             marker_color=COLORS.get(p), showlegend=False), 1, 3)
+    for r in (r for r in rows if r["n"] == big and r.get("ratio_vs")):
+        for t, ratio in r["ratio_vs"].items():
+            fig.add_trace(go.Bar(
+                x=[str(r["capacity"])],
+                y=[ratio["median"]], name=f"{r['packer']} / {t}", showlegend=False,
+                marker_color=COLORS.get(r["packer"]), opacity=0.45 if t.endswith("_1batch") else 1.0,
+                error_y=_err(ratio), hovertext=f"{r['packer']} / {t}"), 1, 2)
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#444", row=1, col=2)
     fig.update_xaxes(type="log", title_text="lengths packed (n)", row=1, col=1)
     fig.update_yaxes(type="log", title_text="seconds (median, min-max)", row=1, col=1)
     fig.update_xaxes(title_text="capacity", row=1, col=2)
-    fig.update_yaxes(title_text="packs / lower bound - 1 (%)", row=1, col=2)
+    fig.update_yaxes(type="log", title_text="packsim time / TRL time", row=1, col=2)
+    fig.update_xaxes(title_text="capacity", row=1, col=3)
+    fig.update_yaxes(title_text="packs / lower bound - 1 (%)", row=1, col=3)
     fig.update_layout(barmode="group")
     return fig
 

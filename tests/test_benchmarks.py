@@ -62,13 +62,21 @@ def test_packing_quick_runs_and_reports_every_packer(tmp_path):
     data = json.loads((tmp_path / "packing.json").read_text())
     rows = {(r["mix"], r["packer"]): r for r in data["rows"]}
     packers = {p for _, p in rows}
-    assert {"wrapped", "ffd", "bfd"} <= packers
+    assert {"wrapped", "ffd", "bfd", "bfd_split"} <= packers
+    assert ("uniform", "bfd_split") not in rows  # uniform [1, 512]: nothing to split at 512
     bfd = rows[("long_tailed", "bfd")]
     assert bfd["packs"] >= bfd["lower_bound"] == -(-bfd["tokens"] // 512)
     assert bfd["fill"] == pytest.approx(bfd["tokens"] / (bfd["packs"] * 512))
     if "trl_bfd_1batch" in packers:  # both BFDs truncate to the capacity: same tokens placed
         assert rows[("long_tailed", "trl_bfd_1batch")]["tokens"] == bfd["tokens"]
         assert set(bfd["ratio_vs"]) == {"trl_bfd", "trl_bfd_1batch"}
+        split = rows[("long_tailed", "bfd_split")]  # both split overlong examples: same tokens
+        assert split["tokens"] == rows[("long_tailed", "trl_bfd_split_1batch")]["tokens"] > bfd["tokens"]
+        targets = " ".join(t["target"] for t in data["targets"])
+        for name in ("packsim wrapped at least as fast as trl_wrapped,",
+                     "packsim wrapped at least as fast as trl_wrapped_1batch,",
+                     "packsim bfd_split faster than trl_bfd_split,"):
+            assert name in targets
 
 
 def test_packing_skips_trl_cleanly_when_it_does_not_import(bench, tmp_path, monkeypatch, capsys):
@@ -80,8 +88,20 @@ def test_packing_skips_trl_cleanly_when_it_does_not_import(bench, tmp_path, monk
     assert "TRL columns skipped: TRL is not importable here" in out
     last_line_is_table(out)
     data = json.loads((tmp_path / "packing.json").read_text())
-    assert {r["packer"] for r in data["rows"]} == {"wrapped", "ffd", "bfd"}
+    assert {r["packer"] for r in data["rows"]} == {"wrapped", "ffd", "bfd", "bfd_split"}
     assert data["trl"].startswith("not run")
+
+
+def test_packing_runs_only_the_packers_asked_for(bench, tmp_path, capsys):
+    packing = bench("packing")
+    assert packing.main(["--sizes", "300", "--uniform-sizes", "100", "--capacities", "256", "--repeats", "1",
+                         "--packers", "wrapped,bfd", "--no-trl", "--out", str(tmp_path)]) == 0
+    last_line_is_table(capsys.readouterr().out)
+    data = json.loads((tmp_path / "packing.json").read_text())
+    assert {r["packer"] for r in data["rows"]} == {"wrapped", "bfd"}
+    assert {r["rounds"] for r in data["rows"]} == {3}  # small n: 2 x repeats + 1 rounds
+    with pytest.raises(SystemExit):
+        packing.parse_args(["--packers", "wrapped,nonsense"])
 
 
 def test_attention_quick_runs_each_measurement_in_its_own_process(tmp_path):
