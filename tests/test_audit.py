@@ -543,6 +543,8 @@ def test_cli_audits_each_setup(capsys):
     assert "buggy    FAIL" in summary and "correct  PASS" in summary
 
 
-def test_cli_rejects_unknown_setup():
-    with pytest.raises(PacksimError, match="unknown setup"):
+def test_cli_rejects_unknown_setup(capsys):
+    with pytest.raises(SystemExit) as info:  # the CLI's contract: one line on stderr, exit 2
         main(["audit", "--setups", "nope"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "unknown setup 'nope'" in err and len(err.strip().splitlines()) == 1
