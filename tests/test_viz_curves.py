@@ -76,11 +76,18 @@ def test_single_seed_has_no_band():
     assert [t.name for t in fig.data if t.showlegend is not False] == ["correct"]
 
 
-def test_dotted_train_response_loss_next_to_isolated(results):
+def test_each_reported_loss_sits_beside_its_own_response_only_loss(results):
+    """Panel 1 pairs each setup's reported loss (solid) with its train response loss (dotted);
+    panel 2 holds only the held-out response loss, the same quantity for every setup."""
     fig = curves_figure(results)
+    panel1 = [t for t in fig.data if t.xaxis == "x" and t.name]
+    assert sorted((t.line.dash or "solid") for t in panel1) == ["dot", "dot", "solid", "solid"]
+    for t in panel1:
+        key = "response_loss" if t.line.dash == "dot" else "reported_loss"
+        assert f"{t.legendgroup} {key}" in t.hovertemplate
     panel2 = [t for t in fig.data if t.xaxis == "x2" and t.name]
-    dashes = sorted((t.line.dash or "solid") for t in panel2)
-    assert dashes == ["dot", "dot", "solid", "solid"]
+    assert [t.line.dash for t in panel2] == [None, None]
+    assert all("isolated_response_loss" in t.hovertemplate for t in panel2)
 
 
 def test_live_callback_throttles_train_and_always_draws_eval():

@@ -2,10 +2,13 @@
 
 Three panels, one colour per setup:
 
-1. the loss each setup's trainer reports (``curves["train"]["reported_loss"]``): what a user
-   watches, and what makes the buggy setup look fine;
-2. the response-only loss: on held-out examples run alone (``eval`` ``isolated_response_loss``,
-   solid) and on the training packs (``train`` ``response_loss``, dotted);
+1. the loss each setup's trainer reports (``curves["train"]["reported_loss"]``, solid) beside
+   its own response-only loss on the same training packs (``train`` ``response_loss``, dotted).
+   The reported loss is a different quantity per setup (every token under ``buggy``, responses
+   only under ``correct``), so the panel pairs each setup with itself: the gap between a setup's
+   solid and dotted lines is the prompt tokens its reported loss averages in;
+2. the response-only loss on held-out examples run alone (``eval`` ``isolated_response_loss``):
+   the same quantity for every setup, so these lines can be compared across setups;
 3. exact match on held-out examples run alone (``eval`` ``isolated_exact_match``).
 
 With several seeds of a setup, the line is the mean over seeds and a band spans min..max.
@@ -36,13 +39,13 @@ __all__ = ["Curves", "curves", "curves_figure", "PANELS"]
 # (curve kind, column, panel index, dotted?) of every line drawn.
 PANELS = (
     ("train", "reported_loss", 1, False),
+    ("train", "response_loss", 1, True),
     ("eval", "isolated_response_loss", 2, False),
-    ("train", "response_loss", 2, True),
     ("eval", "isolated_exact_match", 3, False),
 )
 _TITLES = (
-    "reported loss<br>(what you watch)",
-    "response-only loss<br>(solid: held-out, dotted: train)",
+    "training packs: reported loss (solid)<br>vs its response-only part (dotted)",
+    "response-only loss<br>(held-out, run alone)",
     "exact match<br>(held-out, run alone)",
 )
 
