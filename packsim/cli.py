@@ -11,7 +11,10 @@ Each subcommand lives in the module it belongs to, which provides ``add_argument
 Bad input never ends in a traceback: an option argparse rejects, or a :class:`PacksimError`
 (or an ``OSError`` on a path) raised by a subcommand, prints one line on stderr,
 ``packsim <command>: error: <what was wrong and how to fix it>``, and exits with status 2.
-Subcommands check their options before any training starts.
+Subcommands check their options before any training starts (:func:`check_at_least`,
+:func:`writable_dir`). ``python -m packsim`` is the same command line.
+
+Lessons: none directly.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from pathlib import Path
 
 from packsim.core.errors import PacksimError
 
@@ -64,6 +68,30 @@ def _fail(command: str, message: str):
 
 def _module(name: str):
     return importlib.import_module(name)
+
+
+# ---- checks the subcommands share (they raise PacksimError, which main turns into one line) ----
+
+
+def check_at_least(args: argparse.Namespace, minimums: dict[str, int]) -> None:
+    """``{"--seeds": 1, ...}``: the first option given below its minimum raises :class:`PacksimError`."""
+    for flag, low in minimums.items():
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None and value < low:
+            raise PacksimError(f"{flag} {value}: must be at least {low}.")
+
+
+def writable_dir(path: str | Path, flag: str = "--out") -> Path:
+    """Create the folder ``path`` now and check a file can be written in it (before any training)."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / ".packsim-write-check").touch()
+        (path / ".packsim-write-check").unlink()
+    except OSError as err:
+        why = "a file, not a folder" if path.is_file() else err.strerror
+        raise PacksimError(f"{flag} {path}: cannot write there ({why}); pass a folder you can write to.") from err
+    return path
 
 
 if __name__ == "__main__":

@@ -399,31 +399,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-# (flag, attribute, smallest value): checked before anything runs
-_MINIMUMS = (("--seeds", "seeds", 1), ("--steps", "steps", 1), ("--examples-per-step", "examples_per_step", 1),
-             ("--n-test", "n_test", 1), ("--throughput-steps", "throughput_steps", 0),
-             ("--entities", "entities", 1), ("--copies", "copies", 1), ("--jobs", "jobs", 1))
-
-
-def _writable_dir(out: Path, flag: str = "--out") -> Path:
-    """Create ``out`` (and parents) now and check a file can be written there, before any training."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".packsim-write-check"
-        probe.touch()
-        probe.unlink()
-    except OSError as err:
-        why = "a file, not a folder" if out.is_file() else err.strerror
-        raise PacksimError(f"{flag} {out}: cannot write there ({why}); pass a folder you can write to.") from err
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
     """``packsim compare``: check every option (setups, numbers, device, output folder), then train."""
-    for flag, attr, low in _MINIMUMS:
-        value = getattr(args, attr)
-        if value is not None and value < low:
-            raise PacksimError(f"{flag} {value}: must be at least {low}.")
+    from packsim.cli import check_at_least, writable_dir
+
+    check_at_least(args, {"--seeds": 1, "--steps": 1, "--examples-per-step": 1, "--n-test": 1,
+                          "--throughput-steps": 0, "--entities": 1, "--copies": 1, "--jobs": 1})
     overrides = {
         k: v
         for k, v in {
@@ -446,7 +427,7 @@ def run(args: argparse.Namespace) -> int:
         overrides["eval_every"] = max(overrides["steps"] // 3, 1)
     cfg = experiment_config(args.data, fast=args.fast or None, **overrides)  # unknown setups raise here
     device = get_device(args.device)
-    out = _writable_dir(Path(args.out or f"runs/{cfg.data}-{cfg.mode}"))
+    out = writable_dir(args.out or f"runs/{cfg.data}-{cfg.mode}")
     print(f"packsim compare: {cfg.data} data, {cfg.mode} mode, setups {cfg.setups}, seeds {cfg.seeds}, "
           f"{cfg.train.steps} steps -> {out}", flush=True)
     results = run_comparison(cfg, device=device, out=out, progress=not args.quiet, jobs=args.jobs)
