@@ -13,8 +13,8 @@ from packsim.course.exercises.lesson05_side_by_side import (
     check_warning_sign,
     toy_results,
 )
-from packsim.experiment.results import Results
 from packsim.course.solutions import lesson05_side_by_side as sol
+from packsim.experiment.results import Results
 
 
 def test_solutions_on_the_committed_runs():
@@ -65,6 +65,10 @@ def test_warning_sign_mistakes_are_named(answer, words):
     assert words in str(fb), fb
 
 
+def _seed(res, setup, seed):
+    return next(r.final["isolated_exact_match"] for r in res.by_setup()[setup] if r.seed == seed)
+
+
 def _gain(res, fix, scale):
     em = {s: fmean(r.final["isolated_exact_match"] for r in rs) for s, rs in res.by_setup().items()}
     return scale(em, fix)
@@ -77,6 +81,18 @@ def _gain(res, fix, scale):
                   for f in ("mask_fix", "loss_fix")}, "still missing"),
     (lambda res: {f: 100 * v for f, v in sol.fix_share(res).items()}, "percent"),
     (lambda res: {"mask_fix": 1.0}, "expected ['loss_fix', 'mask_fix']"),
+    (lambda res: {"mask_fix": sol.fix_share(res)["loss_fix"], "loss_fix": sol.fix_share(res)["mask_fix"]},
+     "keys are swapped"),
+    (lambda res: {f: fmean((_seed(res, f, k) - _seed(res, "buggy", k)) / (_seed(res, "correct", k) - _seed(res, "buggy", k))
+                           for k in (0, 1, 2)) for f in ("mask_fix", "loss_fix")}, "mean of ratios"),
+    (lambda res: {f: _gain(res, f, lambda em, f: em[f] / em["correct"]) for f in ("mask_fix", "loss_fix")},
+     "divided the fix's exact match by correct's"),
+    (lambda res: {f: _gain(res, f, lambda em, f: (em[f] - em["buggy"]) / em["correct"]) for f in ("mask_fix", "loss_fix")},
+     "not by the gap"),
+    (lambda res: {f: (_seed(res, f, 0) - _seed(res, "buggy", 0)) / (_seed(res, "correct", 0) - _seed(res, "buggy", 0))
+                  for f in ("mask_fix", "loss_fix")}, "seed 0 only"),
+    (lambda res: {f: -v for f, v in sol.fix_share(res).items()}, "sign is wrong"),
+    (lambda res: {f: v + 0.123 for f, v in sol.fix_share(res).items()}, "start at buggy"),
 ])
 def test_fix_share_mistakes_are_named(answer, words):
     fb = check_fix_share(answer)

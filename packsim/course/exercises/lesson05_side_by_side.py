@@ -202,6 +202,55 @@ def check_fix_share(fix_share) -> Feedback:
             if abs(g - 100 * w) <= 1e-4:
                 return fail(f"on toy_results({case}), {f!r} gives {g:.4f}: percent, not a fraction.",
                             "return a fraction (1.0 = the fix alone closes the whole gap).")
-            return fail(f"on toy_results({case}), {f!r} gives {g:.4f}, expected {w:.4f}.",
+            fb = _fix_share_mistake(res, f, g, w, em)
+            if fb is not None:
+                return fb
+            return fail(f"on toy_results({case}), {f!r} gives {g:.4f}, expected {w:.4f}: "
+                        f"{_fix_share_off(g, w, em, f)}",
                         "(mean em[fix] - mean em[buggy]) / (mean em[correct] - mean em[buggy]), means over seeds.")
     return ok("fix shares measured from buggy (0) to correct (1): a share near 1 is the fix that matters.")
+
+
+def _fix_share_mistake(res: Results, fix: str, got: float, want: float, em: dict) -> Feedback | None:
+    """Name the usual slips of ``fix_share`` by recomputing each one."""
+    key = "isolated_exact_match"
+    other = "loss_fix" if fix == "mask_fix" else "mask_fix"
+    seeds = {s: {r.seed: r.final[key] for r in res.by_setup()[s]} for s in ("buggy", "correct", fix)}
+    per_seed = [(seeds[fix][k] - seeds["buggy"][k]) / (seeds["correct"][k] - seeds["buggy"][k])
+                for k in seeds["buggy"] if seeds["correct"][k] != seeds["buggy"][k]]
+    med = {s: statistics.median(_values(res, s, key)) for s in ("buggy", "correct", fix)}
+    s0 = {s: seeds[s][0] for s in seeds}
+    span = em["correct"] - em["buggy"]
+    guesses = [
+        ((em[other] - em["buggy"]) / span, f"that is the share of {other!r}: the two keys are swapped",
+         "the value under 'mask_fix' is the mask fix's share, the one under 'loss_fix' the loss fix's."),
+        (statistics.fmean(per_seed), "you averaged the per-seed shares (a mean of ratios)",
+         "average exact match over seeds first, then take one ratio of the means: a seed with a small "
+         "buggy-to-correct gap makes its own ratio explode."),
+        ((med[fix] - med["buggy"]) / (med["correct"] - med["buggy"]), "you took medians over seeds",
+         "take the mean over seeds of each setup."),
+        ((s0[fix] - s0["buggy"]) / (s0["correct"] - s0["buggy"]), "you used seed 0 only",
+         "average over every seed of each setup."),
+        (em[fix] / em["correct"], "you divided the fix's exact match by correct's",
+         "measure both from buggy: (em[fix] - em[buggy]) / (em[correct] - em[buggy]); a fix that does "
+         "nothing must give 0, not em[buggy] / em[correct]."),
+        ((em[fix] - em["buggy"]) / em["correct"], "you divided by correct's exact match, not by the gap",
+         "the denominator is the whole gap, em[correct] - em[buggy]."),
+        ((em[fix] - em["buggy"]) / em["buggy"], "you returned the relative gain over buggy",
+         "the denominator is the whole gap, em[correct] - em[buggy]."),
+    ]
+    for value, what, hint in guesses:
+        if abs(got - value) <= _TOL:
+            return fail(f"{fix!r} gives {got:.4f}, expected {want:.4f}: {what}.", hint)
+    return None
+
+
+def _fix_share_off(got: float, want: float, em: dict, fix: str) -> str:
+    """One clause on how an unrecognised answer is off: sign, scale, or size."""
+    if (got < 0) != (want < 0):
+        return ("the sign is wrong: measure from buggy, so a fix that helps gives a positive share "
+                f"(em[{fix}] - em[buggy] = {em[fix] - em['buggy']:+.4f}, gap {em['correct'] - em['buggy']:+.4f}).")
+    if abs(want) > 1e-9 and abs(got / want - 1) < 0.05:
+        return "close but not equal: use the plain mean over seeds of each setup, no rounding or weighting."
+    return ("the value matches no usual slip: check that numerator and denominator both start at buggy "
+            f"(means over seeds: buggy {em['buggy']:.4f}, {fix} {em[fix]:.4f}, correct {em['correct']:.4f}).")
