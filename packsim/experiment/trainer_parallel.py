@@ -28,6 +28,7 @@ Lessons: none directly.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 
@@ -89,7 +90,10 @@ def train_with_trainer(model, examples: list, setup, cfg: TrainConfig, seed: int
     if normalise == "mean":
         trainer.model_accepts_loss_kwargs = False  # the model's own per-micro-batch mean
     start = time.perf_counter()
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        shutil.rmtree(args.output_dir, ignore_errors=True)  # save_strategy="no": nothing worth keeping
     model.eval()
     run = RunResult(setup=setup.name, seed=seed, data=data)
     for h in trainer.state.log_history:
