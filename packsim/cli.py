@@ -31,7 +31,9 @@ SUBCOMMANDS = {
     "doctor": ("packsim.course.check_env", "check the environment: packages, device, attention backends"),
     "compare": ("packsim.experiment.comparison", "train setups side by side; write results.json and report.html"),
     "report": ("packsim.experiment.report", "rebuild report.html from a comparison's results.json"),
-    "audit": ("packsim.auditing.command", "audit the built-in tiny pipeline for contamination under each setup"),
+    "audit": ("packsim.auditing.command",
+              "pre-flight audit of a local checkpoint and JSONL data (--model DIR --data FILE "
+              "--collator NAME [--strict]); without --model, the built-in tiny pipeline"),
     "train": ("packsim.experiment.data_parallel", "train one setup on one process, or data-parallel under torchrun"),
 }
 

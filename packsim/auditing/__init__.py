@@ -12,13 +12,23 @@ module           idea
 ``trap_table``   :func:`trap_table`: is a packed row isolated, per family x attention x condition
 ``museum``       :func:`museum_table`: real-world packing bugs, planted and caught
 ``loss_checks``  batches that count no label; token weights under gradient accumulation
+``trainer``      :func:`audit_trainer`: a Trainer / SFTTrainer's own batches, forward, findings
+``findings``     configuration findings (wrapped packing, padding-free support, flash rows, ...)
+``accumulation`` the trainer's loss over one accumulation step vs the mean over counted labels
+``features``     :func:`response_mask_from_features`: prompt/completion split of collator rows
+``preflight``    ``packsim audit --model DIR --data FILE``: the pre-flight gate
+``forensics``    evidence a contaminated run leaves in the weights, against a control
 ===============  ===================================================================
+
+Lessons: none directly (lessons 06 and 08 call :func:`packsim.audit`).
 """
 
 from packsim.auditing.auditor import audit
+from packsim.auditing.features import response_mask_from_features
 from packsim.auditing.museum import EXHIBITS, museum_table
-from packsim.auditing.report import PROBES, AuditReport, ProbeResult, WorstPair
+from packsim.auditing.report import PROBES, AuditReport, Finding, ProbeResult, WorstPair
+from packsim.auditing.trainer import audit_trainer
 from packsim.auditing.trap_table import TrapTable, trap_table
 
-__all__ = ["EXHIBITS", "PROBES", "AuditReport", "ProbeResult", "TrapTable", "WorstPair", "audit",
-           "museum_table", "trap_table"]
+__all__ = ["EXHIBITS", "PROBES", "AuditReport", "Finding", "ProbeResult", "TrapTable", "WorstPair",
+           "audit", "audit_trainer", "museum_table", "response_mask_from_features", "trap_table"]

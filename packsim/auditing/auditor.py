@@ -56,7 +56,7 @@ from packsim.core.errors import PacksimError
 
 # Float tolerance for "unchanged", by logits dtype. Measured cross-example changes of a leaking
 # tiny Llama are 1e-2..1; an isolating forward gives exactly 0 or float round-off (~1e-7).
-_TOL = {torch.float64: 1e-9, torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 3e-2}
+TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 3e-2}
 
 
 def _pipeline(model, batch, response_mask, forward_kwargs) -> Pipeline:
@@ -70,7 +70,7 @@ def _pipeline(model, batch, response_mask, forward_kwargs) -> Pipeline:
     )
 
 
-def _baseline(p: Pipeline, seed: int) -> Out:
+def baseline(p: Pipeline, seed: int) -> Out:
     device = model_device(p.model)
     try:
         with torch.no_grad(), same_randomness(seed, device):
@@ -111,9 +111,9 @@ def audit(model, batch, response_mask=None, *, max_examples: int = 16, tol: floa
     """
     start = time.perf_counter()
     p = _pipeline(model, batch, response_mask, forward_kwargs)
-    base_out = _baseline(p, seed)
+    base_out = baseline(p, seed)
     base = base_out.logits.float()
-    tol = _TOL.get(base_out.logits.dtype, 1e-5) if tol is None else float(tol)
+    tol = TOLERANCE.get(base_out.logits.dtype, 1e-5) if tol is None else float(tol)
     chosen = probe_examples(len(p.example_ids), max_examples)
     probes: dict[str, ProbeResult] = {}
     probes["perturbation"], change = perturbation(p, base, chosen, tol, seed)
@@ -124,12 +124,12 @@ def audit(model, batch, response_mask=None, *, max_examples: int = 16, tol: floa
     return AuditReport(
         probes=probes, boundaries=p.boundaries, example_ids=p.example_ids, forward=p.forward,
         logit_change=change, gradient_ratio=ratio, attention_outside=outside,
-        worst_pair=_worst_pair(p.example_ids, change, ratio),
+        worst_pair=worst_pair(p.example_ids, change, ratio),
         causes=likely_causes(p, probes, base_out), seconds=time.perf_counter() - start,
     )
 
 
-def _worst_pair(ids: list[int], change: torch.Tensor, ratio) -> WorstPair | None:
+def worst_pair(ids: list[int], change: torch.Tensor, ratio) -> WorstPair | None:
     cross = torch.nan_to_num(change.clone().fill_diagonal_(float("nan")), nan=-1.0)
     if len(ids) < 2 or float(cross.max()) <= 0:  # nothing moved: no offending pair
         return None

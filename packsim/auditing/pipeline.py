@@ -152,7 +152,7 @@ def dict_pipeline(model, batch: Mapping, response_mask, forward_kwargs) -> Pipel
     seq, ex_ids, source = _dict_boundaries(fields)  # checks input_ids is (B, T) first
     ids = fields["input_ids"]
     _check_field_shapes(fields, ids.shape)
-    roles, notes = _dict_roles(model, fields, seq, _check_response_mask(response_mask, ids.shape))
+    roles, notes = dict_roles(model, fields, seq, _check_response_mask(response_mask, ids.shape))
     fields_no_ids = {k: v for k, v in fields.items() if k != "input_ids"}
 
     def run(input_ids=None, inputs_embeds=None, output_attentions=False) -> Out:
@@ -212,7 +212,7 @@ def _no_boundaries(why: str) -> PacksimError:
     )
 
 
-def _dict_roles(model, fields: dict, seq: torch.Tensor, mask) -> tuple[torch.Tensor, list[str]]:
+def dict_roles(model, fields: dict, seq: torch.Tensor, mask) -> tuple[torch.Tensor, list[str]]:
     """Role per token (B, T) for a dict batch: padding, row start, boundary, then prompt/response."""
     roles = torch.full_like(seq, int(Role.UNKNOWN))
     notes = []

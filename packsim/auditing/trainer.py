@@ -26,7 +26,7 @@ from dataclasses import replace
 import torch
 
 from packsim.auditing.accumulation import loss_over_accumulation
-from packsim.auditing.auditor import _TOL, _baseline, _worst_pair
+from packsim.auditing.auditor import TOLERANCE, baseline, worst_pair
 from packsim.auditing.causes import likely_causes
 from packsim.auditing.features import feature_response_masks
 from packsim.auditing.findings import (
@@ -37,7 +37,7 @@ from packsim.auditing.findings import (
     loss_across_devices,
     static_findings,
 )
-from packsim.auditing.pipeline import Out, Pipeline, _dict_roles, logits_of
+from packsim.auditing.pipeline import Out, Pipeline, dict_roles, logits_of
 from packsim.auditing.probes import (
     attention_mass,
     gradient,
@@ -180,7 +180,7 @@ def _pipeline(trainer, model, view: BatchView, features, forward_kwargs, autocas
 
     seq, S = view.seq, int(view.seq.max()) + 1 if bool((view.seq >= 0).any()) else 0
     mask, note = _response_mask(trainer, view, features)
-    roles, notes = _dict_roles(model, fields, seq, mask)
+    roles, notes = dict_roles(model, fields, seq, mask)
     if note:
         notes[0] = f"prompt/response from {note}"
     pos = fields.get("position_ids")
@@ -203,9 +203,9 @@ def _pipeline(trainer, model, view: BatchView, features, forward_kwargs, autocas
 def _probe(p: Pipeline, view: BatchView, seed: int, max_examples: int, tol) -> tuple[AuditReport, Out]:
     """The five probes of :func:`packsim.audit` on one batch (leak probes skipped for one example)."""
     start = time.perf_counter()
-    base_out = _baseline(p, seed)
+    base_out = baseline(p, seed)
     base = base_out.logits.float()
-    tol = _TOL.get(base_out.logits.dtype, 1e-5) if tol is None else float(tol)
+    tol = TOLERANCE.get(base_out.logits.dtype, 1e-5) if tol is None else float(tol)
     S = len(p.example_ids)
     probes: dict[str, ProbeResult] = {}
     change, ratio, outside = torch.full((S, S), float("nan")), None, None
@@ -228,7 +228,7 @@ def _probe(p: Pipeline, view: BatchView, seed: int, max_examples: int, tol) -> t
     report = AuditReport(
         probes=probes, boundaries=p.boundaries, example_ids=p.example_ids, forward=p.forward,
         logit_change=change, gradient_ratio=ratio, attention_outside=outside,
-        worst_pair=_worst_pair(p.example_ids, change, ratio), causes=causes,
+        worst_pair=worst_pair(p.example_ids, change, ratio), causes=causes,
         seconds=time.perf_counter() - start,
     )
     return report, base_out
