@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from packsim.auditing.report import Finding
+from packsim.core.segments import run_starts
 
 _MASKING_IMPLS = ("eager", "sdpa", "flex_attention")  # transformers' masking_utils builds their masks
 _FA_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
@@ -49,8 +50,8 @@ class BatchView:
     @property
     def restarts(self) -> int:
         """How many examples start after a row's first token, by the batch's own fields."""
-        s = self.field_seq
-        return int(((s[:, 1:] != s[:, :-1]) & (s[:, 1:] >= 0)).sum())
+        s = self.field_seq  # (B, T) example id per token, -1 padding
+        return int((run_starts(s)[:, 1:] & (s[:, 1:] >= 0)).sum())
 
 
 def _max_per_row(seq: torch.Tensor) -> int:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from packsim.core.device import model_device
 from packsim.core.errors import PacksimError
 
 LEAK_PROBES = ("perturbation", "gradient", "attention_mass")
@@ -233,7 +234,7 @@ def measure_cell(model, family: str, impl: str, condition: str, *, tol: float = 
     if reason:
         return Cell(family, impl, condition, "not run", note=reason)
     batch, kwargs, seq = condition_batch(condition, seed)
-    device = next(model.parameters()).device
+    device = model_device(model)
     batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
     try:
         with _flex_mode(compile_flex or impl != "flex_attention"):
