@@ -158,3 +158,10 @@ def test_classify_tiles_wrong_shape_and_stub():
     fb = check_classify_tiles(lambda L, t: torch.zeros(2, 2))
     assert not fb.passed and "shape" in _text(fb)
     assert check_classify_tiles(_stub).attempted is False
+
+
+def test_work_ratio_unknown_slip_gets_numbers_not_a_generic_line():
+    fb = check_work_ratio(lambda L: sum(x * x for x in L) / sum(L))
+    assert not fb.passed and "by n, not by n^2" in _text(fb)
+    fb = check_work_ratio(lambda L: 0.5 * sum(x * x for x in L) / sum(L) ** 2 + 0.01)
+    assert not fb.passed and "usual slips" not in _text(fb) and "sum l^2 =" in _text(fb)

@@ -177,8 +177,17 @@ def check_work_ratio(work_ratio) -> Feedback:
             got, 1 / len(lengths), rel_tol=1e-6
         ):
             why = "That only depends on the number of sequences, not on their lengths."
+        elif math.isclose(got, sum(L * L for L in lengths) / N, rel_tol=1e-6):
+            why = "You divided sum L^2 by N, not by N^2: the dense matrix has N x N score pairs."
+        elif math.isclose(got, max(lengths) ** 2 / N**2, rel_tol=1e-6):
+            why = "You squared only the longest sequence: every sequence adds its own L^2."
+        elif got > 1:
+            why = (f"A share of the dense work cannot exceed 1; you returned {got:.6g} "
+                   f"(sum L^2 = {sum(L * L for L in lengths):,}, N^2 = {N * N:,}).")
         else:
-            why = "That is not one of the usual slips."
+            why = (f"Your value is {got / want if want else float('inf'):.3g} times the right one: for "
+                   f"these lengths sum L^2 = {sum(L * L for L in lengths):,} and N^2 = {N * N:,} "
+                   f"(N = {N}), so the share is {want:.6g}.")
         return fail(
             f"work_ratio({lengths}) returned {got:.6g}, expected {want:.6g}. {why}",
             "a varlen kernel scores L_i x L_i pairs per sequence; dense scores N x N with "
