@@ -45,9 +45,9 @@ import torch
 import torch.distributed as dist
 
 from packsim.core.batch import PackedBatch
-from packsim.core.device import get_device
+from packsim.core.device import get_device, model_device
 from packsim.core.errors import PacksimError
-from packsim.core.loss import IGNORE_INDEX, make_labels, token_losses
+from packsim.core.loss import IGNORE_INDEX, token_losses
 from packsim.core.model import build_model
 from packsim.core.rank_balance import pack_costs, straggler_ratio
 from packsim.core.setups import get_setup
@@ -98,7 +98,7 @@ def train_data_parallel(model, examples: list, setup="correct", cfg: TrainConfig
     setup = get_setup(setup)
     rank, world_size, _ = world() if dist.is_initialized() else (0, 1, 0)
     validate(len(examples), cfg, world_size, grad_accum, normalise, balance)
-    device = next(model.parameters()).device
+    device = model_device(model)
     torch.manual_seed(seed)
     model.train()
     ids = [device.index] if device.type == "cuda" else None  # one device per process
@@ -131,7 +131,7 @@ def train_data_parallel(model, examples: list, setup="correct", cfg: TrainConfig
                 (summed * float(scale[rank, m])).backward()
             sums[0] += float(summed.detach()) * float(w[rank, m])
             if real_mb[m]:  # the stand-in of an empty micro-batch has no response, no tokens
-                response = make_labels(batch.input_ids, batch.roles, "completion")  # (B, T)
+                response = batch.completion_labels  # (B, T)
                 sums[1] += float(token_losses(logits.detach().float(), response).sum())
                 sums[2] += float((response[:, 1:] != IGNORE_INDEX).sum())
                 sums[3] += float(batch.input_ids.numel())

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from packsim.core.collator import PackingCollator
+from packsim.core.device import model_device
 from packsim.core.errors import PacksimError
 from packsim.core.setups import get_setup
 from packsim.experiment.results import RunResult, StepRecord
@@ -75,7 +76,7 @@ def train_with_trainer(model, examples: list, setup, cfg: TrainConfig, seed: int
         save_strategy="no",
         remove_unused_columns=False,
         dataloader_num_workers=0,
-        use_cpu=next(model.parameters()).device.type == "cpu",
+        use_cpu=model_device(model).type == "cpu",
         seed=seed,
         disable_tqdm=True,
         ddp_find_unused_parameters=False,
