@@ -30,6 +30,7 @@ module                         notebook                     checks
                                                             isolating_call
 ``lesson07_varlen_internals``  07_flash_varlen_internals    count_tiles, work_ratio, classify_tiles
 ``lesson08_interview``         08_interview_drills          review, q1_answer, diagnosis
+``lesson09_scaling_out``       09_scaling_out               global_loss, backward_scale
 =============================  ===========================  ======================================
 
 Each check is ``check_<name>`` in the module; its reference solution is ``<name>`` in
