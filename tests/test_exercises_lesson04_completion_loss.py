@@ -12,6 +12,7 @@ from packsim.course.exercises.lesson04_completion_loss import (
     check_per_token_loss,
     label_batch,
     label_candidates,
+    row_layout,
     show_candidates,
 )
 from packsim.course.solutions import lesson04_completion_loss as sol
@@ -21,12 +22,19 @@ def _text(fb) -> str:
     return f"{fb.message} {fb.hint}".lower()
 
 
-def _labels_keeping(*roles_kept):
-    def fn(ids, roles):
-        keep = torch.zeros_like(ids, dtype=torch.bool)
-        for r in roles_kept:
-            keep |= roles == r
-        return torch.where(keep, ids, torch.full_like(ids, IGNORE_INDEX))
+def _labels(first=0, last=0, pad=False, offsets=True):
+    """A completion_labels variant: response slice [start + p + first, start + n + last)."""
+
+    def fn(ids, lengths, prompts):
+        out = torch.full_like(ids, IGNORE_INDEX)
+        start = 0
+        for n, p in zip(lengths, prompts, strict=True):
+            a, b = start + p + first, start + n + last
+            out[a:b] = ids[a:b]
+            start += n if offsets else 0
+        if pad:
+            out[sum(lengths):] = ids[sum(lengths):]
+        return out
 
     return fn
 
@@ -39,45 +47,62 @@ def test_label_batch_has_every_role():
     assert roles == {int(r) for r in Role if r != Role.UNKNOWN}  # UNKNOWN: the audit's, never packed
 
 
+def test_row_layout_covers_the_row():
+    batch = label_batch()
+    for row in range(batch.input_ids.shape[0]):
+        lengths, prompts = row_layout(batch, row)
+        assert sum(lengths) == int((batch.seq_ids[row] >= 0).sum())
+        assert all(0 < p < n for p, n in zip(prompts, lengths, strict=True))
+
+
+def test_labels_reference_passes():
+    assert check_completion_labels(sol.completion_labels).passed
+
+
 def test_labels_eos_dropped():
-    fb = check_completion_labels(_labels_keeping(Role.RESPONSE))
+    fb = check_completion_labels(_labels(last=-1))
     assert not fb.passed and "dropped" in _text(fb) and "eos" in _text(fb) and "stop" in _text(fb)
 
 
-def test_labels_prompt_kept():
-    fb = check_completion_labels(_labels_keeping(Role.RESPONSE, Role.EOS, Role.PROMPT))
+def test_labels_last_prompt_token_kept():
+    fb = check_completion_labels(_labels(first=-1))
     assert not fb.passed and "kept" in _text(fb) and "prompt" in _text(fb)
 
 
-def test_labels_boundary_kept():
-    fb = check_completion_labels(_labels_keeping(Role.RESPONSE, Role.EOS, Role.BOUNDARY))
-    assert not fb.passed and "boundary" in _text(fb) and "prompt" not in fb.message
+def test_labels_first_response_token_dropped():
+    fb = check_completion_labels(_labels(first=1))
+    assert not fb.passed and "dropped" in _text(fb) and "response" in _text(fb)
+
+
+def test_labels_whole_example_kept_names_prompt_and_boundary():
+    fb = check_completion_labels(_labels(first=-10**6))
+    assert not fb.passed and "prompt" in fb.message and "boundary" in fb.message
 
 
 def test_labels_padding_kept():
-    fb = check_completion_labels(_labels_keeping(Role.RESPONSE, Role.EOS, Role.PAD))
+    fb = check_completion_labels(_labels(pad=True))
     assert not fb.passed and "padding" in _text(fb)
 
 
-def test_labels_all_tokens_names_every_mistake():
-    fb = check_completion_labels(lambda ids, roles: ids.clone())
-    assert not fb.passed and all(w in fb.message for w in ("prompt", "boundary", "padding"))
+def test_labels_no_running_offset():
+    fb = check_completion_labels(_labels(offsets=False))
+    assert not fb.passed and "position 0" in _text(fb) and "offset" in _text(fb)
 
 
 def test_labels_first_token_is_free():
-    def keep_first(ids, roles):
-        labels = sol.completion_labels(ids, roles)
-        labels[:, 0] = ids[:, 0]  # never a target after the shift: harmless
+    def keep_first(ids, lengths, prompts):
+        labels = sol.completion_labels(ids, lengths, prompts)
+        labels[0] = ids[0]  # never a target after the shift: harmless
         return labels
 
     assert check_completion_labels(keep_first).passed
 
 
 def test_labels_shifted():
-    def shifted(ids, roles):
-        right = sol.completion_labels(ids, roles)
+    def shifted(ids, lengths, prompts):
+        right = sol.completion_labels(ids, lengths, prompts)
         out = torch.full_like(right, IGNORE_INDEX)
-        out[:, :-1] = right[:, 1:]
+        out[:-1] = right[1:]
         return out
 
     fb = check_completion_labels(shifted)

@@ -1,6 +1,7 @@
 """Checks for the exercises of notebook 04_completion_only_loss.
 
-- :func:`check_completion_labels`: input ids and roles of packed rows -> completion-only labels;
+- :func:`check_completion_labels`: one packed row (T,), its example lengths and prompt lengths ->
+  completion-only labels (the learner derives the roles);
 - :func:`check_per_token_loss`: per-token losses of several micro-batches -> the loss of the
   optimiser step, normalised per response token;
 - :func:`check_correct_row`: which of four candidate label rows (:func:`label_candidates`,
@@ -29,6 +30,7 @@ __all__ = [
     "check_correct_row",
     "CORRECT_LETTER",
     "label_batch",
+    "row_layout",
     "label_candidates",
     "show_candidates",
     "LOSS_CASES",
@@ -71,41 +73,74 @@ _MISTAKE_HINTS = {
 }
 
 
+def row_layout(batch: PackedBatch, row: int) -> tuple[list[int], list[int]]:
+    """(lengths, prompt_lengths) of the examples of one packed row, in order, from its roles.
+
+    An example's prompt counts its <bos> (role FIRST or BOUNDARY) and its PROMPT tokens; its length
+    adds the RESPONSE tokens and the EOS. Padding follows the last example.
+    """
+    seq, roles = batch.seq_ids[row], batch.roles[row]  # (T,)
+    lengths, prompts = [], []
+    for sid in seq[seq >= 0].unique_consecutive().tolist():
+        mine = roles[seq == sid]
+        lengths.append(int(mine.numel()))
+        prompts.append(int(((mine == Role.PROMPT) | (mine == Role.BOUNDARY) | (mine == Role.FIRST)).sum()))
+    return lengths, prompts
+
+
+def _no_offsets(ids: torch.Tensor, lengths, prompts) -> torch.Tensor:
+    """The slip of placing every example at position 0 (no running offset)."""
+    out = torch.full_like(ids, IGNORE_INDEX)
+    for n, p in zip(lengths, prompts, strict=True):
+        out[p:n] = ids[p:n]
+    return out
+
+
 @check("completion-only labels")
 def check_completion_labels(fn) -> Feedback:
-    """``fn(input_ids (B, T) long, roles (B, T) uint8) -> labels (B, T) long``."""
+    """``fn(input_ids (T,) long, lengths list[int], prompt_lengths list[int]) -> labels (T,) long``."""
     batch = label_batch()
-    ids, roles = batch.input_ids, batch.roles
-    got = fn(ids.clone(), roles.clone())
-    if not isinstance(got, torch.Tensor):
-        return fail(f"you returned a {type(got).__name__}, not a torch.Tensor.",
-                    "start from input_ids.clone() and write -100 where a token is not counted.")
-    if tuple(got.shape) != tuple(ids.shape):
-        return fail(f"your labels have shape {tuple(got.shape)}; input_ids has {tuple(ids.shape)}.",
-                    "labels are aligned with input_ids (same shape); the model shifts them itself.")
-    if got.dtype != torch.long:
-        return fail(f"your labels have dtype {got.dtype}; cross_entropy needs torch.long.",
-                    "use torch.where(keep, input_ids, -100) or input_ids.clone().")
-    want = make_labels(ids, roles, "completion")  # (B, T)
-    if torch.equal(got[:, 1:], want[:, 1:]):
-        return ok("right: only response tokens and their EOS count; prompt, boundary and padding "
-                  "tokens are -100.")
-    shifted = torch.full_like(want, IGNORE_INDEX)
-    shifted[:, :-1] = want[:, 1:]  # labels[t] = input_ids[t + 1]: a pre-shifted row
-    if torch.equal(got[:, 1:], shifted[:, 1:]):
-        return fail("your labels are shifted by one: labels[t] holds input_ids[t + 1].",
-                    "in transformers labels are aligned with input_ids; the loss shifts them.")
-    problems = _label_mistakes(got, roles)
-    if problems:
-        words = [w for w in _MISTAKE_HINTS if any(p.endswith(f" {w} token(s)") for p in problems)]
-        return fail("; ".join(problems) + f" (in {tuple(ids.shape)} packed rows).",
-                    " ".join(_MISTAKE_HINTS[w] for w in words))
-    bad = ((got != want) & (want != IGNORE_INDEX)).nonzero()[0].tolist()
-    return fail(
-        f"the counted positions are right, but at row {bad[0]}, token {bad[1]} your label is "
-        f"{int(got[bad[0], bad[1]])}, expected the token id {int(want[bad[0], bad[1]])}.",
-        "a counted label is the token id itself (input_ids), not a role or a 1.",
-    )
+    for row in range(batch.input_ids.shape[0]):
+        ids, roles = batch.input_ids[row], batch.roles[row]  # (T,)
+        lengths, prompts = row_layout(batch, row)
+        where = f"for row {row} (lengths {lengths}, prompt lengths {prompts}, {ids.numel()} tokens)"
+        got = fn(ids.clone(), list(lengths), list(prompts))
+        if not isinstance(got, torch.Tensor):
+            return fail(f"{where} you returned a {type(got).__name__}, not a torch.Tensor.",
+                        "start from torch.full_like(input_ids, -100) and copy the counted tokens.")
+        if tuple(got.shape) != tuple(ids.shape):
+            return fail(f"{where} your labels have shape {tuple(got.shape)}; input_ids has "
+                        f"{tuple(ids.shape)}.",
+                        "labels are aligned with input_ids (same shape); the model shifts them itself.")
+        if got.dtype != torch.long:
+            return fail(f"{where} your labels have dtype {got.dtype}; cross_entropy needs torch.long.",
+                        "use torch.full_like(input_ids, -100), then copy token ids into it.")
+        want = make_labels(ids[None], roles[None], "completion")[0]  # (T,)
+        if torch.equal(got[1:], want[1:]):
+            continue
+        if len(lengths) > 1 and torch.equal(got[1:], _no_offsets(ids, lengths, prompts)[1:]):
+            return fail(f"{where} you placed every example at position 0: example i starts at "
+                        "sum(lengths[:i]), not at 0.",
+                        "keep a running offset: start = 0; after each example, start += length.")
+        shifted = torch.full_like(want, IGNORE_INDEX)
+        shifted[:-1] = want[1:]
+        if torch.equal(got[1:], shifted[1:]):
+            return fail(f"{where} your labels are shifted by one: labels[t] holds input_ids[t + 1].",
+                        "in transformers labels are aligned with input_ids; the loss shifts them.")
+        problems = _label_mistakes(got[None], roles[None])
+        if problems:
+            words = [w for w in _MISTAKE_HINTS if any(p.endswith(f" {w} token(s)") for p in problems)]
+            extra = (" The response of an example runs from start + prompt_length to start + length - 1, "
+                     "its EOS included.")
+            return fail(f"{where} " + "; ".join(problems) + ".",
+                        " ".join(_MISTAKE_HINTS[w] for w in words) + extra)
+        bad = int(((got != want) & (want != IGNORE_INDEX)).nonzero()[0])
+        return fail(f"{where} the counted positions are right, but at token {bad} your label is "
+                    f"{int(got[bad])}, expected the token id {int(want[bad])}.",
+                    "a counted label is the token id itself (input_ids), not a role or a 1.")
+    return ok("right: from lengths and prompt lengths alone you placed each example, ignored its "
+              "prompt (its <bos>, the boundary, included) and the padding, and kept its response "
+              "and EOS.")
 
 
 # Micro-batches of per-token losses the loss check tries (one 1-D tensor per micro-batch).

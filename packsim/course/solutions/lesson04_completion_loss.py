@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import torch
 
-from packsim.core.loss import IGNORE_INDEX, Role
+from packsim.core.loss import IGNORE_INDEX
 
 
-def completion_labels(input_ids: torch.Tensor, roles: torch.Tensor) -> torch.Tensor:
-    """input_ids, roles (B, T) -> labels (B, T): the token id on response and EOS tokens, else -100."""
-    keep = (roles == Role.RESPONSE) | (roles == Role.EOS)  # (B, T)
-    return torch.where(keep, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
+def completion_labels(input_ids: torch.Tensor, lengths: list[int], prompt_lengths: list[int]) -> torch.Tensor:
+    """One packed row (T,) -> labels (T,): each example's response and EOS keep their ids, else -100.
+
+    Example i occupies [start, start + lengths[i]); its first prompt_lengths[i] tokens (its <bos>
+    included) are the prompt; whatever follows the last example is padding.
+    """
+    labels = torch.full_like(input_ids, IGNORE_INDEX)  # (T,)
+    start = 0
+    for n, p in zip(lengths, prompt_lengths, strict=True):
+        labels[start + p : start + n] = input_ids[start + p : start + n]  # response + EOS
+        start += n
+    return labels
 
 
 def per_token_loss(micro_batches: list[torch.Tensor]) -> torch.Tensor:
