@@ -47,29 +47,33 @@ def _resolve(dotted: str) -> str | None:
     return _defining_module(obj, owner)
 
 
-def _code(notebook: Path) -> str:
+def _cells(notebook: Path) -> list[str]:
+    """The notebook's code cells as plain Python (IPython's own transformer turns ``!``/``%`` into calls)."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    transform = TransformerManager().transform_cell
     nb = nbformat.read(notebook, as_version=4)
-    lines = []
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            lines += [ln for ln in cell.source.splitlines() if not ln.lstrip().startswith(("!", "%"))]
-    return "\n".join(lines)
+    return [transform(cell.source) for cell in nb.cells if cell.cell_type == "code"]
 
 
 def modules_used(notebook: Path | str) -> set[str]:
     """The packsim modules a notebook's code imports or calls into."""
-    code = _code(Path(notebook))
     used: set[str] = set()
-    for node in ast.walk(ast.parse(code)):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("packsim"):
-            for alias in node.names:
-                used.add(_resolve(f"{node.module}.{alias.name}") or node.module)
-        elif isinstance(node, ast.Import):
-            used.update(a.name for a in node.names if a.name.startswith("packsim."))
-    for match in _ATTR_RE.finditer(code):
-        target = _resolve("packsim" + match.group(1))
-        if target:
-            used.add(target)
+    for code in _cells(Path(notebook)):
+        try:
+            tree = ast.parse(code)
+        except SyntaxError as err:
+            raise SyntaxError(f"{notebook}: a code cell does not parse ({err.msg}, line {err.lineno})") from err
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("packsim"):
+                for alias in node.names:
+                    used.add(_resolve(f"{node.module}.{alias.name}") or node.module)
+            elif isinstance(node, ast.Import):
+                used.update(a.name for a in node.names if a.name.startswith("packsim."))
+        for match in _ATTR_RE.finditer(code):
+            target = _resolve("packsim" + match.group(1))
+            if target:
+                used.add(target)
     return {m for m in used if m != "packsim"}
 
 
