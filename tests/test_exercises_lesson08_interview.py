@@ -5,10 +5,12 @@ from __future__ import annotations
 from packsim.course.exercises.lesson08_interview import (
     BUGS,
     CAUSES,
+    FOLLOWUPS,
     Q1_STATEMENTS,
     REVIEW_SNIPPET,
     SYMPTOMS,
     check_diagnosis,
+    check_followups,
     check_q1_answer,
     check_review,
 )
@@ -113,3 +115,32 @@ def test_diagnosis_incomplete_and_bad_values():
     assert not fb.passed and "not a cause" in _text(fb)
     assert check_diagnosis(...).attempted is False
     assert not check_diagnosis(["s1"]).passed
+
+
+# ----------------------------------------------------------------------------- follow-ups
+
+
+def test_followups_reference_passes():
+    fb = check_followups(sol.followups)
+    assert fb.passed and fb.attempted, fb
+
+
+def test_followups_wrong_answer_says_why():
+    fb = check_followups({**sol.followups, "f6": "too large"})
+    assert not fb.passed and "never launched" in _text(fb) and "1 of 8" in _text(fb)
+
+
+def test_followups_bad_input():
+    assert "dict" in _text(check_followups(["dQ"]))
+    assert "no answer" in _text(check_followups({"f1": "dQ"}))
+    assert "not one of its options" in _text(check_followups({**sol.followups, "f2": "maybe"}))
+
+
+def test_followups_each_right_option_is_an_option():
+    assert len(FOLLOWUPS) >= 5
+    assert all(right in options for _, options, right, _ in FOLLOWUPS.values())
+
+
+def test_attention_flops_share_matches_the_formula():
+    d, length = 4096, 512
+    assert 0.005 < length / (12 * d + length) < 0.015

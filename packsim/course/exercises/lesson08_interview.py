@@ -1,12 +1,14 @@
 """Checks for notebook 08_interview_drills: a code review, interview question 1, symptoms to bugs.
 
-Three exercises:
+Four exercises:
 
 - ``review``: the set of bug ids (from :data:`BUGS`) hiding in :data:`REVIEW_SNIPPET`;
 - ``q1_answer``: the statements (letters of :data:`Q1_STATEMENTS`) that belong in a strong answer
   to "how does FlashAttention do block-diagonal masking without a dense mask?";
 - ``diagnosis``: for each symptom in :data:`SYMPTOMS`, which bug causes it: ``"attention"``
-  (cross-example attention), ``"loss"`` (loss on the wrong tokens) or ``"neither"``.
+  (cross-example attention), ``"loss"`` (loss on the wrong tokens) or ``"neither"``;
+- ``followups``: one option per follow-up drill of :data:`FOLLOWUPS` (varlen backward, sliding
+  window, GQA, cu_seqlens in the collator, RoPE positions, max_seqlen, FLOPs, ranks).
 
 The answer keys are written out by hand below with the reason for each entry; a check says which
 items were missed and why each false alarm is not a bug, never just "wrong".
@@ -25,6 +27,8 @@ __all__ = [
     "check_review",
     "check_q1_answer",
     "check_diagnosis",
+    "FOLLOWUPS",
+    "check_followups",
 ]
 
 # ----------------------------------------------------------------------------- code review
@@ -297,3 +301,75 @@ def check_diagnosis(diagnosis) -> Feedback:
         "ask of each symptom: does it need information to flow between examples (attention), or "
         "is it about which tokens are counted as targets (loss)?",
     )
+
+
+# ----------------------------------------------------------------------------- follow-up drills
+
+# drill id -> (question, options, right option, why)
+FOLLOWUPS = {
+    "f1": ("Varlen backward (FlashAttention-2): thread blocks own one key/value tile each and loop over "
+           "the query tiles that see it. Which gradient is summed across thread blocks in global memory?",
+           ("dQ", "dK", "dV"), "dQ",
+           "each block finishes dK and dV of its own key tile in registers, but every key tile adds a "
+           "piece to the same query rows' dQ, so dQ is accumulated across blocks (fp32 atomic adds)."),
+    "f2": ("Sliding window inside varlen: the window of a token near the start of example 2 reaches back "
+           "past the example's first token. Does it then see the end of example 1?",
+           ("yes", "no"), "no",
+           "the window is applied inside each example: a key is visible only if it is in the same "
+           "example AND inside the window. cu_seqlens bounds the key loop before the window does."),
+    "f3": ("GQA with varlen: q has 32 heads, k and v have 8. Must k and v be repeated to 32 heads before "
+           "calling flash_attn_varlen_func?",
+           ("yes", "no"), "no",
+           "the kernel maps query head h to key/value head h // (32 // 8) itself; cu_seqlens are the "
+           "same for q and k (same tokens), so nothing about packing changes."),
+    "f4": ("In the collator, which of these makes a host-device sync in the training step?",
+           ("max_seqlen = max(lengths) on the Python list",
+            "max_seqlen = int(cu_seqlens.diff().max()) on a CUDA tensor",
+            "torch.tensor(starts, dtype=torch.int32)"),
+           "max_seqlen = int(cu_seqlens.diff().max()) on a CUDA tensor",
+           "int() of a CUDA tensor waits for the GPU. Compute max_seqlen as a Python int from the "
+           "lengths the collator already has, build cu_seqlens as int32 with a leading 0, and move it "
+           "to the device with the batch."),
+    "f5": ("RoPE, a correct block-diagonal mask: do position ids that continue across the pack (instead of "
+           "restarting at 0) change any logit?",
+           ("yes", "no (up to float round-off)"), "no (up to float round-off)",
+           "RoPE scores depend on relative positions only, and the mask already isolates examples "
+           "(lesson 03 measures ~1e-7). Restarts matter for transformers' packed detection and for "
+           "absolute position embeddings."),
+    "f6": ("Which max_seqlen is the dangerous mistake in flash_attn_varlen_func?",
+           ("too large", "too small"), "too small",
+           "the grid has ceil(max_seqlen / tile) query tiles per example: too small and the tiles past it "
+           "are never launched, so those outputs are never written (silently). Too large only launches "
+           "empty tiles that exit at once."),
+    "f9": ("Hidden size d = 4096, examples of L = 512 tokens. Roughly what share of a layer's forward "
+           "FLOPs is the causal attention (scores and weighted sum)?",
+           ("about 1%", "about 10%", "about 50%"), "about 1%",
+           "per token the linear layers cost about 24 d^2 FLOPs (QKV, output, a 4d MLP) and causal "
+           "attention about 2 L d: a share of L / (12 d + L) = 512 / 49664, about 1%. For short "
+           "examples removing padding matters more than the sum of squared lengths."),
+    "f10": ("Two data-parallel ranks hold 100 and 900 response tokens. Each divides its summed loss by its "
+            "own count, then DDP averages the gradients. Does every token weigh the same?",
+            ("yes", "no"), "no",
+            "each rank's mean weighs its tokens by 1/100 or 1/900, then the ranks count equally: a token "
+            "on the sparse rank weighs 9x more. Divide by the global count (all-reduce the counts over "
+            "ranks and micro-batches; transformers: average_tokens_across_devices, lesson 09)."),
+}
+
+
+@check("follow-up drills")
+def check_followups(followups) -> Feedback:
+    """``followups``: a dict drill id -> one of that drill's options (see :data:`FOLLOWUPS`)."""
+    if not isinstance(followups, dict):
+        return fail(f"followups should be a dict, got {type(followups).__name__}.",
+                    'write it like {"f1": "dQ", "f2": "no", ...}.')
+    missing = [k for k in FOLLOWUPS if k not in followups]
+    if missing:
+        return fail(f"no answer for {missing}.", f"answer every drill: {list(FOLLOWUPS)}.")
+    for k, v in followups.items():
+        if k in FOLLOWUPS and v not in FOLLOWUPS[k][1]:
+            return fail(f"{k}: {v!r} is not one of its options.", f"choose one of {list(FOLLOWUPS[k][1])}.")
+    wrong = [k for k, (_, _, right, _) in FOLLOWUPS.items() if followups[k] != right]
+    if not wrong:
+        return ok(f"all {len(FOLLOWUPS)} right. " + " ".join(f"{k}: {FOLLOWUPS[k][3]}" for k in list(FOLLOWUPS)[:2]))
+    return fail(f"{len(wrong)} of {len(FOLLOWUPS)} wrong: " + " ".join(f"{k}: {FOLLOWUPS[k][3]}" for k in wrong),
+                "reread the model answers of the drills above.")

@@ -18,3 +18,15 @@ diagnosis = {
     "s6": "neither",
     "s7": "loss",
 }
+
+# One option per follow-up drill (reasons in FOLLOWUPS of the checks module).
+followups = {
+    "f1": "dQ",
+    "f2": "no",
+    "f3": "no",
+    "f4": "max_seqlen = int(cu_seqlens.diff().max()) on a CUDA tensor",
+    "f5": "no (up to float round-off)",
+    "f6": "too small",
+    "f9": "about 1%",
+    "f10": "no",
+}
