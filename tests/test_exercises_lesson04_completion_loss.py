@@ -7,11 +7,15 @@ import torch
 from packsim.core.loss import IGNORE_INDEX, Role
 from packsim.course.exercises.lesson04_completion_loss import (
     CORRECT_LETTER,
+    TEMPLATE,
+    boundary_cases,
     check_completion_labels,
     check_correct_row,
     check_per_token_loss,
+    check_response_start,
     label_batch,
     label_candidates,
+    lesson_bpe,
     row_layout,
     show_candidates,
 )
@@ -174,3 +178,80 @@ def test_show_candidates_prints_a_column_per_token(capsys):
     lines = capsys.readouterr().out.splitlines()
     T = label_candidates().input_ids.numel()
     assert len(lines) == 6 and all(len(line.split()) == T + 1 for line in lines)
+
+
+# ----------------------------------------------------------------------------- the template trap
+
+
+def _template_search(not_found):
+    """The naive answer: the index after the first occurrence of the template's ids tokenized alone."""
+    template = lesson_bpe().encode(TEMPLATE).ids
+
+    def fn(full_ids, prompt_ids):
+        for i in range(len(full_ids) - len(template) + 1):
+            if full_ids[i : i + len(template)] == template:
+                return i + len(template)
+        return not_found(full_ids, prompt_ids)
+
+    return fn
+
+
+def test_boundary_cases_cover_clean_and_merged_boundaries():
+    cases = boundary_cases()
+    assert {c.task for c in cases if c.merged} == {"add", "sort", "reverse", "kv"}
+    assert {c.task for c in cases if not c.merged} == {"add", "sort", "reverse"}
+    template = lesson_bpe().encode(TEMPLATE).ids
+    for c in cases:
+        # the offsets' answer is also where the two tokenizations stop agreeing
+        assert c.start == sol.response_start(list(c.full_ids), list(c.prompt_ids))
+        assert c.merged == (c.start < len(c.prompt_ids))
+        assert (template[0] in c.full_ids) != c.merged  # a merge hides the template
+
+
+def test_response_start_reference_passes():
+    assert check_response_start(sol.response_start).passed
+
+
+def test_response_start_stub_is_not_done_yet():
+    def stub(full_ids, prompt_ids):
+        raise NotImplementedError
+
+    fb = check_response_start(stub)
+    assert not fb.passed and fb.status == "not done yet"
+
+
+def test_template_search_that_raises_names_the_merge():
+    template = lesson_bpe().encode(TEMPLATE).ids
+    fb = check_response_start(lambda full, prompt: full.index(template[0]) + 1)
+    assert not fb.passed and "ValueError" in fb.message
+    assert "'add 7+73='" in fb.message and "'=8'" in fb.message  # the lesson's example
+    assert "merged" in fb.message and "finds nothing" in fb.message and "issues/588" in fb.message
+    assert "prompt_ids" in fb.hint
+
+
+def test_template_search_that_returns_minus_one_or_the_end_names_the_merge():
+    for not_found in (lambda full, prompt: -1, lambda full, prompt: len(full)):
+        fb = check_response_start(_template_search(not_found))
+        assert not fb.passed and "no response token would be counted" in fb.message
+        assert "merged" in fb.message and "finds nothing" in fb.message
+
+
+def test_template_search_that_falls_back_to_the_prompt_length():
+    fb = check_response_start(_template_search(lambda full, prompt: len(prompt)))
+    assert not fb.passed and "len(prompt_ids)" in fb.message and "prefix" in fb.message
+
+
+def test_prompt_length_names_the_prefix_assumption():
+    fb = check_response_start(lambda full, prompt: len(prompt))
+    assert not fb.passed and "len(prompt_ids) = 4" in fb.message and "prefix" in fb.message
+    assert "'=8'" in fb.message and "never trains" in fb.message
+
+
+def test_template_token_itself_is_prompt():
+    fb = check_response_start(lambda full, prompt: len(prompt) - 1)
+    assert not fb.passed and "template token itself" in fb.message
+
+
+def test_response_start_not_an_int():
+    fb = check_response_start(lambda full, prompt: str(len(prompt)))
+    assert not fb.passed and "not an int" in fb.message

@@ -5,18 +5,26 @@
 - :func:`check_per_token_loss`: per-token losses of several micro-batches -> the loss of the
   optimiser step, normalised per response token;
 - :func:`check_correct_row`: which of four candidate label rows (:func:`label_candidates`,
-  printed by :func:`show_candidates`) is the right one.
+  printed by :func:`show_candidates`) is the right one;
+- :func:`check_response_start`: the joint token ids of prompt + response and the prompt's own ids
+  (lists of ints, from the lesson's BPE tokenizer :func:`lesson_bpe`) -> the index of the first
+  token that holds a response character, also when a merge crosses the boundary
+  (:func:`boundary_cases`).
 
 The checks compare with answers computed independently: :func:`packsim.core.loss.make_labels` on
-packs built by :class:`packsim.PackedBatch`, and plain sums over the token losses.
+packs built by :class:`packsim.PackedBatch`, plain sums over the token losses, and the BPE's
+character offsets.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from dataclasses import dataclass
 
 import torch
+from tokenizers import Tokenizer, models, trainers
 
 from packsim.core.batch import PackedBatch
 from packsim.core.data import make_examples
@@ -34,6 +42,10 @@ __all__ = [
     "label_candidates",
     "show_candidates",
     "LOSS_CASES",
+    "check_response_start",
+    "lesson_bpe",
+    "boundary_cases",
+    "TEMPLATE",
 ]
 
 
@@ -271,3 +283,105 @@ def check_correct_row(answer) -> Feedback:
     return fail(_ROW_VERDICTS[letter] or f"row {letter} is not the right one.",
                 "compare each row with the role line: only r and e positions should show a token, "
                 "and each shown token should be the one directly above it.")
+
+
+# ----------------------------------------------------------------------------- the template trap
+
+TEMPLATE = "="  # the response template of the default tasks: every prompt ends with it
+
+
+@functools.cache
+def lesson_bpe() -> Tokenizer:
+    """The BPE tokenizer of the lesson's trap section, trained locally with the same recipe (no download).
+
+    Training is deterministic, so this is the lesson's ``bpe`` token for token.
+    """
+    corpus = [ex.prompt_text + ex.response_text for ex in make_examples(600, seed=11)]
+    bpe = Tokenizer(models.BPE())  # no pre-tokenizer: merges may cross any character
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=200, show_progress=False))
+    return bpe
+
+
+@dataclass(frozen=True)
+class BoundaryCase:
+    """One example tokenized alone (``prompt_ids``) and joined (``full_ids``), and where its response starts."""
+
+    task: str
+    prompt: str
+    response: str
+    prompt_ids: tuple[int, ...]
+    full_ids: tuple[int, ...]
+    start: int  # first token of full_ids whose characters reach past the prompt (from the offsets)
+
+    @property
+    def merged(self) -> bool:
+        """A token of ``full_ids`` straddles the prompt/response boundary."""
+        return self.full_ids[: len(self.prompt_ids)] != self.prompt_ids
+
+
+@functools.cache
+def boundary_cases() -> tuple[BoundaryCase, ...]:
+    """For each task, the first held-out example (``make_examples(300, seed=12)``, the lesson's) that
+    tokenizes cleanly at the boundary, then for each task the first one where a merge crosses it."""
+    bpe = lesson_bpe()
+    clean, merged = {}, {}
+    for ex in make_examples(300, seed=12):
+        joint = bpe.encode(ex.prompt_text + ex.response_text)
+        start = next(i for i, (_, end) in enumerate(joint.offsets) if end > len(ex.prompt_text))
+        case = BoundaryCase(ex.task, ex.prompt_text, ex.response_text,
+                            tuple(bpe.encode(ex.prompt_text).ids), tuple(joint.ids), start)
+        (merged if case.merged else clean).setdefault(ex.task, case)
+    order = ("add", "sort", "reverse", "kv")  # add first: the lesson's example is an add
+    return tuple(c[t] for c in (clean, merged) for t in order if t in c)
+
+
+@check("where the response starts")
+def check_response_start(fn) -> Feedback:
+    """``fn(full_ids list[int], prompt_ids list[int]) -> int``: the first token holding a response character."""
+    bpe = lesson_bpe()
+    template = bpe.encode(TEMPLATE).ids
+    hint = ("the prompt tokenized alone tells you where the prompt ends: compare full_ids with "
+            "prompt_ids position by position; the response starts at the first position where "
+            "they differ (len(prompt_ids) when the prompt is a whole prefix).")
+    for case in boundary_cases():
+        full, prompt, start = list(case.full_ids), list(case.prompt_ids), case.start
+        toks = [bpe.id_to_token(i) for i in full]
+        where = (f"for prompt {case.prompt!r} + response {case.response!r} (joint tokens {toks}, "
+                 f"prompt alone {[bpe.id_to_token(i) for i in prompt]})")
+        why = (f" The template {TEMPLATE!r} tokenized alone is {template}, but here it merged with "
+               f"the answer's first character(s) into {toks[start]!r} (id {full[start]}): its ids never "
+               "occur in the joint ids, so a search for them finds nothing (TRL's old collator "
+               "warned 'Could not find response key', https://github.com/huggingface/trl/issues/588)."
+               if case.merged and template[0] not in full and toks[start].startswith(TEMPLATE) else "")
+        try:
+            got = fn(list(full), list(prompt))
+        except NotImplementedError:
+            raise
+        except Exception as err:
+            return fail(f"{where} your function raised {type(err).__name__}: {err}.{why}", hint)
+        try:
+            got = operator.index(got)
+        except TypeError:
+            return fail(f"{where} you returned a {type(got).__name__}, not an int.",
+                        "return the index as an int (for a tensor, int(...)).")
+        if got == start:
+            continue
+        if case.merged and got == len(prompt):
+            return fail(f"{where} you returned len(prompt_ids) = {got}, which assumes the prompt's "
+                        f"tokens are a prefix of the joint tokens; here only the first {start} agree: "
+                        f"token {start} {toks[start]!r} already holds the start of the answer, so "
+                        "masking the labels before your index never trains the model on it.", hint)
+        if not 0 <= got < len(full):
+            return fail(f"{where} you returned {got}, not an index of the {len(full)} joint tokens: "
+                        f"no response token would be counted.{why}", hint)
+        if got < start:
+            what = ("the template token itself: it ends the prompt, the response starts after it"
+                    if toks[got:start] == [TEMPLATE] else f"prompt tokens {toks[got:start]} counted")
+            return fail(f"{where} you returned {got}, expected {start}: {what}.{why}", hint)
+        return fail(f"{where} you returned {got}, expected {start}: response tokens "
+                    f"{toks[start:got]} masked, never trained.{why}", hint)
+    return ok("right on every task, merged boundary or not: the response starts where the joint "
+              "tokens stop agreeing with the prompt's own tokens (TRL's SFTTrainer does the same "
+              "with trl.data_utils.common_prefix_length, and warns). A straddling token like '=8' is "
+              "still trained after a context the model never sees at inference (the prompt alone "
+              "ends with '='): fix 1, concatenating separately tokenized ids, avoids the question.")

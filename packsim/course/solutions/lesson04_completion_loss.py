@@ -29,3 +29,15 @@ def per_token_loss(micro_batches: list[torch.Tensor]) -> torch.Tensor:
 
 
 correct_row = "C"  # the correct row of label_candidates(): A drops EOS, B counts the boundary, D is shifted
+
+
+def response_start(full_ids: list[int], prompt_ids: list[int]) -> int:
+    """Index of the first token of ``full_ids`` (prompt + response tokenized together) that holds a
+    response character: where ``full_ids`` stops agreeing with ``prompt_ids`` (the prompt alone).
+
+    Never searches for the template's ids: a merge across the boundary changes them.
+    """
+    n = 0
+    while n < min(len(full_ids), len(prompt_ids)) and full_ids[n] == prompt_ids[n]:
+        n += 1
+    return n
