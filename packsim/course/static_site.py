@@ -11,13 +11,16 @@ its figures' data):
 - plotly.js: every page loads ``_static/plotly.min.js`` (copied from the plotly package) before
   anything else. The kernel runs with ``PLOTLY_RENDERER=plotly_mimetype+notebook``: the
   ``notebook`` half gives each figure an HTML version that draws with that global ``Plotly``,
-  but also displays a copy of plotly.js once per kernel, which :func:`build_page` drops from the
-  executed notebook before export (``plotly_mimetype`` keeps JupyterLab happy);
+  but also displays a copy of plotly.js once per kernel, which :func:`slim_outputs` drops from
+  the executed notebook before export (``plotly_mimetype`` keeps JupyterLab happy);
 - widgets: the widgets' state is saved at execution, and the page loads the Jupyter widget
-  manager (``@jupyter-widgets/html-manager``'s ``embed-amd.js`` and the woff2 icon fonts its CSS
-  uses) and ``requirejs`` from ``site/_static/``, copied from the npm registry's packages
-  (``npm install`` runs once into ``build/web``); figures in widgets' outputs keep only their HTML
-  version there (the widget manager draws that one);
+  manager from ``site/_static/``: ``@jupyter-widgets/html-manager``'s standalone ``embed.js``
+  (half the size of ``embed-amd.js``, which needs requirejs and only adds loading third-party
+  widget code from a CDN) and the woff2 icon fonts its CSS uses, copied from the npm registry's
+  package (``npm install`` runs once into ``build/web``). In the saved state, figures in widgets'
+  outputs keep only their HTML version (the one the widget manager draws) and layouts keep only
+  their set properties (an unset one is null, its default: ``@jupyter-widgets/base``'s
+  ``LayoutModel``);
 - JupyterLab's page style: ``_static/jupyterlab.css`` (nbconvert's lab template inlines it in
   every page otherwise);
 - packsim's widgets also show their static plotly figure under the widget when
@@ -46,24 +49,24 @@ from plotly.offline import get_plotlyjs
 from packsim.core.errors import PacksimError
 from packsim.course.notebook_tools import NotebookRunError, execute, find_notebooks
 
-__all__ = ["NPM_PACKAGES", "build_page", "build_site", "drop_shared_assets", "install_widget_assets", "main"]
+__all__ = ["NPM_PACKAGES", "build_page", "build_site", "slim_outputs", "install_widget_assets", "main"]
 
-NPM_PACKAGES = ("@jupyter-widgets/html-manager@^1.0.15", "requirejs@^2.3.7")
+NPM_PACKAGES = ("@jupyter-widgets/html-manager@^1.0.15",)
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_NPM_DIR = ROOT / "build" / "web"
 STATIC = "_static"
-MANAGER_JS = f"{STATIC}/html-manager/embed-amd.js"
-REQUIRE_JS = f"{STATIC}/require.js"
+MANAGER_JS = f"{STATIC}/html-manager/embed.js"
 PLOTLY_JS = f"{STATIC}/plotly.min.js"
 LAB_CSS = f"{STATIC}/jupyterlab.css"
 _LAB_STYLES = ("static/index.css", "static/theme-light.css")  # what the lab template inlines
 # The lab template with plotly.js loaded first (a page whose only figures sit inside widgets gets
-# none from plotly's renderer), JupyterLab's style linked from _static instead of inlined, and
-# without its MathJax <script> (a CDN; the lessons use no LaTeX) ...
+# none from plotly's renderer) instead of requirejs (the standalone widget manager needs none),
+# JupyterLab's style linked from _static instead of inlined, and without its MathJax and mermaid
+# scripts (CDNs; the lessons use neither LaTeX nor diagrams) ...
 _TEMPLATE = (
     "{%- extends 'lab/index.html.j2' -%}"
     "{%- block html_head_js_requirejs -%}"
-    f'<script src="{PLOTLY_JS}"></script>{{{{ super() }}}}'
+    f'<script src="{PLOTLY_JS}"></script>'
     "{%- endblock html_head_js_requirejs -%}"
     "{%- block notebook_css -%}"
     f'<link rel="stylesheet" href="{LAB_CSS}">'
@@ -71,6 +74,7 @@ _TEMPLATE = (
     " | replace(resources.include_css('static/theme-light.css'), '') }}"
     "{%- endblock notebook_css -%}"
     "{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}"
+    "{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}"
 )
 # ... and plotly's own MathJax <script src=CDN> that its `notebook` renderer puts by each figure.
 _MATHJAX_CDN = re.compile(r'<script[^>]*src="https://[^"]*mathjax[^"]*"[^>]*>\s*</script>', re.I)
@@ -80,15 +84,14 @@ _WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
 
 def install_widget_assets(site: Path, npm_dir: Path = DEFAULT_NPM_DIR) -> None:
-    """Copy the widget manager, requirejs, plotly.js and JupyterLab's page style into
-    ``site/_static``, the one copy every page shares (npm runs on first use).
+    """Copy the widget manager, plotly.js and JupyterLab's page style into ``site/_static``, the
+    one copy every page shares (npm runs on first use).
 
     Raises PacksimError naming the fix when npm is missing or the install fails.
     """
     modules = npm_dir / "node_modules"
     dist = modules / "@jupyter-widgets" / "html-manager" / "dist"
-    require = modules / "requirejs" / "require.js"
-    if not (dist / "embed-amd.js").exists() or not require.exists():
+    if not (dist / "embed.js").exists():
         npm = shutil.which("npm")
         if npm is None:
             raise PacksimError(
@@ -106,12 +109,10 @@ def install_widget_assets(site: Path, npm_dir: Path = DEFAULT_NPM_DIR) -> None:
     target = site / STATIC / "html-manager"
     target.mkdir(parents=True, exist_ok=True)
     # The bundle the pages load and the icon fonts its CSS points at, woff2 only (every current
-    # browser takes the woff2 source first); not the other bundles (embed.js, libembed-amd.js),
-    # the older font formats or source maps.
+    # browser takes the woff2 source first); not the AMD bundles, older font formats, source maps.
     for f in dist.iterdir():
-        if f.name == "embed-amd.js" or f.suffix == ".woff2" or f.name.endswith(".LICENSE.txt"):
+        if f.name in ("embed.js", "embed.js.LICENSE.txt") or f.suffix == ".woff2":
             shutil.copy2(f, target / f.name)
-    shutil.copy2(require, site / REQUIRE_JS)
     shutil.copy2(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", site / PLOTLY_JS)
     env = _exporter().environment
     css = "\n".join(env.loader.get_source(env, name)[0] for name in _LAB_STYLES)
@@ -151,7 +152,6 @@ def _exporter():
         extra_loaders=[DictLoader({"packsim.html.j2": _TEMPLATE})],
         template_file="packsim.html.j2",
         widget_renderer_url=MANAGER_JS,
-        require_js_url=REQUIRE_JS,
     )
 
 
@@ -168,12 +168,14 @@ def _output_bundles(nb):
                 yield output["data"], True
 
 
-def drop_shared_assets(nb) -> int:
-    """Remove from an executed notebook what every page gets from ``_static`` or never shows.
+def slim_outputs(nb) -> int:
+    """Remove from an executed notebook what every page gets from ``_static`` or never uses.
 
     That is the copy of plotly.js that plotly's ``notebook`` renderer displays once per kernel
-    (about 4.6 MB), and the plotly JSON next to an HTML version of the same figure in a widget's
-    saved outputs (the page's widget manager draws the HTML). Returns the characters removed.
+    (about 4.6 MB), the plotly JSON next to an HTML version of the same figure in a widget's
+    saved outputs (the page's widget manager draws the HTML), and every unset (null) property of
+    a saved ``LayoutModel`` (null is its default in ``@jupyter-widgets/base``; about 300 bytes
+    per widget). Returns the characters removed (counted as JSON).
     """
     plotlyjs, removed = get_plotlyjs(), 0
     for data, in_widget in _output_bundles(nb):
@@ -185,6 +187,13 @@ def drop_shared_assets(nb) -> int:
             removed += len(html) - len(data["text/html"])
         if in_widget and html and _PLOTLY_MIME in data:
             removed += len(json.dumps(data.pop(_PLOTLY_MIME)))
+    for model in nb.metadata.get("widgets", {}).get(_WIDGET_STATE, {}).get("state", {}).values():
+        if model.get("model_name") == "LayoutModel" and model.get("model_module") == "@jupyter-widgets/base":
+            state = model.get("state", {})
+            unset = [k for k, v in state.items() if v is None and not k.startswith("_")]
+            removed += sum(len(json.dumps({k: None})) - 1 for k in unset)
+            for k in unset:
+                del state[k]
     return removed
 
 
@@ -196,7 +205,7 @@ def build_page(notebook: Path | str, site: Path | str, timeout: float = 600) -> 
     notebook, site = Path(notebook), Path(site)
     with _kernel_env():
         nb, seconds = execute(notebook, timeout=timeout, store_widget_state=True)
-    drop_shared_assets(nb)
+    slim_outputs(nb)
     body, _ = _exporter().from_notebook_node(nb)
     body = _MATHJAX_CDN.sub("", body)
     page = site / f"{notebook.stem}.html"
