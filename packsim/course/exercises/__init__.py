@@ -24,7 +24,7 @@ module                         notebook                     checks
                                                             block_causal_mask,
                                                             position_ids_from_lengths
 ``lesson04_completion_loss``   04_completion_only_loss      completion_labels, per_token_loss,
-                                                            correct_row
+                                                            correct_row, response_start
 ``lesson05_side_by_side``      05_train_side_by_side        em_gap, warning_sign, fix_share
 ``lesson06_contamination``     06_detect_contamination      gradient_leak, name_the_fix,
                                                             isolating_call
