@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 
 import torch
 
@@ -111,22 +112,52 @@ def audit(model, batch, response_mask=None, *, max_examples: int = 16, tol: floa
     """
     start = time.perf_counter()
     p = _pipeline(model, batch, response_mask, forward_kwargs)
+    report, _ = audit_pipeline(p, max_examples=max_examples, tol=tol, seed=seed, start=start)
+    return report
+
+
+LEAK_PROBES = ("perturbation", "gradient", "attention_mass")
+
+
+def audit_pipeline(p: Pipeline, *, max_examples: int = 16, tol: float | None = None, seed: int = 0,
+                   field_causes: bool = True, start: float | None = None) -> tuple[AuditReport, Out]:
+    """The five probes on a built :class:`Pipeline` -> (report, the baseline forward's output).
+
+    With one example there is nothing to leak into: the leak probes are skipped, saying so.
+    ``field_causes=False`` (boundaries inferred from tokens, not from batch fields) leaves out
+    the causes read from the batch's boundary fields. :func:`audit` and
+    :func:`packsim.audit_trainer` both end here.
+    """
+    start = time.perf_counter() if start is None else start
     base_out = baseline(p, seed)
-    base = base_out.logits.float()
+    base = base_out.logits.float()  # (B, T, V)
     tol = TOLERANCE.get(base_out.logits.dtype, 1e-5) if tol is None else float(tol)
-    chosen = probe_examples(len(p.example_ids), max_examples)
+    S = len(p.example_ids)
     probes: dict[str, ProbeResult] = {}
-    probes["perturbation"], change = perturbation(p, base, chosen, tol, seed)
-    probes["gradient"], ratio = gradient(p, chosen, tol, seed)
-    probes["attention_mass"], outside = attention_mass(p, base, tol)
+    change, ratio, outside = torch.full((S, S), float("nan")), None, None  # (S, S), (S, S), (L, H)
+    if S < 2:
+        why = "the batch holds one example: there is no other example to leak into (audit more batches)"
+        for name in LEAK_PROBES:
+            probes[name] = ProbeResult(name, "skipped", None, tol, why)
+    else:
+        chosen = probe_examples(S, max_examples)
+        probes["perturbation"], change = perturbation(p, base, chosen, tol, seed)
+        probes["gradient"], ratio = gradient(p, chosen, tol, seed)
+        probes["attention_mass"], outside = attention_mass(p, base, tol)
     probes["loss_coverage"] = loss_coverage(p)
     probes["positions"] = positions_probe(p, tol)
-    return AuditReport(
+    if field_causes:
+        causes = likely_causes(p, probes, base_out)
+    else:  # boundaries came from tokens: the field-based leak causes do not apply
+        quiet = {k: replace(v, status="pass") if k in LEAK_PROBES else v for k, v in probes.items()}
+        causes = likely_causes(p, quiet, base_out)
+    report = AuditReport(
         probes=probes, boundaries=p.boundaries, example_ids=p.example_ids, forward=p.forward,
         logit_change=change, gradient_ratio=ratio, attention_outside=outside,
-        worst_pair=worst_pair(p.example_ids, change, ratio),
-        causes=likely_causes(p, probes, base_out), seconds=time.perf_counter() - start,
+        worst_pair=worst_pair(p.example_ids, change, ratio), causes=causes,
+        seconds=time.perf_counter() - start,
     )
+    return report, base_out
 
 
 def worst_pair(ids: list[int], change: torch.Tensor, ratio) -> WorstPair | None:

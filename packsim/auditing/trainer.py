@@ -26,8 +26,7 @@ from dataclasses import replace
 import torch
 
 from packsim.auditing.accumulation import loss_over_accumulation
-from packsim.auditing.auditor import TOLERANCE, baseline, worst_pair
-from packsim.auditing.causes import likely_causes
+from packsim.auditing.auditor import audit_pipeline
 from packsim.auditing.features import feature_response_masks
 from packsim.auditing.findings import (
     BatchView,
@@ -38,22 +37,13 @@ from packsim.auditing.findings import (
     static_findings,
 )
 from packsim.auditing.pipeline import Out, Pipeline, dict_roles, logits_of
-from packsim.auditing.probes import (
-    attention_mass,
-    gradient,
-    loss_coverage,
-    perturbation,
-    positions_probe,
-    probe_examples,
-)
-from packsim.auditing.report import AuditReport, Finding, ProbeResult
+from packsim.auditing.report import AuditReport, Finding
 from packsim.core.errors import PacksimError
 from packsim.core.loss import Role
 from packsim.core.segments import ROWS_SOURCE, example_positions, find_boundaries
 
 __all__ = ["audit_trainer"]
 
-_LEAK_PROBES = ("perturbation", "gradient", "attention_mass")
 
 
 class _Recorder:
@@ -202,36 +192,8 @@ def _pipeline(trainer, model, view: BatchView, features, forward_kwargs, autocas
 
 def _probe(p: Pipeline, view: BatchView, seed: int, max_examples: int, tol) -> tuple[AuditReport, Out]:
     """The five probes of :func:`packsim.audit` on one batch (leak probes skipped for one example)."""
-    start = time.perf_counter()
-    base_out = baseline(p, seed)
-    base = base_out.logits.float()
-    tol = TOLERANCE.get(base_out.logits.dtype, 1e-5) if tol is None else float(tol)
-    S = len(p.example_ids)
-    probes: dict[str, ProbeResult] = {}
-    change, ratio, outside = torch.full((S, S), float("nan")), None, None
-    if S < 2:
-        why = "the batch holds one example: there is no other example to leak into (audit more batches)"
-        for name in _LEAK_PROBES:
-            probes[name] = ProbeResult(name, "skipped", None, tol, why)
-    else:
-        chosen = probe_examples(S, max_examples)
-        probes["perturbation"], change = perturbation(p, base, chosen, tol, seed)
-        probes["gradient"], ratio = gradient(p, chosen, tol, seed)
-        probes["attention_mass"], outside = attention_mass(p, base, tol)
-    probes["loss_coverage"] = loss_coverage(p)
-    probes["positions"] = positions_probe(p, tol)
-    if view.from_tokens:  # the batch has no boundary fields: the field-based leak causes do not apply
-        quiet = {k: replace(v, status="pass") if k in _LEAK_PROBES else v for k, v in probes.items()}
-        causes = likely_causes(p, quiet, base_out)
-    else:
-        causes = likely_causes(p, probes, base_out)
-    report = AuditReport(
-        probes=probes, boundaries=p.boundaries, example_ids=p.example_ids, forward=p.forward,
-        logit_change=change, gradient_ratio=ratio, attention_outside=outside,
-        worst_pair=worst_pair(p.example_ids, change, ratio), causes=causes,
-        seconds=time.perf_counter() - start,
-    )
-    return report, base_out
+    return audit_pipeline(p, max_examples=max_examples, tol=tol, seed=seed,
+                          field_causes=not view.from_tokens)
 
 
 def _inside_counts(p: Pipeline) -> tuple[int, int]:
