@@ -50,7 +50,7 @@ def build_model(
     attn_implementation: str = ATTN_NAME,
     seed: int = 0,
 ) -> LlamaForCausalLM:
-    """A randomly initialised ``LlamaForCausalLM`` sized by name (``tiny`` ~0.4M, ``small`` ~3M params).
+    """A randomly initialised ``LlamaForCausalLM`` sized by name (``tiny`` 0.53M, ``small`` 4.2M params).
 
     ``use_cache=False`` is set in the config: with a cache, transformers skips packed-sequence
     detection (a trap notebook 03 shows). ``vocab_size`` defaults to packsim's tokenizer.

@@ -29,7 +29,7 @@ module                         notebook                     checks
 ``lesson06_contamination``     06_detect_contamination      gradient_leak, name_the_fix,
                                                             isolating_call
 ``lesson07_varlen_internals``  07_flash_varlen_internals    count_tiles, work_ratio, classify_tiles
-``lesson08_interview``         08_interview_drills          review, q1_answer, diagnosis
+``lesson08_interview``         08_interview_drills          review, q1_answer, diagnosis, followups
 ``lesson09_scaling_out``       09_scaling_out               global_loss, backward_scale
 =============================  ===========================  ======================================
 
