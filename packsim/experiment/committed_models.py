@@ -1,0 +1,125 @@
+"""The trained tiny models the course commits, so a lesson can show *trained* attention in fast mode.
+
+Fast mode trains for seconds, and a model that has trained for seconds attends almost uniformly:
+its attention says little about what a trained model does with its neighbours. The repository
+therefore commits the ``buggy`` and ``correct`` models of one full-mode run of the tasks design
+(``packsim compare`` full budget: 600 steps of 224 examples, rows of 256 tokens, seed 0), as
+safetensors files under ``results/tasks-full/models-committed/<setup>-seed0.safetensors``.
+
+Each file holds the ``state_dict`` of a tiny ``LlamaForCausalLM`` (~0.53M float32 parameters,
+~2 MB; the tied ``lm_head`` is stored once) and, in its safetensors metadata, what the run
+measured on that model: ``isolated_exact_match`` (the 512 held-out examples of
+``make_dataset(..., seed=0)``, each scored alone) and ``outside_attention_share`` (mean over
+layers, heads and real tokens of 64 of them packed into rows of 256), plus the command and the
+versions that produced it. ``tests/test_committed_models.py`` rescored both from the files.
+
+How the files were made (``runs/`` is not committed)::
+
+    packsim compare --setups buggy,correct --seeds 1 --out runs/trained
+    python -c "from packsim.experiment.committed_models import export_committed; export_committed('runs/trained')"
+
+Lessons: 02, 05.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_model as load_safetensors_model
+from safetensors.torch import save_model as save_safetensors_model
+
+from packsim.core.device import get_device
+from packsim.core.errors import PacksimError
+from packsim.core.model import build_model
+from packsim.course.paths import repo_path
+from packsim.experiment.results import Results
+
+__all__ = ["COMMITTED_DIR", "COMMITTED_SETUPS", "committed_path", "committed_metadata",
+           "load_committed_model", "export_committed"]
+
+COMMITTED_DIR = "results/tasks-full/models-committed"
+COMMITTED_SETUPS = ("buggy", "correct")
+COMMAND = "packsim compare --setups buggy,correct --seeds 1 --out runs/trained"
+_RECORDED = ("isolated_exact_match", "outside_attention_share", "reported_loss", "response_loss")
+
+
+def _check_setup(setup: str) -> None:
+    if setup not in COMMITTED_SETUPS:
+        raise PacksimError(
+            f"no committed model for setup {setup!r}: the repository commits {list(COMMITTED_SETUPS)}; "
+            f"train others with `packsim compare --setups {setup} --out DIR` and load_model(DIR, {setup!r})."
+        )
+
+
+def committed_path(setup: str, seed: int = 0, folder: str | Path | None = None) -> Path:
+    """The committed ``setup`` model file: in ``folder``, or by default in :data:`COMMITTED_DIR`
+    (found with :func:`packsim.course.paths.repo_path`, whatever the working directory)."""
+    _check_setup(setup)
+    name = f"{setup}-seed{seed}.safetensors"
+    if folder is None:
+        return repo_path(f"{COMMITTED_DIR}/{name}")
+    path = Path(folder) / name
+    if not path.exists():
+        raise PacksimError(f"no committed model at {path}: write it with export_committed(RUN_DIR, dest={str(folder)!r}).")
+    return path
+
+
+def committed_metadata(setup: str, seed: int = 0, folder: str | Path | None = None) -> dict:
+    """The file's metadata: its config and the scores its run recorded (numbers as int / float)."""
+    with safe_open(str(committed_path(setup, seed, folder)), framework="pt") as f:
+        meta = dict(f.metadata() or {})
+    for key in _RECORDED:
+        meta[key] = float(meta[key])
+    for key in ("steps", "examples_per_step", "capacity", "n_test", "seed"):
+        meta[key] = int(meta[key])
+    return meta
+
+
+def load_committed_model(setup: str, seed: int = 0, device=None, folder: str | Path | None = None):
+    """The committed trained ``setup`` model (``"buggy"`` or ``"correct"``), in eval mode."""
+    path = committed_path(setup, seed, folder)
+    model = build_model(committed_metadata(setup, seed, folder)["model_size"])
+    load_safetensors_model(model, str(path))
+    return model.to(get_device(device)).eval()
+
+
+def export_committed(out: str | Path, setups=COMMITTED_SETUPS, seed: int = 0, dest: str | Path | None = None) -> list[Path]:
+    """Save the models of a ``packsim compare`` run (``out``) as the committed safetensors files.
+
+    ``out`` must hold ``results.json`` and ``models/<setup>-seed<k>.pt`` (full mode, tasks design).
+    ``dest`` defaults to :data:`COMMITTED_DIR` in the repository.
+    """
+    out = Path(out)
+    results = Results.load(out / "results.json")
+    if results.config.get("data") != "tasks" or results.config.get("mode") != "full":
+        raise PacksimError(
+            f"{out} is a {results.config.get('data')}/{results.config.get('mode')} run: the committed "
+            f"models come from the tasks design in full mode (`{COMMAND}`)."
+        )
+    dest = Path(dest) if dest is not None else repo_path("results/tasks-full") / "models-committed"
+    dest.mkdir(parents=True, exist_ok=True)
+    train_cfg = results.config["train"]
+    written = []
+    for setup in setups:
+        _check_setup(setup)
+        run = next((r for r in results.runs if r.setup == setup and r.seed == seed), None)
+        pt = out / "models" / f"{setup}-seed{seed}.pt"
+        if run is None or not pt.exists():
+            raise PacksimError(f"{out} has no {setup} seed {seed} run with saved weights ({pt}).")
+        model = build_model(results.config.get("model_size", "tiny"))
+        model.load_state_dict(torch.load(pt, map_location="cpu", weights_only=True))
+        meta = {
+            "setup": setup, "seed": str(seed), "data": "tasks", "mode": "full",
+            "model_size": results.config.get("model_size", "tiny"),
+            "steps": str(train_cfg["steps"]), "examples_per_step": str(train_cfg["examples_per_step"]),
+            "capacity": str(train_cfg["capacity"]), "n_test": str(results.config["n_test"]),
+            "command": COMMAND, "env": json.dumps(results.env, sort_keys=True),
+            **{k: repr(float(run.final[k])) for k in _RECORDED},
+        }
+        path = dest / f"{setup}-seed{seed}.safetensors"
+        save_safetensors_model(model, str(path), metadata=meta)
+        written.append(path)
+    return written
