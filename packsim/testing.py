@@ -13,6 +13,8 @@ the likely cause. It returns the report when the audit passes. Example::
         assert_isolated(model, batch, response_mask=my_response_mask, use_cache=False)
 
 For docs/audit.md and lesson 06.
+
+Lessons: none directly.
 """
 
 from __future__ import annotations

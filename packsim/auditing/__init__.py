@@ -9,7 +9,7 @@ module           idea
 ``causes``       which field or kwarg most likely breaks isolation
 ``report``       :class:`AuditReport`: the verdict, the table, the HTML
 ``command``      ``packsim audit``
-``trap_table``   :func:`trap_table`: is a packed row isolated, per family x attention x condition
+``traps``        :func:`trap_table`: is a packed row isolated, per family x attention x condition
 ``museum``       :func:`museum_table`: real-world packing bugs, planted and caught
 ``loss_checks``  batches that count no label; token weights under gradient accumulation
 ``trainer``      :func:`audit_trainer`: a Trainer / SFTTrainer's own batches, forward, findings
@@ -28,7 +28,7 @@ from packsim.auditing.features import response_mask_from_features
 from packsim.auditing.museum import EXHIBITS, museum_table
 from packsim.auditing.report import PROBES, AuditReport, Finding, ProbeResult, WorstPair
 from packsim.auditing.trainer import audit_trainer
-from packsim.auditing.trap_table import TrapTable, trap_table
+from packsim.auditing.traps import TrapTable, trap_table
 
 __all__ = ["EXHIBITS", "PROBES", "AuditReport", "Finding", "ProbeResult", "TrapTable", "WorstPair",
            "audit", "audit_trainer", "museum_table", "response_mask_from_features", "trap_table"]

@@ -4,6 +4,8 @@ With ``--model DIR --data FILE.jsonl --collator NAME [--attn IMPL] [--strict]`` 
 gate instead: it audits the pipeline that checkpoint, data and collator would train
 (:mod:`packsim.auditing.preflight`), prints the report, and with ``--strict`` exits 1 when the
 audit fails, so a CI job or a launch script can stop before training.
+
+Lessons: none directly.
 """
 
 from __future__ import annotations

@@ -20,6 +20,8 @@ A feature says where its prompt ends in one of these forms (checked in this orde
 Layouts: ``"flat"`` (1, N), the features back to back (DataCollatorWithFlattening, TRL's
 padding-free collator, PackingCollator); ``"padded"`` (B, T_max), one feature per row, padded on
 the ``padding_side`` with False.
+
+Lessons: none directly.
 """
 
 from __future__ import annotations

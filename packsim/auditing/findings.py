@@ -5,6 +5,8 @@ evidence, the fix). They read a :class:`BatchView`: the collated batch (input_id
 its own fields put the examples, and where the tokens put them. Rules quote the installed
 transformers source they come from; what cannot be checked here is ``skipped``, never ``pass``.
 Used by :func:`packsim.audit_trainer` and ``packsim audit --model`` (lesson 06).
+
+Lessons: none directly.
 """
 
 from __future__ import annotations

@@ -25,6 +25,8 @@ any model passes an isolated forward. Only the habit the leak left in the weight
 
 Shapes: examples are packsim ``Example`` objects (``.tokens``, ``.n_prompt``) or dicts with
 ``prompt_ids`` and ``response_ids``; per-example losses are (N,). Lessons 06 and 08.
+
+Lessons: none directly.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ Each check returns a :class:`~packsim.auditing.report.Finding`, so it can join a
 :class:`~packsim.auditing.report.AuditReport` (``report.findings``). The museum
 (:mod:`packsim.auditing.museum`) uses them for the bugs the audit's probes cannot see; lesson 06
 can call them on a user's own pipeline.
+
+Lessons: none directly.
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ Batches are transformers' ``DataCollatorWithFlattening`` rows (1, N) (``input_id
 True on response tokens and the final EOS. Every link was checked against the stored public thread;
 the stories are ours. :func:`museum_table` runs every exhibit (buggy and fixed) and tabulates what
 caught it. For lesson 06 and docs/audit.md; tests/test_museum.py runs every exhibit.
+
+Lessons: 06.
 """
 
 from __future__ import annotations

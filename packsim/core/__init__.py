@@ -5,4 +5,6 @@ Data flow: examples (``data``, ``tokenizer``) -> ``packing`` (which example goes
 -> ``segments`` (where the examples are) -> ``masks`` / ``attention`` (the backends) -> ``loss``
 -> ``model``. ``collator`` hands the same rows to the transformers ``Trainer``; ``device`` and
 ``errors`` serve every layer.
+
+Lessons: none directly.
 """

@@ -2,6 +2,8 @@
 
 Every message says what was wrong and how to fix it. It subclasses ``ValueError`` so code that
 already catches ``ValueError`` keeps working.
+
+Lessons: none directly.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ config (random init, no download). ``forward`` runs a :class:`~packsim.core.batc
 - ``backend="transformers"``: the model's own attention (eager / sdpa / flex_attention) with
   a 4D additive mask built from the setup (dense, O(T^2): the reference way).
 
-Lessons: 00, 01, 02, 03, 04, 06, 08.
+Lessons: 00, 01, 02, 03, 04, 05, 06, 07, 08.
 """
 
 from __future__ import annotations

@@ -28,6 +28,8 @@ against TRL's ``pack_dataset``).
 A pack is a list of entries in the order their tokens appear in the row. An entry is a plain
 ``int`` (the example index) when the whole example is in that pack, and a :class:`Piece` when
 only some of its tokens are. :func:`packing_stats` turns packs into the numbers notebook 01 plots.
+
+Lessons: 01.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ A setup says *how* a batch of examples is turned into one training forward:
 - ``packed``: ``False`` for the one-example-per-row reference (``padded``).
 
 Used by notebooks 02-06 and by every trainer and audit call.
+
+Lessons: none directly.
 """
 
 from __future__ import annotations

@@ -4,4 +4,6 @@
 ``quizzes/*.yaml`` (the click-words quizzes of lesson 08), ``notebook_tools`` (run and strip
 notebooks), ``static_site`` (``make html``), ``check_env`` (``packsim doctor``), ``paths`` (where
 the committed runs are).
+
+Lessons: none directly.
 """

@@ -6,6 +6,8 @@ missing here) and a summary; exits 1 when a required check fails. ``packsim doct
 Checked: the Python version, every dependency in ``pyproject.toml`` ``[project].dependencies``
 (installed version against its lower bound), the optional extras, the device, ``PACKSIM_FAST``,
 that the tokenizer builds offline, and which attention backends work here.
+
+Lessons: 00.
 """
 
 from __future__ import annotations

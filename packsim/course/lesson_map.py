@@ -4,8 +4,11 @@
 and ``packsim.<attr>`` in a notebook's code cells to the module that defines it (``pack`` ->
 ``packsim.core.packing``). ``lessons_by_module(root)`` inverts that over all notebooks, and
 ``docstring_lessons(module)`` reads the ``Lessons: 01, 05.`` line every library module carries in
-its docstring. tests/test_lesson_map.py keeps the two in step, so a docstring never names a lesson
+its docstring (numbers, or 'none directly', then an optional note in parentheses).
+tests/test_lesson_map.py keeps the two in step, so a docstring never names a lesson
 that no longer uses the module, nor misses one that does.
+
+Lessons: none directly.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from pathlib import Path
 import nbformat
 
 _LESSONS_RE = re.compile(r"^Lessons:\s*(.*?)\.?\s*$", re.M)
-_ATTR_RE = re.compile(r"\bpacksim((?:\.[A-Za-z_]\w*)+)")
 
 
 def _defining_module(obj, fallback: str) -> str:
@@ -56,6 +58,17 @@ def _cells(notebook: Path) -> list[str]:
     return [transform(cell.source) for cell in nb.cells if cell.cell_type == "code"]
 
 
+def _chain(node) -> str | None:
+    """``packsim.viz.tile_map`` for an attribute chain rooted at a name, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not parts or not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
+
+
 def modules_used(notebook: Path | str) -> set[str]:
     """The packsim modules a notebook's code imports or calls into."""
     used: set[str] = set()
@@ -70,10 +83,12 @@ def modules_used(notebook: Path | str) -> set[str]:
                     used.add(_resolve(f"{node.module}.{alias.name}") or node.module)
             elif isinstance(node, ast.Import):
                 used.update(a.name for a in node.names if a.name.startswith("packsim."))
-        for match in _ATTR_RE.finditer(code):
-            target = _resolve("packsim" + match.group(1))
-            if target:
-                used.add(target)
+        chains = {c for c in map(_chain, ast.walk(tree)) if c and c.startswith("packsim.")}
+        for chain in chains:
+            if not any(other.startswith(chain + ".") for other in chains):  # the longest chain only
+                target = _resolve(chain)
+                if target:
+                    used.add(target)
     return {m for m in used if m != "packsim"}
 
 
@@ -97,4 +112,4 @@ def docstring_lessons(module: str) -> set[str] | None:
     m = _LESSONS_RE.search(doc)
     if m is None:
         return None
-    return set(re.findall(r"\b\d\d\b", m.group(1)))
+    return set(re.findall(r"\b\d\d\b", re.sub(r"\(.*?\)", "", m.group(1))))  # a (note) may follow

@@ -28,6 +28,8 @@ its figures' data):
 
 Nothing here runs at import of :mod:`packsim`; ``tests/browser/test_site.py`` builds two pages,
 opens them in Chromium with the network cut off and checks the site's size.
+
+Lessons: none directly.
 """
 
 from __future__ import annotations

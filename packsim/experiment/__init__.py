@@ -3,4 +3,6 @@
 ``training`` (one run), ``evaluation`` (isolated and in-pack scores), ``comparison`` (the runs of
 ``packsim compare``), ``results`` (``results.json``), ``report`` (``report.html``), ``facts`` (the
 design where the loss curve lies). Lessons 05 and 08 read its runs.
+
+Lessons: none directly.
 """

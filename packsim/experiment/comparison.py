@@ -12,6 +12,8 @@ the optimiser; only the setup differs. Two data designs:
 Outputs ``DIR/results.json`` (:class:`~packsim.experiment.results.Results`), ``DIR/report.html``
 (:mod:`packsim.report`) and, per run, the trained weights ``DIR/models/<setup>-seed<k>.pt``
 (:func:`load_model`), which the leakage explorer can show.
+
+Lessons: 05.
 """
 
 from __future__ import annotations

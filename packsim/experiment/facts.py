@@ -11,6 +11,8 @@ the first: the buggy
 trainer's reported loss falls fast, below the correct trainer's, while the model learns less of
 what works alone. :class:`FactsData` records which training example is a repeat, so the trainer
 can report the in-pack loss of first and repeated copies separately (the copying made visible).
+
+Lessons: none directly.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ report need no guessing:
                           "eval": {"step": [...], "isolated_exact_match": [...], ...}},
                "wall_s": 61.2}],
      "config": {...}, "env": {...}}
+
+Lessons: 01, 02, 05, 08.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ Shared pieces: :mod:`packsim.viz.style` (colours, the offline plotly config, lay
 package sets the offline figure config (no vendor logo, no cloud upload button) on every plotly.io
 renderer, so a plain ``fig.show()`` in a notebook follows it too.
 
-Lessons: 01, 02, 07, 08.
+Lessons: 01, 02.
 """
 
 from packsim.viz.labels import label_viewer, labels_figure

@@ -35,6 +35,8 @@ module                         notebook                     checks
 
 Each check is ``check_<name>`` in the module; its reference solution is ``<name>`` in
 ``packsim.course.solutions.<module>``. ``tests/test_exercises.py`` finds them all and runs both.
+
+Lessons: 01, 02, 03, 04, 05, 06, 07, 08, 09.
 """
 
 from __future__ import annotations

@@ -2,4 +2,6 @@
 
 Open these on purpose, after trying: each lesson's checks say what is wrong and give a hint
 first. ``packsim.course.exercises.show_solution(lesson, name)`` prints one solution.
+
+Lessons: none directly.
 """

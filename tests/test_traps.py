@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from packsim import PacksimError
-from packsim.auditing.trap_table import (
+from packsim.auditing.traps import (
     CONDITIONS,
     FAMILIES,
     HUB_KERNEL,
