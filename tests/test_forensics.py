@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-import torch
+from pipelines import one_thread  # noqa: E402, F401
 
 from packsim.auditing.forensics import Evidence, forensics, measure
 from packsim.core.data import make_dataset
@@ -12,15 +12,6 @@ from packsim.core.model import build_model
 from packsim.experiment.training import TrainConfig, train
 
 STEPS, PER_STEP = 16, 16
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices: one thread beats two fighting for a busy 2-core machine (measured 20x)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

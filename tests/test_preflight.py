@@ -5,35 +5,21 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 pytest.importorskip("trl")  # a dev dependency: CI installs it
+
+from pipelines import PAIRS, one_thread, save_tiny_checkpoint  # noqa: E402, F401
 
 from packsim.auditing.preflight import COLLATORS, available_attn, load_records  # noqa: E402
 from packsim.cli import main  # noqa: E402
 from packsim.core.errors import PacksimError  # noqa: E402
-from packsim.core.model import build_model  # noqa: E402
-from packsim.core.tokenizer import build_tokenizer  # noqa: E402
-
-PAIRS = [("abc=", "cba"), ("hello:", "olleh"), ("x+y=", "z"), ("sort 321:", "123"),
-         ("rev abcd:", "dcba"), ("k=v;", "v"), ("add 2 3:", "5"), ("up ab:", "ba")]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices: one thread beats two fighting for a busy 2-core machine (measured 20x)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """A saved tiny Llama + tokenizer directory, a good JSONL file and one with a bad line 3."""
     root = tmp_path_factory.mktemp("preflight")
-    build_model("tiny", attn_implementation="sdpa", seed=0).save_pretrained(root / "ckpt")
-    build_tokenizer().save_pretrained(root / "ckpt")
+    save_tiny_checkpoint(root / "ckpt")
     lines = [json.dumps({"prompt": p, "completion": c}) for p, c in PAIRS]
     (root / "data.jsonl").write_text("\n".join(lines) + "\n")
     (root / "bad.jsonl").write_text("\n".join(lines[:2] + [json.dumps({"prompt": "abc="})]) + "\n")

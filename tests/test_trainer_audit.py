@@ -9,6 +9,7 @@ pytest.importorskip("trl")  # a dev dependency: CI installs it, so these tests r
 
 import datasets  # noqa: E402
 import transformers  # noqa: E402
+from pipelines import PAIRS, one_thread, save_tiny_checkpoint  # noqa: E402, F401
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
@@ -16,32 +17,17 @@ import packsim  # noqa: E402
 from packsim import PackingCollator  # noqa: E402
 from packsim.auditing.report import Finding  # noqa: E402
 from packsim.core.errors import PacksimError  # noqa: E402
-from packsim.core.model import build_model  # noqa: E402
-from packsim.core.tokenizer import BOS_ID, EOS_ID, build_tokenizer, encode  # noqa: E402
+from packsim.core.tokenizer import BOS_ID, EOS_ID, encode  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 datasets.disable_progress_bars()
 
-PAIRS = [("abc=", "cba"), ("hello:", "olleh"), ("x+y=", "z"), ("sort 321:", "123"),
-         ("rev abcd:", "dcba"), ("k=v;", "v"), ("add 2 3:", "5"), ("up ab:", "ba")]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices: one thread beats two fighting for a busy 2-core machine (measured 20x)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """A tiny Llama and the local tokenizer, saved as any from_pretrained directory."""
-    path = tmp_path_factory.mktemp("tiny-llama")
-    build_model("tiny", attn_implementation="sdpa", seed=0).save_pretrained(path)
-    build_tokenizer().save_pretrained(path)
-    return path
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny-llama"))
 
 
 def _model(path, attn="sdpa"):
