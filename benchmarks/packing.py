@@ -44,7 +44,7 @@ import numpy as np
 
 import packsim
 from packsim.core.data import long_tailed_lengths, uniform_lengths
-from packsim.core.packing import packing_stats
+from packsim.core.pack_stats import packing_stats
 
 # packer name -> (packsim strategy, overflow policy)
 PACKSIM = {"wrapped": ("wrapped", "truncate"), "ffd": ("ffd", "truncate"), "bfd": ("bfd", "truncate"),

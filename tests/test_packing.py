@@ -13,16 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packsim.core.errors import PacksimError
+from packsim.core.pack_stats import PackingStats, packing_stats
 from packsim.core.packing import (
     OVERFLOW_POLICIES,
     STRATEGIES,
-    PackingStats,
     Piece,
     _place,
     as_piece,
     pack,
     pack_pieces,
-    packing_stats,
 )
 
 PROPERTY = settings(max_examples=300, deadline=None)

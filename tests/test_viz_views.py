@@ -14,7 +14,8 @@ from packsim.core.data import make_examples
 from packsim.core.errors import PacksimError
 from packsim.core.loss import Role
 from packsim.core.masks import block_diagonal_mask, block_sparsity, flex_block_mask
-from packsim.core.packing import Piece, pack, packing_stats
+from packsim.core.pack_stats import packing_stats
+from packsim.core.packing import Piece, pack
 from packsim.core.tiles import attention_work
 from packsim.core.tokenizer import BOS_ID, EOS_ID, PAD_ID, encode
 from packsim.viz import (

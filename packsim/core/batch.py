@@ -25,7 +25,8 @@ import torch
 
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX, Role, make_labels, response_mask
-from packsim.core.packing import Piece, pack_pieces, packing_stats
+from packsim.core.pack_stats import packing_stats
+from packsim.core.packing import Piece, pack_pieces
 from packsim.core.segments import (
     cu_seqlens_from_position_ids,
     example_positions,

@@ -18,7 +18,8 @@ import plotly.graph_objects as go
 
 from packsim.core.data import long_tailed_lengths, uniform_lengths
 from packsim.core.errors import PacksimError
-from packsim.core.packing import STRATEGIES, Piece, pack, packing_stats
+from packsim.core.pack_stats import packing_stats
+from packsim.core.packing import STRATEGIES, Piece, pack
 from packsim.viz.style import example_colour, layout
 from packsim.viz.widget import PacksimWidget, escape, show_figure, style_html
 

@@ -16,7 +16,8 @@ from collections import Counter
 import numpy as np
 
 from packsim.core.data import examples_with_lengths, long_tailed_lengths
-from packsim.core.packing import pack, packing_stats
+from packsim.core.pack_stats import packing_stats
+from packsim.core.packing import pack
 from packsim.course.exercises import Feedback, check, fail, ok
 from packsim.experiment.training import make_batches
 
