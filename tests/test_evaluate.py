@@ -6,8 +6,13 @@ from toy import VOCAB, toy_examples
 
 from packsim.core.batch import PackedBatch
 from packsim.core.errors import PacksimError
-from packsim.experiment.evaluation import evaluate_isolated, evaluate_packed, example_scores, greedy_decode
 from packsim.core.model import build_model
+from packsim.experiment.evaluation import (
+    evaluate_isolated,
+    evaluate_packed,
+    example_scores,
+    greedy_decode,
+)
 from packsim.experiment.training import TrainConfig, train
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from packsim.course import exercises
 from packsim.core.errors import PacksimError
+from packsim.course import exercises
 from packsim.course.exercises import Feedback, check, fail, ok, show_solution, solution_source
 
 

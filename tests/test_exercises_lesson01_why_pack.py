@@ -7,7 +7,11 @@ import math
 import pytest
 
 from packsim.course.exercises import show_solution, solution_source
-from packsim.course.exercises.lesson01_why_pack import check_ffd_pack, check_lower_bound, check_padding_waste
+from packsim.course.exercises.lesson01_why_pack import (
+    check_ffd_pack,
+    check_lower_bound,
+    check_padding_waste,
+)
 from packsim.course.solutions import lesson01_why_pack as sol
 
 

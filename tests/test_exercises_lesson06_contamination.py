@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from packsim.core.loss import token_losses
+from packsim.core.model import build_model, forward
 from packsim.course.exercises import show_solution, solution_source
 from packsim.course.exercises.lesson06_contamination import (
     FIXES,
@@ -14,8 +16,6 @@ from packsim.course.exercises.lesson06_contamination import (
     mystery_reports,
     probe_batch,
 )
-from packsim.core.loss import token_losses
-from packsim.core.model import build_model, forward
 from packsim.course.solutions import lesson06_contamination as sol
 
 

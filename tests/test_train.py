@@ -8,8 +8,8 @@ from toy import VOCAB, toy_examples
 
 from packsim.core.errors import PacksimError
 from packsim.core.model import build_model
-from packsim.experiment.results import StepRecord
 from packsim.core.setups import SETUPS
+from packsim.experiment.results import StepRecord
 from packsim.experiment.training import TrainConfig, lr_at, make_batches, train
 
 
