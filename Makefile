@@ -35,7 +35,7 @@ help:
 	@echo "make test   set up (first run only) and run the whole test suite"
 	@echo "make check  lint (ruff) and check notebooks carry no outputs"
 	@echo "make html   execute the course into static HTML in site/ (offline; PACKSIM_FAST=1 for the quick one)"
-	@echo "make bench  CPU benchmarks (packing vs TRL, attention, throughput; < 15 min) -> benchmarks/results"
+	@echo "make bench  CPU benchmarks (packing vs TRL, attention, throughput; ~15-22 min) -> benchmarks/results"
 	@echo "make bench-quick  the same in quick mode (< 2 min) -> runs/bench-quick"
 	@echo "make gpu-check  on a CUDA machine: GPU tests, kernels, packed vs padded, compare (< 8 min) -> benchmarks/results/gpu_check.json"
 
