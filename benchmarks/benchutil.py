@@ -332,3 +332,19 @@ def int_list(text: str) -> list[int]:
             raise argparse.ArgumentTypeError(f"{part!r} must be positive")
         out.append(value)
     return out
+
+
+def no_cuda_message(tool: str, what: str, how: str) -> str | None:
+    """None when CUDA is usable, else the one line a GPU script prints before exiting cleanly.
+
+    ``tool``: the script's name; ``what``: what did not happen ("nothing was run"); ``how``: how
+    to run it on a CUDA machine.
+    """
+    try:
+        import torch
+    except ImportError as err:
+        return f"{tool}: torch does not import ({err}); {what}."
+    if torch.cuda.is_available():
+        return None
+    return (f"{tool}: CUDA is not available here (torch {torch.__version__}, CUDA build: "
+            f"{torch.version.cuda or 'no'}); {what}. {how}")

@@ -130,16 +130,8 @@ def plan(args, availability: dict[str, str]) -> list[str]:
 
 
 def no_cuda_message() -> str | None:
-    """None when CUDA is usable, else the message to print before exiting cleanly."""
-    try:
-        import torch
-    except ImportError as err:
-        return f"gpu.py: torch does not import ({err}); nothing was measured."
-    if torch.cuda.is_available():
-        return None
-    return (f"gpu.py: CUDA is not available here (torch {torch.__version__}, CUDA build: "
-            f"{torch.version.cuda or 'no'}), so nothing was measured and no JSON was written. "
-            "Run it on a CUDA machine: python benchmarks/gpu.py (or --plan to see what it would run).")
+    """None when CUDA is usable, else the one line to print before exiting (benchutil)."""
+    return bu.no_cuda_message("gpu.py", "nothing was measured and no JSON was written", "Run it on a CUDA machine: python benchmarks/gpu.py (or --plan to see what it would run).")
 
 
 # ------------------------------------------------------------------------------ tables (pure Python)

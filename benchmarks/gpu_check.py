@@ -131,15 +131,8 @@ def plan(args, work: Path) -> list[str]:
 
 
 def no_cuda_message() -> str | None:
-    """None when CUDA is usable, else the one line to print before exiting."""
-    try:
-        import torch
-    except ImportError as err:
-        return f"gpu_check: torch does not import ({err}); nothing was run."
-    if torch.cuda.is_available():
-        return None
-    return (f"gpu_check: CUDA is not available here (torch {torch.__version__}, CUDA build: "
-            f"{torch.version.cuda or 'no'}); nothing was run. Run it on a CUDA machine.")
+    """None when CUDA is usable, else the one line to print before exiting (benchutil)."""
+    return bu.no_cuda_message("gpu_check", "nothing was run", "Run it on a CUDA machine.")
 
 
 # ------------------------------------------------------------------------------ running one part
