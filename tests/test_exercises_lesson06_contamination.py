@@ -13,6 +13,7 @@ from packsim.course.exercises.lesson06_contamination import (
     check_gradient_leak,
     check_isolating_call,
     check_name_the_fix,
+    check_perturbation_leak,
     mystery_reports,
     probe_batch,
 )
@@ -110,3 +111,45 @@ def test_solutions_can_be_shown(capsys):
     show_solution("contamination", "isolating_call")
     assert "use_cache" in capsys.readouterr().out
     assert "name_the_fix = {" in solution_source("contamination", "name_the_fix")
+
+
+def _probe(call, input_ids, seq_ids, mine_too=False, padding_too=False, same_tokens=False, first_only=False):
+    """Variants of the perturbation probe with one typical mistake each."""
+    with torch.no_grad():
+        before = call(input_ids)
+        out = {}
+        examples = sorted(set(seq_ids[seq_ids >= 0].tolist()))
+        for j in examples[:1] if first_only else examples:
+            mine = seq_ids == j
+            ids = input_ids.clone()
+            if not same_tokens:
+                ids[mine] = (ids[mine] + 1) % before.shape[-1]
+            change = (call(ids) - before).abs().amax(-1)
+            look = torch.ones_like(mine) if padding_too else seq_ids >= 0
+            if not mine_too:
+                look = look & ~mine
+            out[j] = change[look].max().item()
+    return out
+
+
+def test_perturbation_leak_reference_measures_the_call_it_runs():
+    fb = check_perturbation_leak(sol.perturbation_leak)
+    assert fb.passed, fb
+    assert "A probe answers only for the call it runs" in str(fb)
+
+
+@pytest.mark.parametrize(("kwargs", "words"), [
+    ({"mine_too": True}, "perturbed example's own logits"),
+    ({"padding_too": True}, "padding positions"),
+    ({"same_tokens": True}, "changed nothing"),
+    ({"first_only": True}, "perturb EVERY example"),
+])
+def test_perturbation_leak_mistakes_are_named(kwargs, words):
+    fb = check_perturbation_leak(lambda c, i, s: _probe(c, i, s, **kwargs))
+    assert not fb.passed and fb.attempted
+    assert words in str(fb), fb
+
+
+def test_perturbation_leak_non_dict():
+    fb = check_perturbation_leak(lambda c, i, s: 0.0)
+    assert not fb.passed and "not a dict" in str(fb)

@@ -27,7 +27,7 @@ module                         notebook                     checks
                                                             correct_row, response_start
 ``lesson05_side_by_side``      05_train_side_by_side        em_gap, warning_sign, fix_share
 ``lesson06_contamination``     06_detect_contamination      gradient_leak, name_the_fix,
-                                                            isolating_call
+                                                            isolating_call, perturbation_leak
 ``lesson07_varlen_internals``  07_flash_varlen_internals    count_tiles, work_ratio, classify_tiles
 ``lesson08_interview``         08_interview_drills          review, q1_answer, diagnosis, followups
 ``lesson09_scaling_out``       09_scaling_out               global_loss, backward_scale

@@ -5,15 +5,22 @@
 - :func:`check_name_the_fix`: ``name_the_fix = {"A": fix, ...}``, one fix from :data:`FIXES`
   for each report of :func:`mystery_reports`;
 - :func:`check_isolating_call`: ``isolating_call(batch) -> (batch, forward_kwargs)``, what to
-  pass so a collator's padding-free batch stays isolated in a transformers model.
+  pass so a collator's padding-free batch stays isolated in a transformers model;
+- :func:`check_perturbation_leak`: ``perturbation_leak(call, input_ids, seq_ids) -> {j: float}``,
+  the perturbation probe written by the learner: ``call(input_ids) -> logits (B, T, V)`` is the
+  forward under test, ``input_ids`` and ``seq_ids`` are (B, T) (``seq_ids`` -1 on padding); for
+  every example j, the largest |logit change| on the other examples' tokens when j's tokens change.
 
 Oracles: a direct computation of the gradient probe on packsim's buggy / correct / single-fix
 batches (block-diagonal batches must give exactly 0), the known fault behind each mystery
-report, and :func:`packsim.audit` itself for the forward call.
+report, :func:`packsim.audit` itself for the forward call, and a direct perturbation of packsim's
+buggy / correct batches and of one tiny Llama called two ways (the training-time call with an
+all-ones ``attention_mask``, and the corrected call).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from collections.abc import Mapping
 
@@ -25,10 +32,11 @@ from packsim.core.collator import PackingCollator
 from packsim.core.data import make_examples
 from packsim.core.loss import token_losses
 from packsim.core.model import build_model, forward
+from packsim.core.segments import seq_ids_from_cu_seqlens
 from packsim.course.exercises import Feedback, check, fail, ok
 
-__all__ = ["FIXES", "check_gradient_leak", "check_isolating_call", "check_name_the_fix", "mystery_reports",
-           "probe_batch"]
+__all__ = ["FIXES", "check_gradient_leak", "check_isolating_call", "check_name_the_fix",
+           "check_perturbation_leak", "mystery_reports", "probe_batch"]
 
 FIXES = {
     "block_diagonal_mask": "attention crosses examples inside a packed batch: use a block-diagonal "
@@ -230,3 +238,103 @@ def check_isolating_call(isolating_call) -> Feedback:
             return fail(f"with {impl}, packsim.audit still fails: {report.verdict}",
                         "read the likely cause in the verdict.")
     return ok("no attention_mask, position_ids kept, use_cache=False: the audit passes on eager and sdpa.")
+
+
+# --- exercise 4: the perturbation probe, written by the learner --------------------------------
+
+
+def _perturb_oracle(call, input_ids: torch.Tensor, seq_ids: torch.Tensor, mine_too: bool = False,
+                    padding_too: bool = False) -> dict[int, float]:
+    """{j: max |logit change| on tokens outside j} when example j's tokens change (variants: a slip each)."""
+    with torch.no_grad():
+        before = call(input_ids)  # (B, T, V)
+        out = {}
+        for j in sorted(set(seq_ids[seq_ids >= 0].tolist())):
+            mine = seq_ids == j  # (B, T)
+            ids = input_ids.clone()
+            ids[mine] = (ids[mine] + 1) % before.shape[-1]  # other tokens, same places
+            diff = (call(ids) - before).abs().amax(-1)  # (B, T)
+            look = (seq_ids >= 0) if not padding_too else torch.ones_like(mine)
+            if not mine_too:
+                look = look & ~mine
+            out[j] = float(diff[look].max()) if look.any() else 0.0
+    return out
+
+
+def _packsim_case(setup: str):
+    model = build_model("tiny", seed=0)
+    batch = probe_batch(setup, seed=4)
+
+    def call(ids):  # packsim's forward under the batch's own setup
+        return forward(model, dataclasses.replace(batch, input_ids=ids))
+
+    return call, batch.input_ids, batch.seq_ids
+
+
+def _trained_call_case(training_call: bool):
+    """A tiny Llama (sdpa) on a padding-free batch, called as a generic pipeline did, or corrected."""
+    model, batch, _ = _collator_case("sdpa")
+    ids = batch["input_ids"]  # (1, N)
+    seq_ids = seq_ids_from_cu_seqlens(batch["cu_seq_lens_q"], ids.shape[1])[None]  # (1, N)
+    extra = {"attention_mask": batch["attention_mask"]} if training_call else {"use_cache": False}
+
+    def call(new_ids):
+        with torch.no_grad():
+            return model(input_ids=new_ids, position_ids=batch["position_ids"], **extra).logits
+
+    return call, ids, seq_ids
+
+
+def _close(got: dict, want: dict) -> bool:
+    return all(abs(got[j] - want[j]) <= 1e-5 + 1e-4 * want[j] for j in want)
+
+
+@check("the perturbation probe")
+def check_perturbation_leak(perturbation_leak) -> Feedback:
+    """``perturbation_leak(call, input_ids, seq_ids)`` on packsim batches, then on one model called two ways."""
+    cases = [("packsim 'correct' batch", _packsim_case("correct"), True),
+             ("packsim 'buggy' batch", _packsim_case("buggy"), False),
+             ("tiny Llama, corrected call (no attention_mask, use_cache=False)", _trained_call_case(False), True),
+             ("tiny Llama, training-time call (all-ones attention_mask)", _trained_call_case(True), False)]
+    found = {}
+    for name, (call, input_ids, seq_ids), isolated in cases:
+        got = perturbation_leak(call, input_ids.clone(), seq_ids.clone())
+        want = _perturb_oracle(call, input_ids, seq_ids)
+        if not isinstance(got, Mapping):
+            return fail(f"on the {name} your probe returned {type(got).__name__}, not a dict.",
+                        "return {example index j: largest |logit change| on the other examples' tokens}.")
+        try:
+            got = {int(j): float(v) for j, v in got.items()}
+        except (TypeError, ValueError):
+            return fail(f"on the {name} some keys or values are not numbers: {got!r:.120}.",
+                        "keys: example indices (ints); values: floats.")
+        if set(got) != set(want):
+            missing = sorted(set(want) - set(got))
+            return fail(f"on the {name} your dict has examples {sorted(got)}, expected {sorted(want)} "
+                        f"(missing {missing}).",
+                        "perturb EVERY example in turn: the last example of a row moves nobody even "
+                        "under a causal mask, so one perturbation can miss a leak.")
+        if _close(got, want):
+            found[name] = max(want.values())
+            continue
+        if _close(got, _perturb_oracle(call, input_ids, seq_ids, mine_too=True)):
+            return fail(f"on the {name} you report {max(got.values()):.3g}: you included the perturbed "
+                        "example's own logits, which always change.",
+                        "measure only tokens of OTHER examples: seq_ids != j (and seq_ids >= 0).")
+        if _close(got, _perturb_oracle(call, input_ids, seq_ids, padding_too=True)):
+            return fail(f"on the {name} you measured padding positions too (seq_ids == -1).",
+                        "padding belongs to no example: look only where seq_ids >= 0.")
+        if not isolated and max(got.values()) <= 1e-9:
+            return fail(f"on the {name} (which leaks) every value is {max(got.values()):.3g}: your "
+                        "perturbation changed nothing.",
+                        "replace example j's tokens by OTHER valid ids, e.g. (ids + 1) % vocab_size "
+                        "(the vocabulary size is logits.shape[-1]); keep every other token.")
+        j = next(j for j in want if abs(got[j] - want[j]) > 1e-5 + 1e-4 * want[j])
+        return fail(f"on the {name}, example {j}: you report {got[j]:.4g}, expected {want[j]:.4g}.",
+                    "for each j: logits before, change j's tokens only, logits after; the max over "
+                    "the other examples' tokens (seq_ids >= 0, != j) of max over the vocabulary of |after - before|.")
+    names = list(found)
+    return ok(f"{found[names[0]]:.2g} where examples are isolated, {found[names[1]]:.3g} on the buggy batch. "
+              f"One tiny Llama, same weights: {found[names[3]]:.3g} under the call a generic pipeline made "
+              f"(all-ones attention_mask), {found[names[2]]:.2g} under the corrected call. A probe answers only "
+              "for the call it runs: to judge a finished run, rebuild the call that ran in training first.")

@@ -42,3 +42,18 @@ def isolating_call(batch):
     """Drop attention_mask (keep position_ids) and call with use_cache=False."""
     fields = {k: v for k, v in batch.items() if k != "attention_mask"}
     return fields, {"use_cache": False}
+
+
+def perturbation_leak(call, input_ids, seq_ids):
+    """{j: largest |logit change| on tokens of other examples when example j's tokens change}."""
+    with torch.no_grad():
+        before = call(input_ids)  # (B, T, V)
+        leak = {}
+        for j in sorted(set(seq_ids[seq_ids >= 0].tolist())):
+            mine = seq_ids == j  # (B, T)
+            ids = input_ids.clone()
+            ids[mine] = (ids[mine] + 1) % before.shape[-1]  # other tokens, same places
+            change = (call(ids) - before).abs().amax(-1)  # (B, T)
+            others = (seq_ids >= 0) & ~mine
+            leak[j] = change[others].max().item() if others.any() else 0.0
+    return leak
