@@ -47,12 +47,15 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; bad input exits 2 with one line on stderr (``SystemExit``)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    chosen = next((a for a in argv if not a.startswith("-")), None)  # the subcommand, if any
     parser = _Parser(prog="packsim", description="packsim: pack sequences correctly.")
     sub = parser.add_subparsers(dest="command", required=True)  # subparsers are _Parser too
     for name, (module, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
-        _module(module).add_arguments(p)
+        if name == chosen:  # import only the module that runs (report's needs plotly, compare's not)
+            _module(module).add_arguments(p)
     args = parser.parse_args(argv)
     try:
         return int(_module(args._module).run(args) or 0)

@@ -43,6 +43,15 @@ def test_python_m_packsim_behaves_like_the_script(args):
         assert as_module.stderr == "packsim compare: error: --seeds 0: must be at least 1.\n"
 
 
+def test_only_the_chosen_subcommand_is_imported():
+    """`packsim compare` must not need plotly (only `packsim report` does): a GPU box may lack it."""
+    code = ("import sys\nfrom packsim.cli import main\ntry:\n    main(['compare', '--help'])\n"
+            "except SystemExit:\n    pass\nprint(sorted(m for m in ('plotly', 'packsim.experiment.report') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
 # ---- bad input: one line on stderr, exit 2, nothing trained or lost --------------------------
 
 BAD_INPUT = {  # id: (argv, what the line says); TMP is a temp folder, FILE a regular file in it
