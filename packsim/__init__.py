@@ -22,7 +22,7 @@ from packsim.core.batch import PackedBatch
 from packsim.core.collator import PackingCollator
 from packsim.core.device import fast_mode, get_device
 from packsim.core.errors import PacksimError
-from packsim.core.packing import pack
+from packsim.core.packing import pack, pack_arrays
 from packsim.core.setups import SETUPS, Setup, get_setup
 from packsim.experiment.evaluation import evaluate_isolated
 from packsim.experiment.results import Results
@@ -47,6 +47,7 @@ __all__ = [
     "get_device",
     "get_setup",
     "pack",
+    "pack_arrays",
     "train",
     "varlen_attention",
 ]

@@ -1,8 +1,10 @@
 """Tests for packsim.core.packing: exact small cases, property tests for every strategy and overflow
-policy (checked against a naive reference packer), statistics, and bad input."""
+policy (checked against a naive reference packer), the columnar result (``pack_arrays``) against
+the loop implementation, statistics, and bad input."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from itertools import pairwise
@@ -13,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packsim.core.errors import PacksimError
+from packsim.core.pack_arrays import PackArrays
 from packsim.core.pack_stats import PackingStats, packing_stats
 from packsim.core.packing import (
     OVERFLOW_POLICIES,
@@ -21,6 +24,7 @@ from packsim.core.packing import (
     _place,
     as_piece,
     pack,
+    pack_arrays,
     pack_pieces,
 )
 
@@ -403,6 +407,129 @@ def test_packing_stats_agree_with_packs(case, strategy):
         assert stats.gap_to_lower_bound >= 0
 
 
+# --- the columnar result (pack_arrays) ---------------------------------------------------------
+
+
+def arrays_of(packs: list[list], lengths: list[int]) -> tuple[list[int], list[int], list[int], list[int]]:
+    """(index, start, length, row_offsets) read off list-of-lists packs, row after row."""
+    pieces = [as_piece(e, lengths) for p in packs for e in p]
+    offsets = [0]
+    for p in packs:
+        offsets.append(offsets[-1] + len(p))
+    return ([p.index for p in pieces], [p.start for p in pieces], [p.stop - p.start for p in pieces],
+            offsets)
+
+
+def check_pack_arrays(arrays: PackArrays, lengths: list[int], capacity: int) -> None:
+    """Shapes, dtypes, read-only arrays, no empty or overfull row, pieces inside their examples."""
+    fields = (arrays.index, arrays.start, arrays.length, arrays.row_offsets, arrays.example_lengths)
+    assert all(a.dtype == np.int64 and a.ndim == 1 and not a.flags.writeable for a in fields)
+    assert len(arrays.index) == len(arrays.start) == len(arrays.length) == arrays.n_pieces
+    assert arrays.example_lengths.tolist() == list(lengths)
+    assert arrays.row_offsets[0] == 0 and arrays.row_offsets[-1] == arrays.n_pieces
+    assert np.all(np.diff(arrays.row_offsets) > 0)  # no empty row
+    assert np.all((arrays.length > 0) & (arrays.start >= 0))
+    assert np.all(arrays.start + arrays.length <= arrays.example_lengths[arrays.index])
+    row_lengths = arrays.row_lengths()
+    assert row_lengths.shape == (arrays.n_rows,) and np.all((row_lengths > 0) & (row_lengths <= capacity))
+    assert row_lengths.sum() == arrays.length.sum()
+
+
+def test_pack_arrays_exact_wrapped_case():
+    arrays = pack_arrays([10, 3], 4, "wrapped")
+    assert arrays.index.tolist() == [0, 0, 0, 1, 1]
+    assert arrays.start.tolist() == [0, 4, 8, 0, 2]
+    assert arrays.length.tolist() == [4, 4, 2, 2, 1]
+    assert arrays.row_offsets.tolist() == [0, 1, 2, 4, 5]
+    assert (arrays.n_rows, arrays.n_pieces) == (4, 5)
+    assert arrays.row_lengths().tolist() == [4, 4, 4, 1]
+    assert arrays.whole().tolist() == [False] * 5
+    assert arrays.to_lists() == pack([10, 3], 4, "wrapped")
+
+
+def test_pack_arrays_exact_bfd_case():
+    arrays = pack_arrays([4, 7, 1, 5], 10, "bfd")  # rows [[1], [3, 0, 2]]
+    assert arrays.index.tolist() == [1, 3, 0, 2]
+    assert arrays.start.tolist() == [0, 0, 0, 0]
+    assert arrays.length.tolist() == [7, 5, 4, 1]
+    assert arrays.row_offsets.tolist() == [0, 1, 4]
+    assert arrays.whole().all()
+    assert arrays.to_lists() == [[1], [3, 0, 2]]
+    assert arrays.to_pieces() == pack_pieces([4, 7, 1, 5], 10, "bfd")
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_pack_arrays_of_no_examples(strategy):
+    arrays = pack_arrays([], 8, strategy)
+    assert (arrays.n_rows, arrays.n_pieces) == (0, 0)
+    assert arrays.row_offsets.tolist() == [0]
+    assert arrays.row_lengths().tolist() == []
+    assert arrays.to_lists() == arrays.to_pieces() == []
+
+
+def test_pack_arrays_is_frozen_and_read_only():
+    arrays = pack_arrays([3, 5, 2], 4, "wrapped")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        arrays.index = np.zeros(3, dtype=np.int64)
+    with pytest.raises(ValueError, match="read-only"):
+        arrays.length[0] = 1
+
+
+def test_pack_arrays_leaves_the_callers_lengths_alone():
+    lengths = np.array([3, 5, 2], dtype=np.int64)
+    arrays = pack_arrays(lengths, 4, "wrapped")
+    assert lengths.flags.writeable and not np.shares_memory(lengths, arrays.example_lengths)
+
+
+@pytest.mark.parametrize(("strategy", "overflow"), ALL_COMBOS)
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_pack_arrays_gives_the_loop_implementations_packs(strategy, overflow, data):
+    """The arrays read off the loop implementation's packs, piece for piece; and back to lists."""
+    lengths, capacity = data.draw(st.one_of(fitting(overflow), wide_cases()))
+    if overflow == "error" and strategy != "wrapped":
+        lengths = [min(n, capacity) for n in lengths]
+    expected = reference_pack(lengths, capacity, strategy, overflow)
+    for given_lengths in (lengths, np.asarray(lengths, dtype=np.int32)):
+        arrays = pack_arrays(given_lengths, capacity, strategy, overflow)
+        check_pack_arrays(arrays, lengths, capacity)
+        got = (arrays.index.tolist(), arrays.start.tolist(), arrays.length.tolist(), arrays.row_offsets.tolist())
+        assert got == arrays_of(expected, lengths)
+        assert typed(arrays.to_lists()) == typed(expected)
+        assert arrays.whole().tolist() == [not isinstance(e, Piece) for p in expected for e in p]
+        assert arrays.to_pieces() == [[as_piece(e, lengths) for e in p] for p in expected]
+
+
+def test_pack_arrays_gives_the_loop_implementations_packs_on_a_large_mix():
+    rng = np.random.default_rng(1)
+    lengths = np.clip(rng.lognormal(np.log(90), 1.0, size=20_000).astype(np.int64), 1, 2048)
+    for capacity in (100, 512, 8192):
+        for strategy, overflow in ALL_COMBOS:
+            if overflow == "error" and strategy != "wrapped" and lengths.max() > capacity:
+                continue
+            arrays = pack_arrays(lengths, capacity, strategy, overflow)
+            check_pack_arrays(arrays, lengths.tolist(), capacity)
+            expected = reference_pack(lengths.tolist(), capacity, strategy, overflow)
+            got = (arrays.index.tolist(), arrays.start.tolist(), arrays.length.tolist(), arrays.row_offsets.tolist())
+            assert got == arrays_of(expected, lengths.tolist()), (capacity, strategy, overflow)
+
+
+def test_pack_arrays_leaves_the_garbage_collector_alone():
+    import gc
+
+    assert gc.isenabled()
+    arrays = pack_arrays([10, 3], 4, "wrapped")
+    assert gc.isenabled()
+    arrays.to_lists()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        arrays.to_pieces()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 # --- bad input ----------------------------------------------------------------------------------
 
 
@@ -426,17 +553,22 @@ def test_packing_stats_agree_with_packs(case, strategy):
         ({"lengths": [3, 9, 4]}, ["example 1 has length 9", "capacity is 8", "truncate", "split"]),
     ],
 )
-def test_bad_input_names_problem_and_fix(kwargs, words):
+@pytest.mark.parametrize("packer", [pack, pack_arrays, pack_pieces])
+def test_bad_input_names_problem_and_fix(kwargs, words, packer):
     call = {"lengths": [3, 4], "capacity": 8, "strategy": "bfd", "overflow": "error"} | kwargs
     with pytest.raises(PacksimError) as info:
-        pack(**call)
+        packer(**call)
+    message = str(info.value)
+    assert "\n" not in message  # one line
     for word in words:
-        assert word in str(info.value)
+        assert word in message
 
 
 def test_overlong_error_lists_every_fix():
     with pytest.raises(PacksimError, match="raise capacity.*truncate.*split.*filter"):
         pack([1, 20], 8, "ffd")
+    with pytest.raises(PacksimError, match="raise capacity.*truncate.*split.*filter"):
+        pack_arrays([1, 20], 8, "ffd")
 
 
 def test_as_piece_rejects_bad_entries():

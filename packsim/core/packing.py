@@ -21,9 +21,10 @@ Four strategies, each a teaching point of notebook 01:
 
 Both decreasing strategies run in O(n log n) with two heaps (see :func:`_place`); ``"wrapped"``
 and the overflow policies are numpy array operations with no loop over examples (see
-:func:`_pack_wrapped`). What remains is building the Python lists and Pieces the packs are made
-of, so a million examples pack in well under a second (``benchmarks/packing.py`` measures it
-against TRL's ``pack_dataset``).
+:func:`_pack_wrapped`). Every strategy computes the packs as arrays, a
+:class:`~packsim.core.pack_arrays.PackArrays` (:func:`pack_arrays`), and :func:`pack` turns them
+into Python lists; at a million examples building those lists is most of the time
+(``benchmarks/packing.py`` measures both forms against TRL's ``pack_dataset``).
 
 A pack is a list of entries in the order their tokens appear in the row. An entry is a plain
 ``int`` (the example index) when the whole example is in that pack, and a :class:`Piece` when
@@ -34,15 +35,14 @@ Lessons: 01.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Sequence
 from heapq import heappop, heappush
-from itertools import pairwise, repeat
 from typing import NamedTuple
 
 import numpy as np
 
 from packsim.core.errors import PacksimError
+from packsim.core.pack_arrays import PackArrays
 
 __all__ = [
     "STRATEGIES",
@@ -50,6 +50,7 @@ __all__ = [
     "Piece",
     "Entry",
     "pack",
+    "pack_arrays",
     "pack_pieces",
     "as_piece",
 ]
@@ -111,32 +112,49 @@ def pack(
         their tokens appear in the row: an ``int`` example index when the whole example is in
         this pack, a ``Piece(index, start, stop)`` when only its tokens ``[start, stop)`` are.
         For ``"ffd"``/``"bfd"`` the order inside a pack is the placement order, longest first.
-        Use :func:`pack_pieces` to get every entry as a ``Piece``.
+        Use :func:`pack_pieces` to get every entry as a ``Piece``, :func:`pack_arrays` to get the
+        same packs as numpy arrays (no Python object per example: faster at scale).
 
     Raises:
         PacksimError: on a bad capacity, strategy, overflow or length, or an overlong example
             with ``overflow="error"``.
     """
+    return pack_arrays(lengths, capacity, strategy, overflow).to_lists()
+
+
+def pack_arrays(
+    lengths: Sequence[int] | np.ndarray,
+    capacity: int,
+    strategy: str = "bfd",
+    overflow: str = "error",
+) -> PackArrays:
+    """The packs of :func:`pack` as numpy arrays instead of Python lists.
+
+    Same arguments, same packs and same errors as :func:`pack`:
+    ``pack_arrays(...).to_lists() == pack(...)``. The result holds, row after row, each piece's
+    example ``index``, ``start`` inside the example and ``length``, and ``row_offsets``
+    (``(n_rows + 1,)``: row r is pieces ``row_offsets[r]:row_offsets[r + 1]``); see
+    :mod:`packsim.core.pack_arrays` for the shapes. It makes no Python object per example, so it
+    is the form to use for large datasets (for ``"wrapped"`` at a million examples, several
+    times faster than building the lists).
+    """
     capacity = _check_capacity(capacity)
     _check_choice("strategy", strategy, STRATEGIES, "strategy='bfd'")
     _check_choice("overflow", overflow, OVERFLOW_POLICIES, "overflow='split'")
     sizes = _check_lengths(lengths)
-    # The packs are up to millions of small lists and Pieces, none in a reference cycle; with the
-    # cyclic garbage collector running, every 700 new containers start a collection that walks
-    # ever more of them (1M lengths at capacity 512: about 4x slower). Pause it, then restore it.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        if strategy == "wrapped":
-            return _pack_wrapped(sizes, capacity)
+    if strategy == "wrapped":
+        index, start, length, row_offsets = _pack_wrapped(sizes, capacity)
+    else:
         index, start, stop = _items(sizes, capacity, overflow)
-        entries = _entries(index, start, stop, sizes)
+        length = stop - start
         if strategy == "sequential":
-            return _pack_sequential(entries, stop - start, capacity)
-        return _pack_decreasing(entries, stop - start, capacity, best=strategy == "bfd")
-    finally:
-        if collecting:
-            gc.enable()
+            row_offsets = _pack_sequential(length, capacity)
+        else:
+            order, row_offsets = _pack_decreasing(length, capacity, best=strategy == "bfd")
+            index, start, length = index[order], start[order], length[order]
+    for array in (index, start, length, row_offsets, sizes):
+        array.setflags(write=False)
+    return PackArrays(index, start, length, row_offsets, sizes)
 
 
 def pack_pieces(
@@ -150,9 +168,7 @@ def pack_pieces(
     A whole example ``i`` becomes ``Piece(i, 0, lengths[i])``, so callers such as ``PackedBatch``
     can slice tokens without checking entry types.
     """
-    packs = pack(lengths, capacity, strategy, overflow)
-    sizes = _check_lengths(lengths).tolist()
-    return [[e if isinstance(e, Piece) else Piece(e, 0, sizes[e]) for e in p] for p in packs]
+    return pack_arrays(lengths, capacity, strategy, overflow).to_pieces()
 
 
 def as_piece(entry: Entry, lengths: Sequence[int] | np.ndarray) -> Piece:
@@ -243,47 +259,46 @@ def _as_int_array(lengths: object) -> np.ndarray:
 # --- strategies ---------------------------------------------------------------------------------
 
 
-def _pack_wrapped(sizes: np.ndarray, capacity: int) -> list[list[Entry]]:
+def _pack_wrapped(sizes: np.ndarray, capacity: int) -> tuple[np.ndarray, ...]:
     """Concatenate in data order and cut every ``capacity`` tokens (examples may straddle cuts).
 
-    In numpy, no loop over examples: every cut that falls inside an example is inserted into the
-    list of example starts, which gives the items (whole examples and pieces) in token order; a
-    pack is then a run of consecutive items, starting at the item that starts at its cut.
+    Returns the ``(index, start, length, row_offsets)`` arrays of :class:`PackArrays`. In numpy,
+    no loop over examples: every cut that falls inside an example is inserted into the list of
+    example starts, which gives the pieces in token order; a row is then a run of consecutive
+    pieces, starting at the piece that starts at its cut.
     """
     n = len(sizes)
     if not n:
-        return []
+        return sizes, sizes, sizes, np.zeros(1, dtype=np.int64)
     bounds = np.zeros(n + 1, dtype=np.int64)  # (n + 1,) token offset where each example starts
     np.cumsum(sizes, out=bounds[1:])
-    total = int(bounds[-1])
-    cuts = np.arange(capacity, total, capacity)  # (n_packs - 1,) where rows 1, 2, ... start
+    cuts = np.arange(capacity, bounds[-1], capacity, dtype=np.int64)  # (n_rows - 1,) row starts
     after = np.searchsorted(bounds, cuts)  # first example starting at or after each cut
     inside = bounds[after] != cuts  # the cut splits example after - 1
     cut_at = after[inside]  # (k,) insert before these example positions
-    index = np.insert(np.arange(n), cut_at, cut_at - 1)  # (n + k,) example of each item
-    item_start = np.insert(bounds, cut_at, cuts[inside])  # (n + k + 1,) token offsets, total last
-    # the item at each cut, whether inserted or an example start, sits after the earlier insertions
-    pack_start = [0, *(after + np.cumsum(inside) - inside).tolist(), len(index)]
-    inserted = cut_at + np.arange(len(cut_at))  # (k,) positions of the inserted items
-    is_piece = np.zeros(len(index), dtype=bool)  # every item of a cut example: each inserted
-    is_piece[inserted] = is_piece[inserted - 1] = True  # item and the item before it
-    piece_at = np.flatnonzero(is_piece)
-    base = bounds[index[piece_at]]
-    entries = _entry_array(index, piece_at, item_start[piece_at] - base, item_start[piece_at + 1] - base)
-    return _split(entries.tolist(), pack_start)
+    index = np.insert(np.arange(n), cut_at, cut_at - 1)  # (n + k,) example of each piece
+    piece_start = np.insert(bounds, cut_at, cuts[inside])  # (n + k + 1,) token offsets, total last
+    row_offsets = np.empty(len(cuts) + 2, dtype=np.int64)  # (n_rows + 1,)
+    row_offsets[0], row_offsets[-1] = 0, len(index)
+    # the piece at each cut, whether inserted or an example start, sits after the earlier insertions
+    row_offsets[1:-1] = after + np.cumsum(inside) - inside
+    return index, piece_start[:-1] - bounds[index], np.diff(piece_start), row_offsets
 
 
-def _pack_sequential(entries: np.ndarray, item_sizes: np.ndarray, capacity: int) -> list[list[Entry]]:
-    """Next fit in data order: a new pack whenever the next item does not fit the current one."""
-    packs: list[list[Entry]] = []
+def _pack_sequential(item_sizes: np.ndarray, capacity: int) -> np.ndarray:
+    """Next fit in data order: a new row whenever the next item does not fit the current one.
+
+    Returns the row offsets, shape ``(n_rows + 1,)``: row r holds items ``[offsets[r], offsets[r + 1])``.
+    """
+    offsets: list[int] = []
     room = 0
-    for entry, size in zip(entries.tolist(), item_sizes.tolist(), strict=True):
+    for k, size in enumerate(item_sizes.tolist()):
         if size > room:
-            packs.append([])
+            offsets.append(k)
             room = capacity
-        packs[-1].append(entry)
         room -= size
-    return packs
+    offsets.append(len(item_sizes))
+    return np.asarray(offsets, dtype=np.int64)
 
 
 def _items(
@@ -308,41 +323,18 @@ def _items(
     return index, start, np.minimum(start + capacity, sizes[index])
 
 
-def _entries(index: np.ndarray, start: np.ndarray, stop: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """One pack entry per item, shape ``(n_items,)`` (object): the example index if the item is
-    the whole example, else a Piece."""
-    piece_at = np.flatnonzero((start > 0) | (stop < sizes[index]))
-    return _entry_array(index, piece_at, start[piece_at], stop[piece_at])
+def _pack_decreasing(item_sizes: np.ndarray, capacity: int, best: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Place items longest first (stable), then group them by the row :func:`_place` chose.
 
-
-def _entry_array(
-    index: np.ndarray, piece_at: np.ndarray, start: np.ndarray, stop: np.ndarray
-) -> np.ndarray:
-    """Entries as an object array, shape ``(n_items,)``: Python ints, and at ``piece_at`` (k,)
-    ``Piece(index, start, stop)``. The pieces are made in one C-level pass (``tuple.__new__``
-    on each ``(index, start, stop)`` tuple), not by calling ``Piece(...)`` (a Python function)
-    once each: about half the time per piece."""
-    entries = index.astype(object)  # Python ints
-    if piece_at.size:
-        fields = zip(entries[piece_at].tolist(), start.tolist(), stop.tolist(), strict=True)
-        pieces = map(tuple.__new__, repeat(Piece), fields)
-        entries[piece_at] = np.fromiter(pieces, dtype=object, count=piece_at.size)
-    return entries
-
-
-def _split(flat: list[Entry], bounds: Sequence[int]) -> list[list[Entry]]:
-    """``flat[bounds[p]:bounds[p + 1]]`` for each pack ``p``."""
-    return [flat[a:b] for a, b in pairwise(bounds)]
-
-
-def _pack_decreasing(
-    entries: np.ndarray, item_sizes: np.ndarray, capacity: int, best: bool
-) -> list[list[Entry]]:
-    """Place items longest first (stable), then group entries by the pack :func:`_place` chose."""
+    Returns ``(order, row_offsets)``: the items row after row (placement order inside a row),
+    shape ``(n_items,)``, and the row offsets into it, shape ``(n_rows + 1,)``.
+    """
     order = np.argsort(-item_sizes, kind="stable")
     placed = np.asarray(_place(item_sizes[order].tolist(), capacity, best), dtype=np.int64)
-    by_pack = order[np.argsort(placed, kind="stable")]  # stable: placement order inside a pack
-    return _split(entries[by_pack].tolist(), [0, *np.cumsum(np.bincount(placed)).tolist()])
+    by_row = order[np.argsort(placed, kind="stable")]  # stable: placement order inside a row
+    row_offsets = np.zeros(1 + (int(placed.max()) + 1 if placed.size else 0), dtype=np.int64)
+    np.cumsum(np.bincount(placed), out=row_offsets[1:])
+    return by_row, row_offsets
 
 
 def _place(sizes: list[int], capacity: int, best: bool) -> list[int]:

@@ -1,0 +1,105 @@
+"""The columnar packing result: which tokens of which example go in which row, as numpy arrays.
+
+:func:`packsim.core.packing.pack_arrays` returns a :class:`PackArrays`; :func:`packsim.core.packing.pack`
+is ``pack_arrays(...).to_lists()``. A packing is a list of *pieces* (a run of tokens of one
+example, possibly all of it), stored row after row, each row's pieces in the order their tokens
+appear in the row::
+
+    index        (n_pieces,)     int64  example each piece comes from
+    start        (n_pieces,)     int64  first token of the piece inside its example
+    length       (n_pieces,)     int64  tokens in the piece (>= 1)
+    row_offsets  (n_rows + 1,)   int64  row r holds pieces row_offsets[r]:row_offsets[r + 1]
+    example_lengths (n_examples,) int64 the lengths that were packed
+
+Why arrays: a million examples make about two million Python objects as lists of ints and
+Pieces (most of the time of packing them), and nothing downstream needs them; a data loader
+slices tokens with ``start`` and ``length`` and cuts rows with ``row_offsets``, as TRL's
+``pack_dataset`` does with its Arrow offsets (``benchmarks/packing.py`` times both forms).
+
+Lessons: none directly.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+from itertools import pairwise, repeat
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from packsim.core.packing import Entry, Piece
+
+__all__ = ["PackArrays"]
+
+
+@dataclass(frozen=True, eq=False)
+class PackArrays:
+    """A packing as arrays (shapes in the module docstring); build it with ``pack_arrays``.
+
+    ``to_lists()`` gives what :func:`packsim.core.packing.pack` returns, ``to_pieces()`` what
+    :func:`packsim.core.packing.pack_pieces` returns. The arrays are read-only.
+    """
+
+    index: np.ndarray  # (n_pieces,)
+    start: np.ndarray  # (n_pieces,)
+    length: np.ndarray  # (n_pieces,)
+    row_offsets: np.ndarray  # (n_rows + 1,)
+    example_lengths: np.ndarray  # (n_examples,)
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.row_offsets) - 1
+
+    @property
+    def n_pieces(self) -> int:
+        return len(self.index)
+
+    def row_lengths(self) -> np.ndarray:
+        """Tokens in each row, shape ``(n_rows,)``."""
+        ends = np.zeros(self.n_pieces + 1, dtype=np.int64)  # (n_pieces + 1,) tokens before each piece
+        np.cumsum(self.length, out=ends[1:])
+        return ends[self.row_offsets[1:]] - ends[self.row_offsets[:-1]]
+
+    def whole(self) -> np.ndarray:
+        """True where the piece is its whole example, shape ``(n_pieces,)``."""
+        return self.length == self.example_lengths[self.index]  # a piece never runs past its example
+
+    def to_lists(self) -> list[list[Entry]]:
+        """The packs as :func:`packsim.core.packing.pack` returns them: per row, a list of entries,
+        an ``int`` example index for a whole example, else ``Piece(index, start, stop)``."""
+        return self._rows(~self.whole())
+
+    def to_pieces(self) -> list[list[Piece]]:
+        """The packs with every entry a ``Piece`` (whole examples too), as ``pack_pieces`` returns them."""
+        return self._rows(np.ones(self.n_pieces, dtype=bool))
+
+    def _rows(self, as_piece: np.ndarray) -> list[list]:
+        """Per row, the pieces as Python entries: ``Piece`` where ``as_piece`` (n_pieces,), else int.
+
+        The rows are up to millions of small lists and Pieces, none in a reference cycle; with the
+        cyclic garbage collector running, every 700 new containers start a collection that walks
+        ever more of them (1M lengths at capacity 512: about 4x slower). It is paused meanwhile.
+        The Pieces are made in one C-level pass (``tuple.__new__`` on each ``(index, start,
+        stop)`` tuple), not by calling ``Piece(...)`` (a Python function) once each: about half
+        the time per piece.
+        """
+        from packsim.core.packing import Piece  # packing builds on this module, not the reverse
+
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            entries = self.index.astype(object)  # (n_pieces,) Python ints
+            at = np.flatnonzero(as_piece)
+            if at.size:
+                starts = self.start[at]
+                fields = zip(entries[at].tolist(), starts.tolist(), (starts + self.length[at]).tolist(),
+                             strict=True)
+                pieces = map(tuple.__new__, repeat(Piece), fields)
+                entries[at] = np.fromiter(pieces, dtype=object, count=at.size)
+            flat = entries.tolist()
+            return [flat[a:b] for a, b in pairwise(self.row_offsets.tolist())]
+        finally:
+            if collecting:
+                gc.enable()
