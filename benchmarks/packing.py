@@ -7,15 +7,23 @@ Reported: packs used, fill ratio, gap to the lower bound ``ceil(total / capacity
 
     python benchmarks/packing.py            # 10k / 100k / 1M lengths x capacities 512 / 2048 / 8192
     python benchmarks/packing.py --quick    # 10k lengths only, well under a minute
+    python benchmarks/packing.py --packers wrapped,trl_wrapped,trl_wrapped_1batch --merge
+                                            # rerun some packers, keep the others' rows in the JSON
 
 TRL is optional (``pip install -e '.[bench]'``); without it the TRL columns are skipped and the
 script says so.
 
 What is timed, exactly:
 
-- packsim: ``packsim.pack(lengths, capacity, strategy, overflow="truncate")``: which example goes
-  in which row, from the lengths alone (what ``PackedBatch.from_examples`` uses); ``bfd_split`` is
-  ``pack(..., "bfd", overflow="split")``.
+- packsim ``ffd`` / ``bfd``: ``packsim.pack(lengths, capacity, strategy, overflow="truncate")``:
+  which example goes in which row, from the lengths alone, as Python lists of entries (what
+  ``PackedBatch.from_examples`` uses); ``bfd_split`` is ``pack(..., "bfd", overflow="split")``.
+- packsim ``wrapped``: ``packsim.pack_arrays(lengths, capacity, "wrapped")``: the same packs as
+  numpy arrays (per piece: example, start, length; per row: offsets), the like-for-like product
+  with TRL's ``wrapped``, whose result is new Arrow offsets over the same token column. Its row
+  in the JSON also holds, under ``"lists"``, the time of ``packsim.pack(lengths, capacity,
+  "wrapped")`` (the same packs as Python lists of ints and Pieces), timed in the same rounds,
+  with its own ratios to TRL; the printed table shows it as the row ``wrapped (lists)``.
 - TRL: ``trl.pack_dataset(dataset, capacity, strategy)`` on a ``datasets.Dataset`` with one int8
   token column built beforehand (not timed). It computes the same assignment and also moves the
   token data (an Arrow ``take``; cheap at one byte per token). ``trl_bfd`` / ``trl_wrapped`` use
@@ -29,12 +37,17 @@ Both BFDs truncate examples longer than the capacity (TRL's ``bfd`` does; packsi
 capacity-sized chunks and pack every chunk; they run only where some example is longer than the
 capacity (elsewhere they are BFD).
 
-``--packers wrapped,trl_wrapped,trl_wrapped_1batch`` runs a subset.
+``--packers wrapped,trl_wrapped,trl_wrapped_1batch`` runs a subset. With ``--merge`` the rows of
+the packers not run are kept from the ``packing.json`` already in the output folder (the JSON's
+``merged_from`` records that run's command, machine and load), so a subset can be refreshed
+without losing the rest; run a packsim packer together with its TRL counterparts, since each
+ratio is paired within one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -49,6 +62,8 @@ from packsim.core.pack_stats import packing_stats
 # packer name -> (packsim strategy, overflow policy)
 PACKSIM = {"wrapped": ("wrapped", "truncate"), "ffd": ("ffd", "truncate"), "bfd": ("bfd", "truncate"),
            "bfd_split": ("bfd", "split")}
+# packsim packers timed as pack_arrays (compared with TRL); pack(), the lists, is timed too as "lists"
+ARRAYS = {"wrapped"}
 # name -> (TRL strategy, map_kwargs)
 TRL_PACKERS = {
     "trl_bfd": ("bfd", {}),
@@ -145,10 +160,20 @@ def trl_stats(packed, capacity: int) -> dict:
     }
 
 
-def packer_call(name: str, lengths: np.ndarray, capacity: int, dataset):
-    """A zero-argument callable running packer ``name`` once, and a function giving its stats."""
+def packer_call(name: str, lengths: np.ndarray, capacity: int, dataset, lists: bool = False):
+    """A zero-argument callable running packer ``name`` once, and a function giving its stats.
+
+    A packer in :data:`ARRAYS` runs ``pack_arrays`` (``lists=True``: ``pack``, the same packs as
+    Python lists); the others run ``pack``.
+    """
     if name in PACKSIM:
         strategy, overflow = PACKSIM[name]
+        if name in ARRAYS and not lists:
+
+            def run_arrays():
+                return packsim.pack_arrays(lengths, capacity, strategy=strategy, overflow=overflow)
+
+            return run_arrays, lambda arrays: packsim_stats(lengths, arrays.to_lists(), capacity)
 
         def run():
             return packsim.pack(lengths, capacity, strategy=strategy, overflow=overflow)
@@ -171,22 +196,29 @@ def bench_config(lengths, capacity: int, packers: list[str], dataset, repeats: i
     """Time every packer on the same lengths, ``repeats`` rounds in rotating order.
 
     Returns ``{packer: {"times": [...], "time_s": summary, **stats}}``; stats come from round 0
-    and are computed outside the timed region.
+    and are computed outside the timed region. A packer in :data:`ARRAYS` also gets
+    ``"lists": {"times", "time_s"}``, its ``pack`` result timed as one more call of each round.
     """
-    calls = {p: packer_call(p, lengths, capacity, dataset) for p in packers}
-    out: dict[str, dict] = {p: {"times": []} for p in packers}
+    calls = {(p, False): packer_call(p, lengths, capacity, dataset) for p in packers}
+    calls |= {(p, True): packer_call(p, lengths, capacity, dataset, lists=True) for p in packers if p in ARRAYS}
+    keys = list(calls)
+    times: dict[tuple, list[float]] = {k: [] for k in keys}
+    out: dict[str, dict] = {p: {} for p in packers}
     for r in range(repeats):
-        order = packers[r % len(packers):] + packers[: r % len(packers)]
-        for p in order:
-            run, stats = calls[p]
+        for key in keys[r % len(keys):] + keys[: r % len(keys)]:
+            run, stats = calls[key]
             t0 = time.perf_counter()
             result = run()
-            out[p]["times"].append(time.perf_counter() - t0)
-            if r == 0:
-                out[p].update(stats(result))
+            times[key].append(time.perf_counter() - t0)
+            if r == 0 and not key[1]:
+                out[key[0]].update(stats(result))
             del result
-    for p in packers:
-        out[p]["time_s"] = bu.summarize(out[p]["times"])
+    for (p, lists), ts in times.items():
+        timing = {"times": ts, "time_s": bu.summarize(ts)}
+        if lists:
+            out[p]["lists"] = timing
+        else:
+            out[p] = {**timing, **out[p]}
     return out
 
 
@@ -195,9 +227,11 @@ def add_ratios(res: dict) -> None:
     for p in PACKSIM:
         if p not in res:
             continue
-        res[p]["ratio_vs"] = {
-            t: bu.paired_ratio(res[p]["times"], res[t]["times"]) for t in COUNTERPART[p] if t in res
-        }
+        for timed in (res[p], res[p].get("lists")):
+            if timed is not None:
+                timed["ratio_vs"] = {
+                    t: bu.paired_ratio(timed["times"], res[t]["times"]) for t in COUNTERPART[p] if t in res
+                }
 
 
 # ------------------------------------------------------------------------------ targets and tables
@@ -210,7 +244,9 @@ def check_targets(rows: list[dict], big_n: int) -> list[dict]:
     - packsim BFD >= 2x faster than TRL's BFD at ``big_n`` (the target is at 1M), equal or better fill;
     - packsim wrapped at least as fast as TRL's wrapped at every n and capacity, packsim BFD with
       overflow="split" faster than TRL's bfd_split wherever it runs, both with equal or better fill.
-    Each speed target is checked against TRL as ``SFTTrainer`` calls it and in one batch.
+    Each speed target is checked against TRL as ``SFTTrainer`` calls it and in one batch. For
+    wrapped the time is ``pack_arrays`` (like TRL's columnar result); the measured text also
+    gives the ratio of ``pack``'s lists, which no target is set on.
     """
     checks = []
     for r in rows:
@@ -234,11 +270,13 @@ def check_targets(rows: list[dict], big_n: int) -> list[dict]:
             where = f"{r['mix']}, n={r['n']:,}, cap {r['capacity']}"
             if r["packer"] == "bfd" and big_n < 1_000_000:
                 where += "; the target is at 1M"
+            lists = r.get("lists", {}).get("ratio_vs", {}).get(t)
             checks.append({
                 "target": f"packsim {r['packer']} {words} {t}, equal or better fill ({where})",
                 "measured": (
                     f"time ratio {bu.fmt_spread(ratio)} ({1 / ratio['median']:.2f}x); "
-                    f"packs {r['packs']} vs {trl['packs']}"
+                    + (f"as lists (pack) {bu.fmt_spread(lists)}; " if lists else "")
+                    + f"packs {r['packs']} vs {trl['packs']}"
                 ),
                 "ok": fast_enough(ratio["median"]) and r["packs"] <= trl["packs"],
             })
@@ -251,13 +289,15 @@ def results_table(rows: list[dict]) -> str:
                "packsim/TRL time (SFT batching)", "packsim/TRL time (one batch)"]
     body = []
     for r in rows:
-        ratios = r.get("ratio_vs", {})
         names = COUNTERPART.get(r["packer"], ())
-        body.append([
-            r["mix"], f"{r['n']:,}", r["capacity"], r["packer"], r["packs"], f"{r['fill']:.2%}",
-            f"{r['gap']:.2%}", bu.fmt_spread(r["time_s"]),
-            *(bu.fmt_spread(ratios.get(t)) for t in (names or ("", ""))),
-        ])
+        forms = [(r["packer"], r)] + ([(f"{r['packer']} (lists)", r["lists"])] if "lists" in r else [])
+        for name, timed in forms:
+            ratios = timed.get("ratio_vs", {})
+            body.append([
+                r["mix"], f"{r['n']:,}", r["capacity"], name, r["packs"], f"{r['fill']:.2%}",
+                f"{r['gap']:.2%}", bu.fmt_spread(timed["time_s"]),
+                *(bu.fmt_spread(ratios.get(t)) for t in (names or ("", ""))),
+            ])
     return bu.markdown_table(headers, body)
 
 
@@ -265,6 +305,19 @@ def targets_table(checks: list[dict]) -> str:
     return bu.markdown_table(
         ["target", "measured", "verdict"], [[c["target"], c["measured"], bu.verdict(c["ok"])] for c in checks]
     )
+
+
+def merge_rows(previous: dict, rows: list[dict], packers: list[str]) -> tuple[list[dict], dict]:
+    """``previous``'s rows of packers not in ``packers``, then ``rows``; and where they came from."""
+    kept = [r for r in previous["rows"] if r["packer"] not in packers]
+    source = {k: previous.get(k) for k in ("command", "machine", "load", "trl", "wall_s")}
+    source["packers"] = list(dict.fromkeys(r["packer"] for r in kept))
+    earlier = previous.get("merged_from")  # a merge of a merge: say where its kept rows came from
+    if earlier and set(earlier["packers"]) & set(source["packers"]):
+        source["merged_from"] = earlier
+    order = {name: i for i, name in enumerate([*MIXES, *PACKSIM, *TRL_PACKERS])}
+    merged = sorted(kept + rows, key=lambda r: (order[r["mix"]], r["n"], r["capacity"], order[r["packer"]]))
+    return merged, source
 
 
 # ------------------------------------------------------------------------------ main
@@ -282,6 +335,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--no-trl", action="store_true", help="skip TRL even if it is installed")
     ap.add_argument("--packers", help=f"comma list from {','.join([*PACKSIM, *TRL_PACKERS])} (default: all)")
     ap.add_argument("--out", help="results folder (default benchmarks/results, quick: runs/bench-quick)")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the rows of the packers not run here from the packing.json already in --out")
     args = ap.parse_args(argv)
     if args.sizes is None:
         args.sizes = [10_000] if args.quick else [10_000, 100_000, 1_000_000]
@@ -324,9 +379,12 @@ def main(argv=None) -> int:
                 print(f"{mix:11s} n={n:>9,} cap={cap:>5}: " + ", ".join(
                     f"{p} {res[p]['time_s']['median']:.3g} s" for p in here), flush=True)
             del dataset
-    checks = check_targets(rows, max(args.sizes))
     after = bu.machine_info(threads=None)
     out = bu.out_dir(args.out, args.quick)
+    merged_from = None
+    if args.merge and (Path(out) / "packing.json").exists():
+        rows, merged_from = merge_rows(json.loads((Path(out) / "packing.json").read_text()), rows, packers)
+    checks = check_targets(rows, max((r["n"] for r in rows if r["mix"] == "long_tailed"), default=0))
     payload = {
         "benchmark": "packing",
         "command": " ".join(["python benchmarks/packing.py", *(sys.argv[1:] if argv is None else argv)]),
@@ -339,8 +397,11 @@ def main(argv=None) -> int:
         "rows": rows,
         "targets": checks,
     }
+    if merged_from:
+        payload["merged_from"] = merged_from
     path = bu.save_json(Path(out) / "packing.json", payload)
-    print(f"\nwrote {path} ({payload['wall_s']:.0f} s; {payload['load']})\n")
+    kept = f"; kept the rows of {', '.join(merged_from['packers'])} from its previous run" if merged_from else ""
+    print(f"\nwrote {path} ({payload['wall_s']:.0f} s; {payload['load']}{kept})\n")
     print(results_table(rows))
     print()
     if not has_trl:
