@@ -263,9 +263,10 @@ def _pack_wrapped(sizes: np.ndarray, capacity: int) -> tuple[np.ndarray, ...]:
     """Concatenate in data order and cut every ``capacity`` tokens (examples may straddle cuts).
 
     Returns the ``(index, start, length, row_offsets)`` arrays of :class:`PackArrays`. In numpy,
-    no loop over examples: every cut that falls inside an example is inserted into the list of
-    example starts, which gives the pieces in token order; a row is then a run of consecutive
-    pieces, starting at the piece that starts at its cut.
+    no loop over examples: a cut that falls inside an example adds one piece (the rest of that
+    example), placed right after it, so the pieces in token order are the examples with one
+    piece inserted per such cut; a row is then a run of consecutive pieces, starting at the piece
+    that starts at its cut.
     """
     n = len(sizes)
     if not n:
@@ -275,14 +276,23 @@ def _pack_wrapped(sizes: np.ndarray, capacity: int) -> tuple[np.ndarray, ...]:
     cuts = np.arange(capacity, bounds[-1], capacity, dtype=np.int64)  # (n_rows - 1,) row starts
     after = np.searchsorted(bounds, cuts)  # first example starting at or after each cut
     inside = bounds[after] != cuts  # the cut splits example after - 1
-    cut_at = after[inside]  # (k,) insert before these example positions
-    index = np.insert(np.arange(n), cut_at, cut_at - 1)  # (n + k,) example of each piece
-    piece_start = np.insert(bounds, cut_at, cuts[inside])  # (n + k + 1,) token offsets, total last
+    cut_at = after[inside]  # (k,) the example after each cut example
+    n_pieces = n + len(cut_at)
+    added = cut_at + np.arange(len(cut_at))  # (k,) where the added pieces go, after earlier ones
+    is_added = np.zeros(n_pieces, dtype=np.int64)
+    is_added[added] = 1
+    index = np.arange(n_pieces) - np.cumsum(is_added)  # (n_pieces,) example of each piece
+    piece_start = np.empty(n_pieces + 1, dtype=np.int64)  # token offsets, total last
+    np.take(bounds, index, out=piece_start[:-1])  # an example's first piece starts with it,
+    piece_start[added] = cuts[inside]  # an added piece at its cut
+    piece_start[-1] = bounds[-1]
+    start = np.zeros(n_pieces, dtype=np.int64)  # (n_pieces,) inside the example
+    start[added] = cuts[inside] - bounds[cut_at - 1]
     row_offsets = np.empty(len(cuts) + 2, dtype=np.int64)  # (n_rows + 1,)
-    row_offsets[0], row_offsets[-1] = 0, len(index)
-    # the piece at each cut, whether inserted or an example start, sits after the earlier insertions
+    row_offsets[0], row_offsets[-1] = 0, n_pieces
+    # the piece at each cut, whether added or an example start, sits after the earlier additions
     row_offsets[1:-1] = after + np.cumsum(inside) - inside
-    return index, piece_start[:-1] - bounds[index], np.diff(piece_start), row_offsets
+    return index, start, np.diff(piece_start), row_offsets
 
 
 def _pack_sequential(item_sizes: np.ndarray, capacity: int) -> np.ndarray:
