@@ -1,4 +1,4 @@
-"""Benchmark 2: attention cost vs pack length, on CPU (notebook 07, varlen internals).
+"""Benchmark 2: attention cost vs pack length, on CPU (notebook 08, varlen internals).
 
 Packs of N = 1k ... 16k tokens made of realistic example lengths (the course's long-tailed mix:
 lognormal, median 90, sigma 0.9, clipped to [8, 2048]; about 64 examples at 8k), with the

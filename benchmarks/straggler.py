@@ -1,4 +1,4 @@
-"""Benchmark: the straggler ratio of data-parallel ranks, packs dealt round-robin vs balanced by cost (lesson 09).
+"""Benchmark: the straggler ratio of data-parallel ranks, packs dealt round-robin vs balanced by cost (lesson 10).
 
 Every data-parallel step waits for its slowest rank, so a step takes ``max`` over ranks while the
 useful work is the ``mean``: the straggler ratio ``max / mean`` (1.0: nobody waits) is the step's

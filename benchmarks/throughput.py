@@ -1,4 +1,4 @@
-"""Benchmark 3: training throughput, packed vs padded, same real-token budget (notebooks 01, 05).
+"""Benchmark 3: training throughput, packed vs padded, same real-token budget (notebooks 01, 06).
 
 The tiny model (``packsim.core.model.build_model("tiny")``, random init) trains on the long-tailed mix
 of copy examples (``packsim.core.data.make_long_tailed_examples``: lognormal lengths, median 90, sigma

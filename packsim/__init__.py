@@ -6,9 +6,9 @@ Public API (stable names):
 - :class:`PackedBatch` -- packed rows built for a setup (``PackedBatch.from_examples``);
 - :class:`Setup`, :data:`SETUPS` -- mask x positions x loss, presets ``buggy``/``correct``/``padded``;
 - :func:`varlen_attention`, :func:`available_backends` -- one varlen interface, many kernels;
-- :func:`train`, :class:`TrainConfig`, :func:`evaluate_isolated` -- the experiment (notebook 05);
-- :func:`audit`, :class:`AuditReport` -- detect contamination in any packed pipeline (notebook 06);
-- :class:`PackingCollator` -- packed, completion-only batches for the transformers ``Trainer`` (06);
+- :func:`train`, :class:`TrainConfig`, :func:`evaluate_isolated` -- the experiment (notebook 06);
+- :func:`audit`, :class:`AuditReport` -- detect contamination in any packed pipeline (notebook 07);
+- :class:`PackingCollator` -- packed, completion-only batches for the transformers ``Trainer`` (07);
 - :func:`get_device` -- the one place that picks CPU or CUDA;
 - ``packsim.viz`` -- the widgets (imported on first use: it pulls in plotly and ipywidgets).
 """
@@ -16,7 +16,7 @@ Public API (stable names):
 import importlib
 
 from packsim.auditing import AuditReport, audit
-from packsim.auditing.trainer import audit_trainer  # a Trainer / SFTTrainer as built (notebook 06)
+from packsim.auditing.trainer import audit_trainer  # a Trainer / SFTTrainer as built (notebook 07)
 from packsim.core.attention import available_backends, varlen_attention
 from packsim.core.batch import PackedBatch
 from packsim.core.collator import PackingCollator

@@ -12,7 +12,7 @@ the likely cause. It returns the report when the audit passes. Example::
         batch = my_collator(my_features)
         assert_isolated(model, batch, response_mask=my_response_mask, use_cache=False)
 
-For docs/audit.md and lesson 06.
+For docs/audit.md and lesson 07.
 
 Lessons: none directly.
 """

@@ -7,7 +7,6 @@ import torch
 from packsim.course.exercises.lesson03_block_diagonal import (
     check_block_causal_mask,
     check_cu_seqlens_from_lengths,
-    check_position_ids_from_lengths,
 )
 from packsim.course.solutions import lesson03_block_diagonal as sol
 
@@ -69,21 +68,3 @@ def test_mask_padding_attends():
 def test_mask_wrong_dtype():
     fb = check_block_causal_mask(lambda s: sol.block_causal_mask(s).float())
     assert not fb.passed and "torch.bool" in _text(fb)
-
-
-# ----------------------------------------------------------------------------- positions
-
-
-def test_positions_continuous():
-    fb = check_position_ids_from_lengths(lambda ls: torch.arange(sum(ls)))
-    assert not fb.passed and "restart" in _text(fb)
-
-
-def test_positions_start_at_one():
-    fb = check_position_ids_from_lengths(lambda ls: torch.cat([torch.arange(1, n + 1) for n in ls]))
-    assert not fb.passed and "start at 1" in _text(fb)
-
-
-def test_positions_float_dtype():
-    fb = check_position_ids_from_lengths(lambda ls: sol.position_ids_from_lengths(ls).float())
-    assert not fb.passed and "torch.long" in _text(fb)

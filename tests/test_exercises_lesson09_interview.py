@@ -1,8 +1,8 @@
-"""Checks of notebook 08_interview_drills: the reference passes, typical mistakes are named."""
+"""Checks of notebook 09_interview_drills: the reference passes, typical mistakes are named."""
 
 from __future__ import annotations
 
-from packsim.course.exercises.lesson08_interview import (
+from packsim.course.exercises.lesson09_interview import (
     BUGS,
     CAUSES,
     FOLLOWUPS,
@@ -14,7 +14,7 @@ from packsim.course.exercises.lesson08_interview import (
     check_q1_answer,
     check_review,
 )
-from packsim.course.solutions import lesson08_interview as sol
+from packsim.course.solutions import lesson09_interview as sol
 
 
 def _text(fb) -> str:

@@ -110,10 +110,10 @@ def test_notebook_runs_in_fast_mode(notebook, monkeypatch, record_property):
 
 @pytest.mark.slow
 def test_committed_runs_load_from_any_working_directory(tmp_path, monkeypatch):
-    """Lesson 08 reads results/ and benchmarks/results/ with the kernel started elsewhere (Colab, VS Code)."""
+    """Lesson 09 reads results/ and benchmarks/results/ with the kernel started elsewhere (Colab, VS Code)."""
     monkeypatch.setenv("PACKSIM_FAST", "1")
     workdir = tmp_path / "content"  # like Colab's /content: no results/ above it
     workdir.mkdir()
-    seconds = execute_notebook(NOTEBOOKS / "08_interview_drills.ipynb", timeout=180, cwd=workdir)
+    seconds = execute_notebook(NOTEBOOKS / "09_interview_drills.ipynb", timeout=180, cwd=workdir)
     assert math.isfinite(seconds) and seconds > 0
     assert not any(workdir.iterdir())  # the lesson writes nothing where it happens to start

@@ -2,7 +2,7 @@
 
 Written against transformers 5.24.0 + torch 2.13.0 (CPU). These tests pin TODAY's behaviour, so a
 failure does not mean packsim is broken: it means transformers changed behaviour and the course
-(notebook 03, DESIGN.md "Facts measured on this stack") must be updated to match.
+(notebook 04, DESIGN.md "Facts measured on this stack") must be updated to match.
 
 Setup: four random examples (lengths 5, 12, 1, 7) concatenated into one row (1, 25) and run
 through a tiny ``LlamaForCausalLM`` (``packsim.core.model.build_model``) in fp32. The reference for

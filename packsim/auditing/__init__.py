@@ -1,4 +1,4 @@
-"""The contamination audit (lesson 06): does a packed pipeline keep its examples apart?
+"""The contamination audit (lesson 07): does a packed pipeline keep its examples apart?
 
 ===============  ===================================================================
 module           idea
@@ -20,7 +20,7 @@ module           idea
 ``forensics``    evidence a contaminated run leaves in the weights, against a control
 ===============  ===================================================================
 
-Lessons: none directly (lessons 06 and 08 call :func:`packsim.audit`).
+Lessons: none directly (lessons 07 and 09 call :func:`packsim.audit`).
 """
 
 from packsim.auditing.auditor import audit

@@ -6,7 +6,7 @@ micro-batch by its own count and then by G computes a mean of per-micro-batch me
 over-weights the tokens of short micro-batches. :func:`loss_over_accumulation`
 runs the trainer's own ``compute_loss`` on G real micro-batches, with the ``num_items_in_batch``
 its ``get_batch_samples`` counts and the scaling its ``training_step`` applies, and compares the
-sum with that token mean computed from the logits. Used by :func:`packsim.audit_trainer` (lesson 06).
+sum with that token mean computed from the logits. Used by :func:`packsim.audit_trainer` (lesson 07).
 
 Lessons: none directly.
 """

@@ -22,7 +22,7 @@ Example boundaries come from whatever the batch carries; the report says where i
 
 Used by the ``packsim audit`` command.
 
-Lessons: 06, 08.
+Lessons: 07, 09.
 """
 
 
@@ -108,7 +108,7 @@ def audit(model, batch, response_mask=None, *, max_examples: int = 16, tol: floa
         **forward_kwargs: passed to every forward exactly as the pipeline passes them.
 
     Returns an :class:`AuditReport`; ``report.ok`` is False when a probe fails and
-    ``report.failed`` names them. Used by notebook 06 and ``packsim audit``.
+    ``report.failed`` names them. Used by notebook 07 and ``packsim audit``.
     """
     start = time.perf_counter()
     p = _pipeline(model, batch, response_mask, forward_kwargs)

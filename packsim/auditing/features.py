@@ -1,4 +1,4 @@
-"""The response mask of collator features, from their prompt / completion split (lesson 06).
+"""The response mask of collator features, from their prompt / completion split (lesson 07).
 
 The loss probe of :func:`packsim.audit` tells prompt from response only when it is given a
 ``response_mask``: bool, True on response tokens and EOS, one entry per token of the batch. The

@@ -4,7 +4,7 @@ Each function returns a :class:`~packsim.auditing.report.Finding` (pass / fail /
 evidence, the fix). They read a :class:`BatchView`: the collated batch (input_ids (B, T)), where
 its own fields put the examples, and where the tokens put them. Rules quote the installed
 transformers source they come from; what cannot be checked here is ``skipped``, never ``pass``.
-Used by :func:`packsim.audit_trainer` and ``packsim audit --model`` (lesson 06).
+Used by :func:`packsim.audit_trainer` and ``packsim audit --model`` (lesson 07).
 
 Lessons: none directly.
 """

@@ -24,7 +24,7 @@ proves nothing about the run: the leak lived in the forward the run used, not in
 any model passes an isolated forward. Only the habit the leak left in the weights remains.
 
 Shapes: examples are packsim ``Example`` objects (``.tokens``, ``.n_prompt``) or dicts with
-``prompt_ids`` and ``response_ids``; per-example losses are (N,). Lessons 06 and 08.
+``prompt_ids`` and ``response_ids``; per-example losses are (N,). Lessons 07 and 09.
 
 Lessons: none directly.
 """

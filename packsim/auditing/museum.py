@@ -14,9 +14,9 @@ Batches are transformers' ``DataCollatorWithFlattening`` rows (1, N) (``input_id
 ``position_ids``, ``cu_seq_lens_q/k``) unless the story says otherwise; ``response_mask`` (1, N) is
 True on response tokens and the final EOS. Every link was checked against the stored public thread;
 the stories are ours. :func:`museum_table` runs every exhibit (buggy and fixed) and tabulates what
-caught it. For lesson 06 and docs/audit.md; tests/test_museum.py runs every exhibit.
+caught it. For lesson 07 and docs/audit.md; tests/test_museum.py runs every exhibit.
 
-Lessons: 06.
+Lessons: 07.
 """
 
 from __future__ import annotations

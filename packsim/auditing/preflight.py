@@ -13,7 +13,7 @@ Builds the training pipeline a practitioner is about to launch, from
 and runs :func:`packsim.audit_trainer` on it. An implementation that needs what this machine
 lacks (flash attention without CUDA or the package) is audited under ``sdpa``, with the flash
 checks that can be read from the batch and a ``skipped`` finding saying what was not measured.
-Tokens: input_ids (B, T) per batch, as the chosen collator makes them. Lesson 06.
+Tokens: input_ids (B, T) per batch, as the chosen collator makes them. Lesson 07.
 
 Lessons: none directly.
 """

@@ -15,9 +15,9 @@ restarts; one example per row without them). Where those mark at most one exampl
 tokens decide: a BOS after a row's first token starts an example, and for TRL's wrapped packing the
 token after a run of EOS does too. Prompt/response: from the collated features' split
 (:func:`~packsim.auditing.features.response_mask_from_features`), all response for TRL's
-language-modelling data, else unknown. Used by lesson 06 and ``packsim audit --model``.
+language-modelling data, else unknown. Used by lesson 07 and ``packsim audit --model``.
 
-Lessons: 06.
+Lessons: 07.
 """
 
 from __future__ import annotations

@@ -20,11 +20,11 @@ kernel without torch.compile): compiling costs seconds per mask on CPU and, meas
 tests/test_transformers_traps.py); with ``compile_flex=True`` on CPU those 4D-tensor cells are
 "not run" instead of crashing.
 
-Meant for lessons 03 and 06 and docs/audit.md, to print instead of prose claims, so the course stays
+Meant for lessons 04 and 07 and docs/audit.md, to print instead of prose claims, so the course stays
 true when transformers changes. The full table (8 families x 5 implementations x 7 conditions) takes
 minutes on a 2-core CPU: pass ``families=`` / ``impls=`` / ``conditions=`` for a subset.
 
-Lessons: 03, 06.
+Lessons: 04, 07.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ Backends (``BACKENDS``):
 ``packsim`` logger. How much work each layout does (score pairs, tiles computed and skipped)
 is counted in :mod:`packsim.core.tiles`.
 
-Lessons: 03, 07.
+Lessons: 03, 08.
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ def available_backends(device=None, dtype: torch.dtype | None = None) -> dict[st
     """Status of every backend on ``device`` (default: :func:`get_device`) for ``dtype``.
 
     ``dtype=None`` skips the dtype check (flash and torch_varlen need fp16/bf16).
-    Notebooks 00_start_here and 07_flash_varlen_internals print this table.
+    Notebooks 00_start_here and 08_flash_varlen_internals print this table.
     """
     device = get_device() if device is None else torch.device(device)
     return {name: _status(name, device, dtype) for name in BACKENDS}
@@ -418,7 +418,7 @@ def varlen_attention(
     ``softmax_scale`` defaults to 1/sqrt(D). ``backend``: "auto" or one of :data:`BACKENDS`.
     dense/blocked/flex need ``cu_seqlens_q == cu_seqlens_k`` (self-attention over one pack).
     All input errors raise :class:`PacksimError` before any compute.
-    Used by notebooks 03_block_diagonal and 07_flash_varlen_internals.
+    Used by notebooks 03_block_diagonal and 08_flash_varlen_internals.
     """
     if backend != "auto" and backend not in BACKENDS:
         raise _unknown_backend(backend)

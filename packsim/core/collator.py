@@ -1,4 +1,4 @@
-"""A padding-free packing collator for the transformers ``Trainer`` (notebook 06).
+"""A padding-free packing collator for the transformers ``Trainer`` (notebook 07).
 
 :class:`PackingCollator` turns a list of features into ONE flattened row in the format of
 transformers' ``DataCollatorWithFlattening``: no padding, no ``attention_mask``, and the
@@ -28,7 +28,7 @@ Example::
     trainer = Trainer(model=model, args=TrainingArguments(..., remove_unused_columns=False),
                       train_dataset=examples, data_collator=collator)
 
-Lessons: 06.
+Lessons: 07.
 """
 
 from __future__ import annotations

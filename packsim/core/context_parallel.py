@@ -17,7 +17,7 @@ attention work per rank: a query at position ``p`` of its document attends to ``
 :func:`dropped_tokens` counts what a kernel that assumes multiples of ``2 * cp`` (chunks of
 ``L // (2 * cp)`` tokens) would leave out of an unpadded document. Lengths are 1-D int sequences.
 
-Lessons: 09.
+Lessons: 10.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ The first four are the default mix (:data:`DEFAULT_TASKS`). ``copy`` (repeat wha
 ``|``) can be stretched to any length, so :func:`make_long_tailed_examples` uses it to build
 examples whose lengths follow :func:`long_tailed_lengths` exactly (throughput studies).
 
-Lessons: 00, 01, 02, 03, 04, 05, 06, 07, 08.
+Lessons: 00, 01, 02, 03, 04, 05, 06, 07, 08, 09.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Labels and the loss: which tokens count, and how to normalise so every response token weighs the same.
 
-Lesson 04 teaches this module step by step; lesson 06 audits it.
+Lesson 05 teaches this module step by step; lesson 07 audits it.
 
 Labels follow the transformers convention: ``labels`` is aligned with ``input_ids`` and the
 model predicts ``labels[:, t + 1]`` from position ``t``; ``-100`` means "not counted".
@@ -20,7 +20,7 @@ UNKNOWN  inside an example, prompt or response not known (the audit's role for a
          collator batch without a response mask; a PackedBatch never holds it)
 ======== =========================================================================
 
-Lessons: 04, 06.
+Lessons: 05, 07.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ The correct mask for a pack is *block-diagonal causal*: causal inside each examp
 across examples. The buggy default is a plain causal mask over the whole pack, which lets every
 example read the ones packed before it. ``packsim.core.attention``'s dense backend uses these.
 
-Lessons: 02, 03, 07, 08.
+Lessons: 02, 03, 04, 08, 09.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def causal_mask(T: int, device=None) -> torch.Tensor:
     """Plain causal mask (T, T) bool, True = may attend (key j <= query i).
 
     Over a whole pack this is the *buggy* mask: example 2 can read example 1.
-    Used by notebooks 02_the_leak and 03_block_diagonal.
+    Used by notebooks 02_the_leak, 03_block_diagonal and 04_transformers_traps.
     """
     return torch.ones(T, T, dtype=torch.bool, device=device).tril()  # (T, T)
 
@@ -49,7 +49,8 @@ def block_diagonal_mask(seq_ids, causal: bool = True) -> torch.Tensor:
 
     ``mask[..., i, j]`` is True when token ``i`` may attend to token ``j``: same sequence id, and
     ``j <= i`` when ``causal``. Padding (id ``-1``) attends to nothing and nobody attends to it;
-    its rows are all False (SDPA returns 0 for such rows). Used by notebook 03_block_diagonal.
+    its rows are all False (SDPA returns 0 for such rows). Used by notebooks 03_block_diagonal and
+    04_transformers_traps.
     """
     ids = check_seq_ids(seq_ids)  # (..., T)
     T = ids.shape[-1]
@@ -81,7 +82,8 @@ def to_additive_4d(mask_bool: torch.Tensor, dtype: torch.dtype = torch.float32) 
     attention computes ``scores + attention_mask``, so a bool mask is added as 0/1 and masks
     nothing at all (not even causality). Use the model's dtype (e.g. ``torch.bfloat16``) so the
     minimum stays finite in that dtype. Fully masked rows (padding) become uniform attention in
-    eager rather than NaN; their labels must be ignored anyway. Used by notebook 03_block_diagonal.
+    eager rather than NaN; their labels must be ignored anyway. Used by notebooks 03_block_diagonal
+    and 04_transformers_traps.
     """
     if not isinstance(mask_bool, torch.Tensor) or mask_bool.dtype != torch.bool:
         got = mask_bool.dtype if isinstance(mask_bool, torch.Tensor) else type(mask_bool).__name__

@@ -10,7 +10,7 @@ config (random init, no download). ``forward`` runs a :class:`~packsim.core.batc
 - ``backend="transformers"``: the model's own attention (eager / sdpa / flex_attention) with
   a 4D additive mask built from the setup (dense, O(T^2): the reference way).
 
-Lessons: 00, 01, 02, 03, 04, 05, 06, 07, 08.
+Lessons: 00, 01, 02, 04, 05, 06, 07, 08, 09.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def build_model(
     """A randomly initialised ``LlamaForCausalLM`` sized by name (``tiny`` 0.53M, ``small`` 4.2M params).
 
     ``use_cache=False`` is set in the config: with a cache, transformers skips packed-sequence
-    detection (a trap notebook 03 shows). ``vocab_size`` defaults to packsim's tokenizer.
+    detection (a trap notebook 04 shows). ``vocab_size`` defaults to packsim's tokenizer.
     """
     if size not in MODEL_SIZES:
         raise PacksimError(f"unknown model size {size!r}: use one of {sorted(MODEL_SIZES)}.")
@@ -167,7 +167,7 @@ def attention_maps(model, batch: PackedBatch) -> torch.Tensor:
 
     Row ``q`` of ``[l, b, h]`` is where query token ``q`` of row ``b`` looks; its mass on keys of
     other examples is the cross-example leak. Computed densely (O(T^2) per row): meant for the
-    short packs the leakage explorer (notebooks 02, 05, 06) and the audit show.
+    short packs the leakage explorer (notebooks 02, 06, 07) and the audit show.
     """
     _check_ids(model, batch)
     capture: list[torch.Tensor] = []

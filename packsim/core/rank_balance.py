@@ -1,4 +1,4 @@
-"""Which rank trains which pack: round-robin vs balanced by cost, and the straggler ratio (lesson 09).
+"""Which rank trains which pack: round-robin vs balanced by cost, and the straggler ratio (lesson 10).
 
 In data-parallel training every rank waits for the slowest one at the gradient all-reduce, so
 a step takes as long as its most loaded rank. A pack is a list of segment lengths (one per
@@ -17,7 +17,7 @@ rank ``i % R``, what an order-preserving sampler does) or greedy longest-first b
 rank; the classic LPT rule, within 4/3 of the best possible maximum). :func:`straggler_ratio` is
 ``max(loads) / mean(loads)``: 1.0 means no rank waits. ``benchmarks/straggler.py`` measures it.
 
-Lessons: 09.
+Lessons: 10.
 """
 
 from __future__ import annotations

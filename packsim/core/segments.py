@@ -18,7 +18,7 @@ position inside its run (:func:`example_positions`), and reads the boundaries of
 :func:`outside_share` measures the leak: the share of each query's attention (..., B, H, T, T)
 that lands on another example's keys, exactly 0 under a block-diagonal mask.
 
-Lessons: 02, 06, 07, 08.
+Lessons: 02, 07, 08, 09.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ A setup says *how* a batch of examples is turned into one training forward:
   (response tokens and EOS only, normalised per counted token);
 - ``packed``: ``False`` for the one-example-per-row reference (``padded``).
 
-Used by notebooks 02-06 and by every trainer and audit call.
+Used by notebooks 02-07 and by every trainer and audit call.
 
 Lessons: none directly.
 """

@@ -15,7 +15,7 @@ work on ``tile x tile`` blocks of the (N, N) score matrix. Two ways to lay the t
 :func:`attention_work` counts score pairs (dense mask N^2, a causal kernel over the whole pack,
 varlen sum L_i^2) and, with ``tile=...``, the tiles of both layouts.
 
-Lessons: 03, 07, 08.
+Lessons: 03, 08, 09.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 ``modules_used(notebook)`` resolves every ``from packsim... import name``, ``import packsim...``
 and ``packsim.<attr>`` in a notebook's code cells to the module that defines it (``pack`` ->
 ``packsim.core.packing``). ``lessons_by_module(root)`` inverts that over all notebooks, and
-``docstring_lessons(module)`` reads the ``Lessons: 01, 05.`` line every library module carries in
+``docstring_lessons(module)`` reads the ``Lessons: 01, 06.`` line every library module carries in
 its docstring (numbers, or 'none directly', then an optional note in parentheses).
 tests/test_lesson_map.py keeps the two in step, so a docstring never names a lesson
 that no longer uses the module, nor misses one that does.
@@ -93,7 +93,7 @@ def modules_used(notebook: Path | str) -> set[str]:
 
 
 def lesson_number(notebook: Path | str) -> str:
-    """``notebooks/05_train_side_by_side.ipynb`` -> ``"05"``."""
+    """``notebooks/06_train_side_by_side.ipynb`` -> ``"06"``."""
     return Path(notebook).name.split("_", 1)[0]
 
 

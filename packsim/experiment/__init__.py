@@ -2,7 +2,7 @@
 
 ``training`` (one run), ``evaluation`` (isolated and in-pack scores), ``comparison`` (the runs of
 ``packsim compare``), ``results`` (``results.json``), ``report`` (``report.html``), ``facts`` (the
-design where the loss curve lies). Lessons 05 and 08 read its runs.
+design where the loss curve lies). Lessons 06 and 09 read its runs.
 
 Lessons: none directly.
 """

@@ -1,4 +1,4 @@
-"""``packsim compare``: train the same tiny model under several setups, side by side (notebook 05).
+"""``packsim compare``: train the same tiny model under several setups, side by side (notebook 06).
 
 Every run of a comparison shares the model init, the examples, their order, the token budget and
 the optimiser; only the setup differs. Two data designs:
@@ -13,7 +13,7 @@ Outputs ``DIR/results.json`` (:class:`~packsim.experiment.results.Results`), ``D
 (:mod:`packsim.report`) and, per run, the trained weights ``DIR/models/<setup>-seed<k>.pt``
 (:func:`load_model`), which the leakage explorer can show.
 
-Lessons: 05.
+Lessons: 06.
 """
 
 from __future__ import annotations

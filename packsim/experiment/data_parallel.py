@@ -1,4 +1,4 @@
-"""``packsim train``: one setup trained on one process or data-parallel under torchrun (lesson 09).
+"""``packsim train``: one setup trained on one process or data-parallel under torchrun (lesson 10).
 
 Run plainly it is one process. Launched by a real launcher it trains with PyTorch's
 ``DistributedDataParallel`` (gloo on CPU, nccl on CUDA), one rank per process (with accelerate 1.15,
@@ -27,7 +27,7 @@ Outputs (rank 0): ``OUT/results.json`` (one run, :class:`~packsim.experiment.res
 results.json keeps 6 digits). :func:`compare_outputs` diffs two runs. ``--engine trainer`` trains
 the same way through the transformers ``Trainer`` instead (:mod:`packsim.experiment.trainer_parallel`).
 
-Lessons: 09.
+Lessons: 10.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Evaluation on held-out examples, run **alone** (one example per row, positions from 0).
 
-Notebook 05 uses it to score the models the experiment trains. Two numbers per example set:
+Notebook 06 uses it to score the models the experiment trains. Two numbers per example set:
 
 - response-only loss: mean cross-entropy over response tokens and EOS;
 - exact match by greedy decoding: the model, given ``<bos> + prompt``, must produce the response

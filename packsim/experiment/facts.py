@@ -1,4 +1,4 @@
-"""Synthetic facts with paraphrased questions: the data design where the loss curve lies (notebook 05).
+"""Synthetic facts with paraphrased questions: the data design where the loss curve lies (notebook 06).
 
 Each entity (a made-up 4-letter name) has three attributes (colour, birth year, room number). A
 fact is asked with several paraphrased templates, e.g. ``color of tavo?`` / ``tavo color=`` /

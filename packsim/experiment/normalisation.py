@@ -1,4 +1,4 @@
-"""Loss normalisation across data-parallel ranks and gradient-accumulation micro-batches (lesson 09).
+"""Loss normalisation across data-parallel ranks and gradient-accumulation micro-batches (lesson 10).
 
 One optimiser step of data-parallel training sees ``R`` ranks x ``M`` micro-batches. Micro-batch
 ``m`` of rank ``r`` holds ``counts[r, m]`` counted targets (response tokens and EOS under a
@@ -30,7 +30,7 @@ DistributedDataParallel *averages* gradients over the ``R`` ranks, so a rank tha
 objective's gradient calls ``backward`` on ``sums[r, m] * weights[r, m] * R``:
 :func:`backward_scales` returns those factors.
 
-Lessons: 09.
+Lessons: 10.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 ``packsim compare`` writes ``report.html`` with :func:`write_report`: one self-contained file
 (plotly.js embedded, works offline) with the curves side by side, the final table (mean and
 spread over seeds), the buggy-vs-correct table of the course card filled with measured numbers,
-and the throughput on the long-tailed mix. Notebook 05 shows the same figures.
+and the throughput on the long-tailed mix. Notebook 06 shows the same figures.
 
-Lessons: 05, 08.
+Lessons: 06, 09.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The experiment's result format: what the trainer records, ``packsim compare`` writes, widgets read.
 
-One format from the live callback to ``results.json``, so the curves widget (notebook 05) and the
+One format from the live callback to ``results.json``, so the curves widget (notebook 06) and the
 report need no guessing:
 
 - while training, the trainer calls ``callback(record)`` with a :class:`StepRecord`
@@ -17,7 +17,7 @@ report need no guessing:
                "wall_s": 61.2}],
      "config": {...}, "env": {...}}
 
-Lessons: 01, 02, 05, 08.
+Lessons: 01, 02, 06, 09.
 """
 
 from __future__ import annotations

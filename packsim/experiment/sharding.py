@@ -17,7 +17,7 @@ a world size larger than the examples per step, a rank with no pack, an unknown 
 :func:`world` reads the launcher's environment (torchrun and accelerate set ``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``).
 
-Lessons: 09.
+Lessons: 10.
 """
 
 from __future__ import annotations

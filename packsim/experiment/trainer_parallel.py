@@ -1,4 +1,4 @@
-"""``packsim train --engine trainer``: the transformers ``Trainer`` with ``PackingCollator`` on 1..N processes (lesson 09).
+"""``packsim train --engine trainer``: the transformers ``Trainer`` with ``PackingCollator`` on 1..N processes (lesson 10).
 
 Launched with ``accelerate launch --cpu --num_processes 2 -m packsim train --engine trainer ...``
 (or torchrun), the ``Trainer`` wraps the model in DistributedDataParallel itself. Each rank packs
@@ -20,7 +20,7 @@ How the Trainer normalises the loss (read in the installed ``transformers/traine
 
 So ``--normalise global`` maps to ``average_tokens_across_devices=True``, ``local`` to ``False``,
 and ``mean`` to ``model_accepts_loss_kwargs = False``, each checked against one process in
-``tests/test_data_parallel.py`` and lesson 09.
+``tests/test_data_parallel.py`` and lesson 10.
 
 Lessons: none directly.
 """

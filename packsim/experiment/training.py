@@ -1,4 +1,4 @@
-"""The trainer of the experiment (notebook 05): the same model, data, budget and seed under any setup.
+"""The trainer of the experiment (notebook 06): the same model, data, budget and seed under any setup.
 
 ``make_batches`` cuts the examples into steps of ``examples_per_step`` **before** packing, so
 every setup (buggy, correct, padded, ...) sees the identical examples in the identical order and
@@ -12,7 +12,7 @@ and, live, to ``callback(record)`` (the curves widget's ``.callback``).
 
 Deterministic on CPU for a given seed. On CUDA it trains under bf16 autocast.
 
-Lessons: 01, 02, 04, 09.
+Lessons: 01, 02, 05, 10.
 """
 
 from __future__ import annotations

@@ -9,12 +9,12 @@ for HTML export and front ends without a kernel.
 widget                                 static figure               notebook
 =====================================  ==========================  ========
 :func:`packing_playground`             :func:`packing_figure`      01
-:func:`leakage_explorer`               :func:`leakage_figure`      02 05 06
+:func:`leakage_explorer`               :func:`leakage_figure`      02 06 07
 :func:`mask_explorer`                  :func:`mask_figure`         03
-:func:`label_viewer`                   :func:`labels_figure`       04
-:func:`curves` (``.callback`` live)    :func:`curves_figure`       05
-:func:`tile_map`                       :func:`tile_figure`         07
-:func:`quiz` (:func:`load_quizzes`)    :func:`quiz_figure`         08
+:func:`label_viewer`                   :func:`labels_figure`       05
+:func:`curves` (``.callback`` live)    :func:`curves_figure`       06
+:func:`tile_map`                       :func:`tile_figure`         08
+:func:`quiz` (:func:`load_quizzes`)    :func:`quiz_figure`         09
 =====================================  ==========================  ========
 
 Shared pieces: :mod:`packsim.viz.style` (colours, the offline plotly config, layout helpers) and

@@ -1,4 +1,4 @@
-"""Label viewer (notebook 04): which tokens of a pack the loss counts, per loss setup, and why.
+"""Label viewer (notebook 05): which tokens of a pack the loss counts, per loss setup, and why.
 
 For each setup (``buggy`` = loss on all tokens, ``correct`` = completion-only by default) the
 tokens of one packed row are drawn as chips: green when the token is a counted target, grey when
@@ -7,7 +7,7 @@ ignored (label ``-100``). Hovering a chip gives the reason, from the token's
 A token ``t`` is a target when ``labels[t] != -100`` and ``t > 0`` (the model predicts token
 ``t`` from position ``t - 1``; the first token of a row has nothing before it).
 
-Lessons: 04.
+Lessons: 05.
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ def labels_figure(
     row: int = 0,
     seed: int = 0,
 ) -> go.Figure:
-    """Static label figure (notebook 04): one strip per setup, counted vs ignored, reason on hover.
+    """Static label figure (notebook 05): one strip per setup, counted vs ignored, reason on hover.
 
     ``examples_or_batch``: examples, a packed PackedBatch, or None for ``make_examples(5, seed)``.
     """
@@ -216,7 +216,7 @@ def label_viewer(
     row: int = 0,
     seed: int = 0,
 ) -> LabelViewer:
-    """Label viewer widget (notebook 04): tokens coloured counted / ignored per loss setup.
+    """Label viewer widget (notebook 05): tokens coloured counted / ignored per loss setup.
 
     ``examples_or_batch``: examples, a packed PackedBatch, or None for ``make_examples(5, seed)``
     packed at ``capacity``. ``setups``: preset names (their loss switch decides the labels).

@@ -1,4 +1,4 @@
-"""Leakage explorer (notebooks 02, 05, 06): click a token, see where its attention goes.
+"""Leakage explorer (notebooks 02, 06, 07): click a token, see where its attention goes.
 
 The same pack is shown in one panel per setup (``buggy`` and ``correct`` by default). Clicking a
 token chip selects it as the *query* in every panel; each panel then shades every key token by
@@ -10,7 +10,7 @@ first in a row reads its neighbours; under ``correct`` the share is exactly 0.
 Attention comes from :func:`packsim.core.model.attention_maps` (``(L, B, H, T, T)``) under each
 panel's setup, computed once when the widget is built (packs here are short: 48-96 tokens).
 
-Lessons: 02, 05, 06.
+Lessons: 02, 06, 07.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def key_weights(maps: torch.Tensor, row: int, query: int, layer=MEAN, head=MEAN)
     """Attention of one query token over the keys of its row: maps (L, B, H, T, T) -> (T,).
 
     ``layer`` / ``head``: an index or ``"mean"`` (average over layers / heads). The result sums
-    to 1 over the keys the query may see. Used by the leakage explorer (notebooks 02, 05, 06).
+    to 1 over the keys the query may see. Used by the leakage explorer (notebooks 02, 06, 07).
     """
     L, _, H, T, _ = maps.shape
     layer, head = _check_choice(layer, L, "layer"), _check_choice(head, H, "head")
@@ -360,11 +360,11 @@ def leakage_explorer(
     setups=("buggy", "correct"),
     row: int = 0,
 ) -> LeakageExplorer:
-    """Click-a-token leakage explorer over a pack (notebooks 02, 05, 06).
+    """Click-a-token leakage explorer over a pack (notebooks 02, 06, 07).
 
     ``examples_or_batch``: examples (packed here into rows of ``capacity`` tokens with
     ``strategy``) or a packed :class:`PackedBatch`. ``models``: ``{setup name: model}`` (one
-    panel per entry, e.g. the trained ``buggy`` and ``correct`` models of notebook 05) or None:
+    panel per entry, e.g. the trained ``buggy`` and ``correct`` models of notebook 06) or None:
     one untrained tiny model (``seed``) shared by ``setups``, so only the mask differs.
     """
     batch = as_batch(examples_or_batch, capacity, strategy=strategy)

@@ -27,7 +27,7 @@ Scoring (:func:`grade`): ``Score: n/m`` with ``m`` bugs and ``n`` = bugs found m
 marked by mistake (never below 0), so marking everything does not pay. The widget that shows a
 quiz is :mod:`packsim.viz.quizzes`.
 
-Lessons: 08.
+Lessons: 09.
 """
 
 from __future__ import annotations

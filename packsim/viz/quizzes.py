@@ -1,11 +1,11 @@
-"""Spot-the-bug quiz widget (notebook 08): click the wrong words of a passage, submit, get a score.
+"""Spot-the-bug quiz widget (notebook 09): click the wrong words of a passage, submit, get a score.
 
 The quizzes, their YAML format and the grading live in :mod:`packsim.viz.quiz_data`; this
 module shows one: a dropdown of quizzes, the passage as clickable word chips (code keeps its
 lines and indentation), Submit and Clear, and the result (``Score: n/m`` and why each bug is
 wrong). :func:`quiz_figure` is the static answer key.
 
-Lessons: 08.
+Lessons: 09.
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ class QuizWidget(PacksimWidget):
 
 
 def quiz(name_or_index=None, path=None) -> QuizWidget:
-    """Spot-the-bug quiz widget (notebook 08).
+    """Spot-the-bug quiz widget (notebook 09).
 
     ``name_or_index``: a quiz name or 0-based index (default: the first; the dropdown switches).
     ``path``: a YAML file or folder of your own quizzes (default: the ones packsim ships).

@@ -1,4 +1,4 @@
-"""Tile map (notebook 07): which (query tile, key tile) blocks attention computes over a pack.
+"""Tile map (notebook 08): which (query tile, key tile) blocks attention computes over a pack.
 
 Two views of the same pack of ``N`` tokens, cut into ``tile x tile`` blocks:
 
@@ -13,7 +13,7 @@ The tiles and the numbers come from :mod:`packsim.core.tiles` (the one tile clas
 pairs of dense-mask SDPA (N^2, nothing skipped), of a causal kernel over the whole pack (the leaky
 setup) and of varlen (sum of L_i^2 / 2), and the tile counts of both views.
 
-Lessons: 07.
+Lessons: 08.
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def _figure(cu: torch.Tensor, tile: int, causal: bool) -> go.Figure:
 def tile_figure(
     pack=DEFAULT_LENGTHS, tile: int = 128, causal: bool = True, row: int = 0
 ) -> go.Figure:
-    """Static tile map (notebook 07) of a pack: lengths, cu_seqlens (int32) or a PackedBatch row."""
+    """Static tile map (notebook 08) of a pack: lengths, cu_seqlens (int32) or a PackedBatch row."""
     cu = as_cu_seqlens(pack, row)
     return _figure(cu, _check_tile(tile, int(cu[-1])), causal)
 
@@ -256,7 +256,7 @@ class TileMap(PacksimWidget):
 
 
 def tile_map(pack=DEFAULT_LENGTHS, tile: int = 128, causal: bool = True, row: int = 0) -> TileMap:
-    """Tile map widget (notebook 07): computed vs skipped tiles, dense vs varlen work.
+    """Tile map widget (notebook 08): computed vs skipped tiles, dense vs varlen work.
 
     ``pack``: sequence lengths (default: the FlexAttention blog's 1024-token document example),
     a cu_seqlens int32 tensor, or a PackedBatch (its row ``row``).

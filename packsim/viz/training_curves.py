@@ -1,4 +1,4 @@
-"""Training curves side by side (notebook 05): what the trainer reports vs what matters.
+"""Training curves side by side (notebook 06): what the trainer reports vs what matters.
 
 Three panels, one colour per setup:
 
@@ -16,7 +16,7 @@ The widget reads the format of :mod:`packsim.experiment.results`: a :class:`~pac
 (or its ``results.json``) and/or live :class:`~packsim.experiment.results.StepRecord` s passed to
 ``.callback`` while training runs (redraws are throttled; eval records always redraw).
 
-Lessons: 05.
+Lessons: 06.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def _figure(runs: list[RunResult], title: str = "") -> go.Figure:
 
 
 def curves_figure(results, title: str = "") -> go.Figure:
-    """Static curves figure (three panels, see the module doc) for HTML export (notebook 05).
+    """Static curves figure (three panels, see the module doc) for HTML export (notebook 06).
 
     ``results``: a :class:`~packsim.experiment.results.Results`, a path to ``results.json`` (or its
     directory), its dict, or a list of :class:`~packsim.experiment.results.RunResult`.
@@ -278,7 +278,7 @@ class Curves(PacksimWidget):
 
 
 def curves(results=None, every: int = 25, min_interval_s: float = 0.5) -> Curves:
-    """Side-by-side training curves widget (notebook 05); ``.callback`` feeds it live.
+    """Side-by-side training curves widget (notebook 06); ``.callback`` feeds it live.
 
     ``results``: None (start empty and fill it live), a :class:`~packsim.experiment.results.Results`, a
     path to ``results.json``, or a list of RunResult. Example::

@@ -13,30 +13,32 @@ name, so a learner opens them only on purpose: ``show_solution(1, "ffd_pack")`` 
 ``packsim/course/solutions/lesson01_why_pack.py``. The tests run every check both ways: the
 reference solution passes, and typical wrong answers fail with a message that names the mistake.
 
-=============================  ===========================  ======================================
-module                         notebook                     checks
-=============================  ===========================  ======================================
-``lesson00_start_here``        00_start_here                padding_share
-``lesson01_why_pack``          01_why_pack                  lower_bound, padding_waste, ffd_pack
-``lesson02_the_leak``          02_the_leak                  which_examples_move,
+===============================  =========================  ======================================
+module                           notebook                   checks
+===============================  =========================  ======================================
+``lesson00_start_here``          00_start_here              padding_share
+``lesson01_why_pack``            01_why_pack                lower_bound, padding_waste, ffd_pack
+``lesson02_the_leak``            02_the_leak                which_examples_move,
                                                             outside_attention_share
-``lesson03_block_diagonal``    03_block_diagonal            cu_seqlens_from_lengths,
-                                                            block_causal_mask,
-                                                            position_ids_from_lengths
-``lesson04_completion_loss``   04_completion_only_loss      completion_labels, per_token_loss,
+``lesson03_block_diagonal``      03_block_diagonal          cu_seqlens_from_lengths,
+                                                            block_causal_mask
+``lesson04_transformers_traps``  04_transformers_traps      position_ids_from_lengths
+``lesson05_completion_loss``     05_completion_only_loss    completion_labels, per_token_loss,
                                                             correct_row, response_start
-``lesson05_side_by_side``      05_train_side_by_side        em_gap, warning_sign, fix_share
-``lesson06_contamination``     06_detect_contamination      gradient_leak, name_the_fix,
+``lesson06_side_by_side``        06_train_side_by_side      em_gap, warning_sign, fix_share
+``lesson07_contamination``       07_detect_contamination    gradient_leak, name_the_fix,
                                                             isolating_call, perturbation_leak
-``lesson07_varlen_internals``  07_flash_varlen_internals    count_tiles, work_ratio, classify_tiles
-``lesson08_interview``         08_interview_drills          review, q1_answer, diagnosis, followups
-``lesson09_scaling_out``       09_scaling_out               global_loss, backward_scale
-=============================  ===========================  ======================================
+``lesson08_varlen_internals``    08_flash_varlen_internals  count_tiles, work_ratio,
+                                                            classify_tiles
+``lesson09_interview``           09_interview_drills        review, q1_answer, diagnosis,
+                                                            followups
+``lesson10_scaling_out``         10_scaling_out             global_loss, backward_scale
+===============================  =========================  ======================================
 
 Each check is ``check_<name>`` in the module; its reference solution is ``<name>`` in
 ``packsim.course.solutions.<module>``. ``tests/test_exercises.py`` finds them all and runs both.
 
-Lessons: 01, 02, 03, 04, 05, 06, 07, 08, 09.
+Lessons: 01, 02, 03, 04, 05, 06, 07, 08, 09, 10.
 """
 
 from __future__ import annotations

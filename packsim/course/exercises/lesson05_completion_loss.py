@@ -1,4 +1,4 @@
-"""Checks for the exercises of notebook 04_completion_only_loss.
+"""Checks for the exercises of notebook 05_completion_only_loss.
 
 - :func:`check_completion_labels`: one packed row (T,), its example lengths and prompt lengths ->
   completion-only labels (the learner derives the roles);

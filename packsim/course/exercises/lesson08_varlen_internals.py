@@ -1,4 +1,4 @@
-"""Checks for notebook 07_flash_varlen_internals: tiles a varlen kernel computes, and why.
+"""Checks for notebook 08_flash_varlen_internals: tiles a varlen kernel computes, and why.
 
 Three exercises:
 

@@ -1,4 +1,4 @@
-"""Checks for notebook 08_interview_drills: a code review, interview question 1, symptoms to bugs.
+"""Checks for notebook 09_interview_drills: a code review, interview question 1, symptoms to bugs.
 
 Four exercises:
 
@@ -334,7 +334,7 @@ FOLLOWUPS = {
            "restarting at 0) change any logit?",
            ("yes", "no (up to float round-off)"), "no (up to float round-off)",
            "RoPE scores depend on relative positions only, and the mask already isolates examples "
-           "(lesson 03 measures ~1e-7). Restarts matter for transformers' packed detection and for "
+           "(lesson 04 measures ~1e-7). Restarts matter for transformers' packed detection and for "
            "absolute position embeddings."),
     "f6": ("Which max_seqlen is the dangerous mistake in flash_attn_varlen_func?",
            ("too large", "too small"), "too small",
@@ -352,7 +352,7 @@ FOLLOWUPS = {
             ("yes", "no"), "no",
             "each rank's mean weighs its tokens by 1/100 or 1/900, then the ranks count equally: a token "
             "on the sparse rank weighs 9x more. Divide by the global count (all-reduce the counts over "
-            "ranks and micro-batches; transformers: average_tokens_across_devices, lesson 09)."),
+            "ranks and micro-batches; transformers: average_tokens_across_devices, lesson 10)."),
 }
 
 

@@ -1,4 +1,4 @@
-"""Checks for the exercises of notebook 09_scaling_out.
+"""Checks for the exercises of notebook 10_scaling_out.
 
 - :func:`check_global_loss`: summed token losses and counted targets of R ranks x M micro-batches
   (two ``(R, M)`` tensors) -> the step's loss, every counted token weighing the same;

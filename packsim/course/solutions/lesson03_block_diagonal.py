@@ -19,8 +19,3 @@ def block_causal_mask(seq_ids: torch.Tensor) -> torch.Tensor:
     real = seq_ids >= 0  # (T,) not padding
     causal = torch.ones(T, T, dtype=torch.bool).tril()  # (T, T) key j <= query i
     return same & causal & real[:, None] & real[None, :]
-
-
-def position_ids_from_lengths(lengths: list[int]) -> torch.Tensor:
-    """Example lengths -> position ids (sum(lengths),) long that restart at 0 in every example."""
-    return torch.cat([torch.arange(n) for n in lengths])

@@ -1,4 +1,4 @@
-"""Reference solutions for notebook 06_detect_contamination (checks: packsim.course.exercises.lesson06_contamination)."""
+"""Reference solutions for notebook 07_detect_contamination (checks: packsim.course.exercises.lesson07_contamination)."""
 
 from __future__ import annotations
 

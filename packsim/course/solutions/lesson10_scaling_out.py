@@ -1,4 +1,4 @@
-"""Reference solutions to the exercises of notebook 09_scaling_out (checks: packsim.course.exercises.lesson09_scaling_out)."""
+"""Reference solutions to the exercises of notebook 10_scaling_out (checks: packsim.course.exercises.lesson10_scaling_out)."""
 
 from __future__ import annotations
 
