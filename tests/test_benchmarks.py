@@ -104,6 +104,22 @@ def test_packing_runs_only_the_packers_asked_for(bench, tmp_path, capsys):
         packing.parse_args(["--packers", "wrapped,nonsense"])
 
 
+def test_packing_merge_keeps_the_rows_not_rerun_and_says_where_they_came_from(bench, tmp_path, capsys):
+    packing = bench("packing")
+    common = ["--sizes", "300", "--uniform-sizes", "100", "--capacities", "256", "--repeats", "1", "--no-trl",
+              "--out", str(tmp_path)]
+    assert packing.main([*common, "--packers", "wrapped,bfd"]) == 0
+    first = json.loads((tmp_path / "packing.json").read_text())
+    assert packing.main([*common, "--packers", "wrapped", "--merge"]) == 0
+    capsys.readouterr()
+    merged = json.loads((tmp_path / "packing.json").read_text())
+    bfd = [r for r in merged["rows"] if r["packer"] == "bfd"]
+    assert bfd == [r for r in first["rows"] if r["packer"] == "bfd"]  # kept as they were
+    assert {r["packer"] for r in merged["rows"]} == {"wrapped", "bfd"}
+    assert merged["merged_from"]["packers"] == ["bfd"]
+    assert merged["merged_from"]["command"] == first["command"]
+
+
 def test_attention_quick_runs_each_measurement_in_its_own_process(tmp_path):
     out = run_script("attention.py", tmp_path, "--quick", "--sizes", "128", "--paths", "blocked",
                      "--iters", "1")
