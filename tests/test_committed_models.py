@@ -3,11 +3,11 @@
 import pytest
 import torch
 
+from packsim.core.attention_share import mean_outside_share
 from packsim.core.batch import PackedBatch
 from packsim.core.data import make_dataset, make_examples
 from packsim.core.errors import PacksimError
 from packsim.core.model import attention_maps, build_model
-from packsim.core.segments import mean_outside_share
 from packsim.experiment.committed_models import (
     COMMITTED_SETUPS,
     committed_metadata,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from packsim.core.attention_share import outside_share
 from packsim.core.model import attention_maps, build_model
-from packsim.core.segments import outside_share
 from packsim.course.exercises.lesson02_the_leak import (
     check_outside_attention_share,
     check_which_examples_move,

@@ -175,8 +175,8 @@ def test_packsim_attention_rejects_segments_that_do_not_cover_the_batch(tiny_mod
 
 
 def test_attention_maps_show_the_leak_only_under_the_causal_mask(examples):
+    from packsim.core.attention_share import outside_share
     from packsim.core.model import attention_maps
-    from packsim.core.segments import outside_share
 
     model = build_model("tiny", vocab_size=VOCAB, seed=0)
     for setup in ("buggy", "correct"):

@@ -1,4 +1,4 @@
-"""Tests for packsim.core.segments: conversions, run starts, boundaries of any batch, the outside share."""
+"""Tests for packsim.core.segments: conversions, run starts, boundaries of any batch."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from transformers import DataCollatorWithFlattening
 
 from packsim.core.batch import PackedBatch
 from packsim.core.errors import PacksimError
-from packsim.core.masks import block_diagonal_mask, causal_mask
 from packsim.core.segments import (
     ROWS_SOURCE,
     check_cu_seqlens,
@@ -20,8 +19,6 @@ from packsim.core.segments import (
     cu_seqlens_from_seq_ids,
     example_positions,
     find_boundaries,
-    mean_outside_share,
-    outside_share,
     run_cu_seqlens,
     run_starts,
     seq_ids_from_cu_seqlens,
@@ -217,28 +214,3 @@ def test_packed_batch_and_missing_fields():
 def test_bad_batches_are_explained(batch, words):
     with pytest.raises(PacksimError, match=words):
         find_boundaries(batch)
-
-
-# ----------------------------------------------------------------------------- the outside share
-
-
-def test_outside_share_by_hand():
-    seq = torch.tensor([[0, 0, 1, -1]])  # (B, T)
-    attn = causal_mask(4).float()
-    attn = (attn / attn.sum(-1, keepdim=True))[None, None]  # (1, 1, T, T): uniform causal
-    share = outside_share(attn, seq)[0, 0]  # (T,)
-    assert share.tolist() == pytest.approx([0.0, 0.0, 2 / 3, 3 / 4])
-    assert outside_share(attn, seq, real_only=True)[0, 0].tolist() == pytest.approx([0, 0, 2 / 3, 0])
-    assert mean_outside_share(attn, seq) == pytest.approx((2 / 3) / 3)  # real queries only
-
-
-def test_outside_share_is_exactly_zero_under_the_block_mask():
-    gen = torch.Generator().manual_seed(0)
-    seq = torch.tensor([[0, 0, 0, 1, 1, 2, -1, -1], [3, 3, 4, 4, 4, 4, 4, -1]])
-    scores = torch.randn(2, 2, 3, 8, 8, generator=gen)  # (L, B, H, T, T)
-    allowed = block_diagonal_mask(seq) | torch.eye(8, dtype=torch.bool)  # padding sees itself
-    attn = scores.masked_fill(~allowed[:, None], float("-inf")).softmax(-1)
-    assert float(outside_share(attn, seq).abs().max()) == 0.0
-    assert mean_outside_share(attn, seq) == 0.0
-    leaky = scores.masked_fill(~causal_mask(8), float("-inf")).softmax(-1)
-    assert mean_outside_share(leaky, seq) > 0.1

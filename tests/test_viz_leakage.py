@@ -9,11 +9,11 @@ import torch
 import traitlets
 from toy import BOS, EOS
 
+from packsim.core.attention_share import mean_outside_share
 from packsim.core.batch import PackedBatch
 from packsim.core.data import make_examples
 from packsim.core.errors import PacksimError
 from packsim.core.model import attention_maps, build_model
-from packsim.core.segments import mean_outside_share
 from packsim.viz import leakage_explorer, leakage_figure
 from packsim.viz.leakage import key_weights, share_html
 from packsim.viz.widget import token_glyphs

@@ -13,9 +13,9 @@ import torch.nn.functional as F
 
 from packsim.auditing.pipeline import Pipeline, logits_of, same_randomness
 from packsim.auditing.report import ProbeResult
+from packsim.core.attention_share import outside_share
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX, Role
-from packsim.core.segments import outside_share
 
 # The roles the loss probe counts, in report order (a row's first token is never a target).
 _COUNTED_ROLES = (Role.PROMPT, Role.RESPONSE, Role.EOS, Role.BOUNDARY, Role.PAD, Role.UNKNOWN)

@@ -1,4 +1,4 @@
-"""Where the examples of a batch are: seq ids, ``cu_seqlens``, position ids, and the leak between them.
+"""Where the examples of a batch are: seq ids, ``cu_seqlens`` and position ids.
 
 A *pack* is one row of tokens holding several examples back to back. Three equivalent ways to say
 where the examples are:
@@ -15,10 +15,9 @@ This module converts between them (:func:`seq_ids_from_cu_seqlens`, :func:`cu_se
 position inside its run (:func:`example_positions`), and reads the boundaries of any batch, a
 :class:`~packsim.core.batch.PackedBatch` or a collator dict, with one documented precedence
 (:func:`find_boundaries`: ``cu_seq_lens_q`` > ``seq_idx`` > ``position_ids`` restarts).
-:func:`outside_share` measures the leak: the share of each query's attention (..., B, H, T, T)
-that lands on another example's keys, exactly 0 under a block-diagonal mask.
+How much attention crosses those boundaries is measured in :mod:`packsim.core.attention_share`.
 
-Lessons: 02, 07, 08, 09.
+Lessons: 08, 09.
 """
 
 from __future__ import annotations
@@ -41,8 +40,6 @@ __all__ = [
     "example_positions",
     "Boundaries",
     "find_boundaries",
-    "outside_share",
-    "mean_outside_share",
 ]
 
 
@@ -374,33 +371,3 @@ def _starts_and_padding(batch: Mapping, B: int, T: int):
         pos = _per_token(batch, "position_ids", B, T)
         return run_starts(pos, step=1), torch.zeros_like(pos, dtype=torch.bool), _POSITIONS_SOURCE
     return None
-
-
-# ----------------------------------------------------------------------------- the leak
-
-
-def outside_share(attn: torch.Tensor, seq_ids: torch.Tensor, real_only: bool = False) -> torch.Tensor:
-    """Share of each query's attention that lands on another example's tokens.
-
-    attn (..., B, H, T, T) attention probabilities (query x key, e.g. from
-    :func:`packsim.core.model.attention_maps`), seq_ids (B, T) with -1 on padding -> (..., B, H, T).
-    A key of another example, or padding seen from a real query, counts as outside; under a
-    block-diagonal mask every share is exactly 0 (masked keys get probability 0). ``real_only``
-    sets padding queries to 0 (their outputs are never used).
-    """
-    other = seq_ids[:, None, :, None] != seq_ids[:, None, None, :]  # (B, 1, T, T): another example
-    share = (attn * other).sum(-1)  # (..., B, H, T)
-    if real_only:
-        real = (seq_ids >= 0)[:, None, :]  # (B, 1, T)
-        share = torch.where(real, share, torch.zeros_like(share))
-    return share
-
-
-def mean_outside_share(attn: torch.Tensor, seq_ids: torch.Tensor) -> float:
-    """Mean :func:`outside_share` over the real query tokens (and every layer, row and head).
-
-    attn (..., B, H, T, T), seq_ids (B, T) -> float; 0.0 when the batch has no real token.
-    """
-    share = outside_share(attn, seq_ids)  # (..., B, H, T)
-    real = (seq_ids >= 0)[:, None, :].expand_as(share)
-    return float(share[real].mean()) if bool(real.any()) else 0.0

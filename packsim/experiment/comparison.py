@@ -34,12 +34,12 @@ from queue import Empty
 import torch
 from tqdm.auto import tqdm
 
+from packsim.core.attention_share import mean_outside_share
 from packsim.core.batch import PackedBatch
 from packsim.core.data import make_dataset, make_long_tailed_examples
 from packsim.core.device import fast_mode, get_device, model_device
 from packsim.core.errors import PacksimError
 from packsim.core.model import attention_maps, build_model
-from packsim.core.segments import mean_outside_share
 from packsim.core.setups import get_setup
 from packsim.experiment.evaluation import evaluate_isolated, evaluate_packed, held_out_metrics
 from packsim.experiment.facts import make_facts

@@ -20,12 +20,13 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
+from packsim.core.attention_share import mean_outside_share, outside_share
 from packsim.core.batch import PackedBatch
 from packsim.core.device import model_device
 from packsim.core.errors import PacksimError
 from packsim.core.loss import Role
 from packsim.core.model import attention_maps, build_model
-from packsim.core.segments import mean_outside_share, outside_share, run_starts
+from packsim.core.segments import run_starts
 from packsim.core.setups import get_setup
 from packsim.viz.style import LEAK_RED, add_boundaries, example_colour, layout
 from packsim.viz.widget import (
@@ -82,7 +83,7 @@ def _pick(m: torch.Tensor, layer, head) -> torch.Tensor:
 
 
 def _query_share(weights: torch.Tensor, seq_row: torch.Tensor, query: int) -> float:
-    """:func:`~packsim.core.segments.outside_share` of one query: its ``weights`` (T,) over row ``seq_row`` (T,)."""
+    """:func:`~packsim.core.attention_share.outside_share` of one query: its ``weights`` (T,) over row ``seq_row`` (T,)."""
     T = weights.shape[-1]
     rows = weights.expand(T, T)[None, None]  # (1, 1, T, T): this query's weights in every row
     return float(outside_share(rows, seq_row[None])[0, 0, query])

@@ -3,7 +3,7 @@
 - :func:`check_which_examples_move`: ``which_examples_move(k, n_examples, mask) -> set[int]``;
 - :func:`check_outside_attention_share`: ``outside_attention_share(attn, seq_ids) -> (T,)``.
 
-Oracles: packsim's boolean masks (who may attend to whom) and :func:`packsim.core.segments.outside_share`
+Oracles: packsim's boolean masks (who may attend to whom) and :func:`packsim.core.attention_share.outside_share`
 on attention rows drawn here; the usual mistakes (own example counted, earlier examples counted,
 off-by-one at a boundary, the wrong axis) are recognised by name.
 """
@@ -14,8 +14,8 @@ import numbers
 
 import torch
 
+from packsim.core.attention_share import outside_share
 from packsim.core.masks import block_diagonal_mask, causal_mask
-from packsim.core.segments import outside_share
 from packsim.course.exercises import Feedback, check, fail, ok
 
 __all__ = ["check_which_examples_move", "check_outside_attention_share"]
