@@ -17,7 +17,8 @@ import importlib
 
 from packsim.auditing import AuditReport, audit
 from packsim.auditing.trainer import audit_trainer  # a Trainer / SFTTrainer as built (notebook 07)
-from packsim.core.attention import available_backends, varlen_attention
+from packsim.core.attention import varlen_attention
+from packsim.core.attention_backends import available_backends
 from packsim.core.batch import PackedBatch
 from packsim.core.collator import PackingCollator
 from packsim.core.device import fast_mode, get_device

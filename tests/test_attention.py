@@ -1,4 +1,5 @@
-"""Tests for packsim.core.attention: every backend equals per-sequence attention, exactly (fp32, CPU).
+"""Tests for packsim.core.attention and attention_backends: every backend equals per-sequence
+attention, exactly (fp32, CPU); which backends can run here, and the pick.
 
 GPU tests (``-m gpu``) compare flash / torch_varlen / flex in bf16 with the fp32 dense reference
 and skip cleanly without CUDA.
@@ -13,14 +14,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from packsim.core.attention import (
+from packsim.core.attention import _length_buckets, varlen_attention
+from packsim.core.attention_backends import (
     BACKENDS,
     _flash_import_error,
     _flex_cpu_trains,
-    _length_buckets,
     available_backends,
     resolve_backend,
-    varlen_attention,
 )
 from packsim.core.errors import PacksimError
 

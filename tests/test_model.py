@@ -4,7 +4,7 @@ import pytest
 import torch
 from toy import VOCAB, ToyExample
 
-from packsim.core.attention import available_backends
+from packsim.core.attention_backends import available_backends
 from packsim.core.batch import PackedBatch
 from packsim.core.errors import PacksimError
 from packsim.core.loss import token_losses

@@ -227,7 +227,7 @@ def _tokenizer_check() -> Check:
 
 def _attention_checks() -> list[Check]:
     try:
-        from packsim.core.attention import available_backends
+        from packsim.core.attention_backends import available_backends
     except Exception as e:
         return [
             Check(
