@@ -10,6 +10,8 @@ module           idea
 ``report``       :class:`AuditReport`: the verdict, the table, the HTML
 ``command``      ``packsim audit``
 ``traps``        :func:`trap_table`: is a packed row isolated, per family x attention x condition
+``trap_cases``   what a trap-table cell runs: the tiny family models, the packed-row conditions
+``trap_results`` :class:`TrapTable`: the measured cells as text, HTML or a heatmap
 ``museum``       :func:`museum_table`: real-world packing bugs, planted and caught
 ``loss_checks``  batches that count no label; token weights under gradient accumulation
 ``trainer``      :func:`audit_trainer`: a Trainer / SFTTrainer's own batches, forward, findings
@@ -28,7 +30,8 @@ from packsim.auditing.features import response_mask_from_features
 from packsim.auditing.museum import EXHIBITS, museum_table
 from packsim.auditing.report import PROBES, AuditReport, Finding, ProbeResult, WorstPair
 from packsim.auditing.trainer import audit_trainer
-from packsim.auditing.traps import TrapTable, trap_table
+from packsim.auditing.trap_results import TrapTable
+from packsim.auditing.traps import trap_table
 
 __all__ = ["EXHIBITS", "PROBES", "AuditReport", "Finding", "ProbeResult", "TrapTable", "WorstPair",
            "audit", "audit_trainer", "museum_table", "response_mask_from_features", "trap_table"]

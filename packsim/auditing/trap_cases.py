@@ -1,0 +1,106 @@
+"""What each cell of the live trap table runs: a tiny model of a family, an attention
+implementation, and a packed row under one condition.
+
+Models (:data:`FAMILIES`, :func:`build_family`): a tiny ``*ForCausalLM`` of each family (2 layers,
+hidden 32, vocab 96, random weights, built from its config: no download). Implementations:
+:data:`IMPLS`, the ``attn_implementation`` names transformers takes.
+
+Conditions (:data:`CONDITIONS` says each in words; :func:`condition_batch` builds it) are batch
+dicts passed as ``model(**batch, use_cache=...)``: a packed row of 32 tokens holding three
+examples, input_ids (1, 32) or (2, 32) for ``rows``, position_ids (B, 32) restarting at each
+example, optionally attention_mask (B, 32) of ones or a 4D block-diagonal mask (B, 1, 32, 32)
+(bool or additive float), or cu_seq_lens_q/k (S+1,) with max_length_q/k. The measuring is in
+:mod:`packsim.auditing.traps`.
+
+Lessons: none directly (lessons 04, 07 and 09 call :func:`packsim.auditing.traps.trap_table`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from packsim.core.errors import PacksimError
+
+__all__ = ["CONDITIONS", "FAMILIES", "HUB_KERNEL", "IMPLS", "build_family", "condition_batch"]
+
+VOCAB = 96
+ROWS = ((10, 13, 9), (12, 8, 12))  # example lengths of the two rows, 32 tokens each
+HUB_KERNEL = "kernels-community/flash-attn2"
+IMPLS = ("eager", "sdpa", "flex_attention", "flash_attention_2", HUB_KERNEL)
+CONDITIONS = {
+    "positions": "position_ids restart per example, no attention_mask, use_cache=False",
+    "ones_mask": "the same plus an all-ones 2D attention_mask",
+    "cache": "the same as positions, but use_cache=True (a cache is built in the forward)",
+    "rows": "two packed rows per batch (2, 32), position_ids restart, no mask, no cache",
+    "cu_seq_lens": "cu_seq_lens_q/k and max_length_q/k given, position_ids 0..31 (no restart)",
+    "bool_4d": "block-diagonal causal 4D mask (1, 1, 32, 32) as bool (True = attend)",
+    "float_4d": "the same 4D mask as additive float (0 = attend, finfo.min elsewhere)",
+}
+_DECODER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=256)
+_IDS = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+# family -> (config class in transformers, config kwargs, what makes it different)
+FAMILIES = {
+    "llama": ("LlamaConfig", _DECODER, "RoPE, grouped-query attention"),
+    "qwen2": ("Qwen2Config", _DECODER, "RoPE, q/k/v bias"),
+    "qwen3": ("Qwen3Config", {**_DECODER, "head_dim": 8}, "RoPE, q/k RMSNorm"),
+    "mistral": ("MistralConfig", {**_DECODER, "sliding_window": 8}, "RoPE, sliding window of 8"),
+    "gemma": ("GemmaConfig", {**_DECODER, "head_dim": 8}, "RoPE, scaled embeddings"),
+    "gemma2": ("Gemma2Config", {**_DECODER, "head_dim": 8, "sliding_window": 8},
+               "logit softcapping, sliding window on every other layer"),
+    "gpt2": ("GPT2Config", dict(n_positions=256, n_embd=32, n_layer=2, n_head=4),
+             "absolute (learned) position embeddings"),
+    "phi": ("PhiConfig", _DECODER, "partial RoPE, parallel attention/MLP"),
+}
+
+
+def build_family(family: str, impl: str = "eager", seed: int = 0):
+    """A tiny randomly initialised ``*ForCausalLM`` of ``family`` (fp32, eval mode)."""
+    import transformers
+
+    if family not in FAMILIES:
+        raise PacksimError(f"unknown family {family!r}: use one of {sorted(FAMILIES)}.")
+    cls_name, kwargs, _ = FAMILIES[family]
+    config_cls = getattr(transformers, cls_name, None)
+    if config_cls is None:
+        raise PacksimError(f"transformers {transformers.__version__} has no {cls_name}: "
+                           f"drop {family!r} from families=.")
+    torch.manual_seed(seed)
+    config = config_cls(**kwargs, **_IDS)
+    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=impl).eval()
+
+
+def _reset_positions(lengths) -> torch.Tensor:
+    return torch.cat([torch.arange(n) for n in lengths])  # (T,)
+
+
+def _example_index(lengths) -> torch.Tensor:
+    return torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])  # (T,)
+
+
+def condition_batch(condition: str, seed: int = 0) -> tuple[dict, dict, torch.Tensor]:
+    """(batch dict, forward kwargs, example index (B, T)) for one condition."""
+    if condition not in CONDITIONS:
+        raise PacksimError(f"unknown condition {condition!r}: use one of {list(CONDITIONS)}.")
+    rows = ROWS if condition == "rows" else ROWS[:1]
+    B, T = len(rows), sum(rows[0])
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (B, T), generator=gen)
+    seq = torch.stack([_example_index(r) for r in rows])  # (B, T)
+    batch = {"input_ids": ids, "position_ids": torch.stack([_reset_positions(r) for r in rows])}
+    kwargs = {"use_cache": condition == "cache"}
+    if condition == "ones_mask":
+        batch["attention_mask"] = torch.ones(B, T, dtype=torch.long)
+    elif condition == "cu_seq_lens":
+        cu = torch.tensor([0, *torch.tensor(rows[0]).cumsum(0).tolist()], dtype=torch.int32)
+        batch["position_ids"] = torch.arange(T)[None]
+        batch.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(rows[0]),
+                     max_length_k=max(rows[0]))
+    elif condition in ("bool_4d", "float_4d"):
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        allowed = (seq[:, :, None] == seq[:, None, :]) & causal  # (B, T, T)
+        mask = allowed[:, None]  # (B, 1, T, T)
+        if condition == "float_4d":
+            mask = torch.zeros(B, 1, T, T).masked_fill(~mask, torch.finfo(torch.float32).min)
+        batch["attention_mask"] = mask
+    return batch, kwargs, seq

@@ -1,0 +1,165 @@
+"""The live trap table's result: the measured cells and how the table prints.
+
+A :class:`Cell` is one (family, attention implementation, condition) measurement: "isolated",
+"leaks" or "not run" (with the reason), the largest logit change (a float) and packsim.audit's
+verdict on the same forward. A :class:`TrapTable` holds the cells, rows (family, impl) x columns
+(condition), with the versions it ran on, and prints as text, HTML (a "not run" reason once, as a
+numbered footnote; "!" where the audit disagrees) or a plotly heatmap. The measuring is in
+:mod:`packsim.auditing.traps`.
+
+Lessons: none directly (lessons 04, 07 and 09 print the table :func:`packsim.auditing.traps.trap_table` returns).
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+from packsim.auditing.trap_cases import CONDITIONS
+from packsim.core.errors import PacksimError
+
+__all__ = ["Cell", "TrapTable"]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One measurement. ``status``: "isolated", "leaks" or "not run" (``note`` says why).
+
+    ``change``: max |logit change| of a later example's token when the first example changes;
+    ``audit_isolated``: packsim.audit's verdict on the same forward (None when not run);
+    ``audit_failed``: every probe the audit failed (positions and loss too, for the record).
+    """
+
+    family: str
+    impl: str
+    condition: str
+    status: str
+    change: float | None = None
+    audit_isolated: bool | None = None
+    audit_failed: tuple[str, ...] = ()
+    note: str = ""
+
+    @property
+    def measured(self) -> bool:
+        return self.status in ("isolated", "leaks")
+
+    @property
+    def agrees(self) -> bool | None:
+        """Whether the audit's verdict matches the perturbation (None when not measured)."""
+        if not self.measured or self.audit_isolated is None:
+            return None
+        return self.audit_isolated == (self.status == "isolated")
+
+
+_SHORT = {"isolated": "isolated", "leaks": "LEAKS", "not run": "n/a"}
+_COLOR = {"isolated": "#1a7f37", "leaks": "#cf222e", "not run": "#6e7781"}
+
+
+@dataclass
+class TrapTable:
+    """The measured cells, rows (family, impl) x columns (condition), and what it ran on.
+
+    ``text()`` / ``str()`` for a terminal, ``to_html()`` / ``_repr_html_`` for a notebook,
+    ``figure()`` for a plotly heatmap. ``disagreements()`` lists cells where the audit's verdict
+    differs from the independent perturbation (empty when the audit is right everywhere).
+    """
+
+    cells: list[Cell]
+    families: tuple[str, ...]
+    impls: tuple[str, ...]
+    conditions: tuple[str, ...]
+    versions: dict[str, str]
+    seconds: float
+
+    def cell(self, family: str, impl: str, condition: str) -> Cell:
+        for c in self.cells:
+            if (c.family, c.impl, c.condition) == (family, impl, condition):
+                return c
+        raise PacksimError(f"no cell ({family!r}, {impl!r}, {condition!r}) in this table: it was "
+                           "built with other families=/impls=/conditions=.")
+
+    def disagreements(self) -> list[Cell]:
+        return [c for c in self.cells if c.agrees is False]
+
+    def _notes(self) -> list[str]:
+        notes: list[str] = []
+        for c in self.cells:
+            if c.status == "not run" and c.note not in notes:
+                notes.append(c.note)
+        return notes
+
+    def _label(self, c: Cell, notes: list[str]) -> str:
+        label = _SHORT[c.status]
+        if c.status == "not run":
+            label += f"[{notes.index(c.note) + 1}]"
+        return label + ("!" if c.agrees is False else "")
+
+    def header(self) -> str:
+        v = self.versions
+        measured = [c for c in self.cells if c.measured]
+        agree = sum(bool(c.agrees) for c in measured)
+        return (f"Is a packed row isolated? Measured on transformers {v['transformers']}, torch "
+                f"{v['torch']}, {v['device']}, flex_attention {v['flex_attention']}; "
+                f"{len(measured)} cells measured in {self.seconds:.1f} s; packsim.audit agrees with "
+                f"the perturbation in {agree}/{len(measured)}.")
+
+    def text(self) -> str:
+        notes = self._notes()
+        head = ("family", "impl", *self.conditions)
+        rows = [head] + [(f, i, *(self._label(self.cell(f, i, c), notes) for c in self.conditions))
+                         for f in self.families for i in self.impls]
+        widths = [max(len(r[k]) for r in rows) for k in range(len(head))]
+        lines = [self.header()]
+        lines += ["  ".join(x.ljust(w) for x, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+        lines += [f"{name}: {CONDITIONS[name]}" for name in self.conditions]
+        lines += [f"[{k}] not run: {note}" for k, note in enumerate(notes, 1)]
+        if self.disagreements():
+            lines.append("! the audit's verdict differs from the perturbation in this cell")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def to_html(self) -> str:
+        notes = self._notes()
+        head = "".join(f"<th title='{html.escape(CONDITIONS[c])}'>{c}</th>" for c in self.conditions)
+        body = []
+        for f in self.families:
+            for i in self.impls:
+                tds = []
+                for cond in self.conditions:
+                    c = self.cell(f, i, cond)
+                    tip = c.note if c.status == "not run" else (
+                        f"max |change| {c.change:.2e}; audit failed: {', '.join(c.audit_failed) or 'none'}")
+                    tds.append(f"<td style='color:{_COLOR[c.status]};font-weight:bold' "
+                               f"title='{html.escape(tip)}'>{html.escape(self._label(c, notes))}</td>")
+                body.append(f"<tr><td>{f}</td><td><code>{html.escape(i)}</code></td>{''.join(tds)}</tr>")
+        legend = "".join(f"<li><code>{c}</code>: {html.escape(CONDITIONS[c])}</li>" for c in self.conditions)
+        legend += "".join(f"<li>[{k}] not run: {html.escape(n)}</li>" for k, n in enumerate(notes, 1))
+        return (f"<div class='packsim-traps'><p><b>{html.escape(self.header())}</b></p><table>"
+                f"<tr><th>family</th><th>impl</th>{head}</tr>{''.join(body)}</table>"
+                f"<ul>{legend}</ul></div>")
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+    def figure(self):
+        """A plotly heatmap: green isolated, red leaks, grey not run; hover shows the evidence."""
+        import plotly.graph_objects as go
+
+        notes = self._notes()
+        code = {"isolated": 1.0, "leaks": 0.0, "not run": 0.5}
+        ys = [f"{f} / {i}" for f in self.families for i in self.impls]
+        cells = [[self.cell(f, i, c) for c in self.conditions] for f in self.families for i in self.impls]
+        z = [[code[c.status] for c in row] for row in cells]
+        text = [[self._label(c, notes) for c in row] for row in cells]
+        hover = [[c.note or f"change {c.change:.2e}, audit isolated: {c.audit_isolated}" for c in row]
+                 for row in cells]
+        scale = [[0, _COLOR["leaks"]], [0.5, _COLOR["not run"]], [1, _COLOR["isolated"]]]
+        fig = go.Figure(go.Heatmap(z=z, x=list(self.conditions), y=ys, text=text,
+                                   texttemplate="%{text}", customdata=hover, zmin=0, zmax=1,
+                                   hovertemplate="%{y}, %{x}: %{customdata}<extra></extra>",
+                                   colorscale=scale, showscale=False))
+        fig.update_layout(title=self.header(), yaxis_autorange="reversed",
+                          height=120 + 28 * len(ys), margin=dict(l=10, r=10, t=80, b=10))
+        return fig
