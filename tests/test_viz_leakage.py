@@ -15,7 +15,8 @@ from packsim.core.data import make_examples
 from packsim.core.errors import PacksimError
 from packsim.core.model import attention_maps, build_model
 from packsim.viz import leakage_explorer, leakage_figure
-from packsim.viz.leakage import key_weights, share_html
+from packsim.viz.leakage import share_html
+from packsim.viz.leakage_data import key_weights
 from packsim.viz.widget import token_glyphs
 
 SHARE = re.compile(r"outside its example: (\d+\.\d)%")

@@ -26,7 +26,8 @@ Lessons: 01, 02.
 """
 
 from packsim.viz.labels import label_viewer, labels_figure
-from packsim.viz.leakage import leakage_explorer, leakage_figure
+from packsim.viz.leakage import leakage_explorer
+from packsim.viz.leakage_heatmap import leakage_figure
 from packsim.viz.mask_view import mask_explorer, mask_figure
 from packsim.viz.playground import packing_figure, packing_playground
 from packsim.viz.quiz_data import load_quizzes

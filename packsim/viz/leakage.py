@@ -8,7 +8,9 @@ get any weight are underlined in red with their weight: under ``buggy`` every ex
 first in a row reads its neighbours; under ``correct`` the share is exactly 0.
 
 Attention comes from :func:`packsim.core.model.attention_maps` (``(L, B, H, T, T)``) under each
-panel's setup, computed once when the widget is built (packs here are short: 48-96 tokens).
+panel's setup, computed once when the widget is built (packs here are short: 48-96 tokens); the
+numbers it shows are computed in :mod:`packsim.viz.leakage_data`, and its static figure is
+:mod:`packsim.viz.leakage_heatmap`.
 
 Lessons: 02, 06, 07.
 """
@@ -18,17 +20,21 @@ from __future__ import annotations
 import ipywidgets as widgets
 import plotly.graph_objects as go
 import torch
-from plotly.subplots import make_subplots
 
-from packsim.core.attention_share import mean_outside_share, outside_share
 from packsim.core.batch import PackedBatch
-from packsim.core.device import model_device
 from packsim.core.errors import PacksimError
 from packsim.core.loss import Role
-from packsim.core.model import attention_maps, build_model
 from packsim.core.segments import run_starts
 from packsim.core.setups import get_setup
-from packsim.viz.style import LEAK_RED, add_boundaries, example_colour, layout
+from packsim.viz.leakage_data import (
+    MEAN,
+    key_weights,
+    panel_models,
+    query_share,
+    setup_maps,
+)
+from packsim.viz.leakage_heatmap import attention_heatmaps
+from packsim.viz.style import LEAK_RED, example_colour
 from packsim.viz.widget import (
     PacksimWidget,
     as_batch,
@@ -40,77 +46,12 @@ from packsim.viz.widget import (
     token_glyphs,
 )
 
-__all__ = [
-    "LeakageExplorer",
-    "leakage_explorer",
-    "leakage_figure",
-    "key_weights",
-]
+__all__ = ["LeakageExplorer", "leakage_explorer"]
 
-MEAN = "mean"
 _MASK_TEXT = {
     "causal": "causal mask over the whole pack: each example also sees the ones before it",
     "block_diagonal": "block-diagonal mask: each example sees only itself",
 }
-
-
-def _check_choice(value, n: int, what: str):
-    """``value`` is ``"mean"`` or an index in ``[0, n)``; PacksimError otherwise."""
-    if value == MEAN:
-        return MEAN
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
-        raise PacksimError(f"{what}={value!r} is not valid: use 'mean' or an int in 0..{n - 1}.")
-    return value
-
-
-def key_weights(maps: torch.Tensor, row: int, query: int, layer=MEAN, head=MEAN) -> torch.Tensor:
-    """Attention of one query token over the keys of its row: maps (L, B, H, T, T) -> (T,).
-
-    ``layer`` / ``head``: an index or ``"mean"`` (average over layers / heads). The result sums
-    to 1 over the keys the query may see. Used by the leakage explorer (notebooks 02, 06, 07).
-    """
-    L, _, H, T, _ = maps.shape
-    layer, head = _check_choice(layer, L, "layer"), _check_choice(head, H, "head")
-    if isinstance(query, bool) or not isinstance(query, int) or not 0 <= query < T:
-        raise PacksimError(f"query={query!r} is not a token of the row: pick 0..{T - 1}.")
-    return _pick(maps[:, row, :, query, :], layer, head)  # (L, H, T) -> (T,)
-
-
-def _pick(m: torch.Tensor, layer, head) -> torch.Tensor:
-    """One layer and head (or the mean over them) of attention ``m`` (L, H, ...) -> (...)."""
-    m = m.mean(0) if layer == MEAN else m[layer]  # (H, ...)
-    return m.mean(0) if head == MEAN else m[head]
-
-
-def _query_share(weights: torch.Tensor, seq_row: torch.Tensor, query: int) -> float:
-    """:func:`~packsim.core.attention_share.outside_share` of one query: its ``weights`` (T,) over row ``seq_row`` (T,)."""
-    T = weights.shape[-1]
-    rows = weights.expand(T, T)[None, None]  # (1, 1, T, T): this query's weights in every row
-    return float(outside_share(rows, seq_row[None])[0, 0, query])
-
-
-def _models_for(models, batch: PackedBatch, seed: int, setups) -> dict:
-    """``{setup name: model}``; None -> one untrained tiny model shared by every setup."""
-    if models is None:
-        from packsim.core.tokenizer import VOCAB_SIZE
-
-        vocab = max(VOCAB_SIZE, int(batch.input_ids.max()) + 1)
-        model = build_model("tiny", vocab_size=vocab, seed=seed)
-        return {name: model for name in setups}
-    if not isinstance(models, dict) or not models:
-        raise PacksimError(
-            "models must be a dict {setup name: model}, e.g. {'buggy': m1, 'correct': m2}, "
-            f"or None for one untrained tiny model; got {type(models).__name__}."
-        )
-    for name in models:
-        get_setup(name)  # raises with the list of presets
-    return dict(models)
-
-
-def _maps(model, batch: PackedBatch, setup: str) -> torch.Tensor:
-    """Attention maps (L, B, H, T, T), float on CPU, of ``batch`` under ``setup`` (any device)."""
-    device = model_device(model)
-    return attention_maps(model, batch.with_setup(setup).to(device)).float().cpu()
 
 
 def _token_desc(glyph: str, k: int, ex: int, role: int, seq_row: torch.Tensor) -> str:
@@ -234,7 +175,7 @@ class _Panel:
         w = None if q is None else ex.weights(self.name, q)
         seq = ex.batch.seq_ids[ex.row]
         self.attention.value = attention_html(ex.glyphs, seq, w, q)
-        share = None if q is None else _query_share(w, seq, q)
+        share = None if q is None else query_share(w, seq, q)
         desc = (
             ""
             if q is None
@@ -254,7 +195,7 @@ class LeakageExplorer(PacksimWidget):
     def __init__(self, batch: PackedBatch, models: dict, row: int = 0):
         self.batch = batch
         self.models = models
-        self.maps = {name: _maps(m, batch, name) for name, m in models.items()}
+        self.maps = setup_maps(models, batch)
         L, _, H = next(iter(self.maps.values())).shape[:3]
         self.row = check_row(batch, row)
         self.query: int | None = None
@@ -297,7 +238,7 @@ class LeakageExplorer(PacksimWidget):
         q = self.query if query is None else query
         if q is None:
             return None
-        return _query_share(self.weights(setup, q), self.batch.seq_ids[self.row], q)
+        return query_share(self.weights(setup, q), self.batch.seq_ids[self.row], q)
 
     def select(self, query: int | None) -> None:
         """Select token ``query`` of the current row in every panel (what a chip click does)."""
@@ -346,8 +287,8 @@ class LeakageExplorer(PacksimWidget):
             panel.render(previous)
 
     def figure(self) -> go.Figure:
-        """Static version of the current view (see :func:`leakage_figure`)."""
-        return _figure(
+        """Static version of the current view (see :func:`~packsim.viz.leakage_heatmap.leakage_figure`)."""
+        return attention_heatmaps(
             self.batch, self.maps, self.row, self.query, self.layer.value, self.head.value
         )
 
@@ -369,82 +310,4 @@ def leakage_explorer(
     one untrained tiny model (``seed``) shared by ``setups``, so only the mask differs.
     """
     batch = as_batch(examples_or_batch, capacity, strategy=strategy)
-    return LeakageExplorer(batch, _models_for(models, batch, seed, setups), row=row)
-
-
-def _figure(batch, maps: dict, row: int, query, layer, head) -> go.Figure:
-    seq = batch.seq_ids[row]  # (T,)
-    glyphs = token_glyphs(batch.input_ids[row])
-    T = len(glyphs)
-    names = list(maps)
-    mats = {}
-    for name, m in maps.items():
-        L, _, H = m.shape[:3]
-        layer_, head_ = _check_choice(layer, L, "layer"), _check_choice(head, H, "head")
-        mats[name] = _pick(m[:, row], layer_, head_)  # (L, H, T, T) -> (T, T)
-    titles = [
-        f"{n}: {mean_outside_share(mats[n][None, None], seq[None]):.1%} of attention outside its example"
-        for n in names
-    ]
-    fig = make_subplots(rows=1, cols=len(names), subplot_titles=titles, horizontal_spacing=0.08)
-    labels = [f"{k} {g!r}" for k, g in enumerate(glyphs)]
-    pairs = [[f"query {q}<br>key {k}" for k in labels] for q in labels]  # (T, T) hover text
-    starts = [k for k in run_starts(seq).nonzero().flatten().tolist() if k > 0]
-    for c, name in enumerate(names, start=1):
-        fig.add_trace(
-            go.Heatmap(
-                z=mats[name].tolist(),  # x, y: token 0..T-1
-                colorscale="Blues",
-                zmin=0,
-                showscale=c == 1,
-                customdata=pairs,
-                hovertemplate=f"%{{customdata}}<br>weight %{{z:.3f}}<extra>{name}</extra>",
-            ),
-            row=1,
-            col=c,
-        )
-        add_boundaries(fig, [k - 0.5 for k in starts], -0.5, T - 0.5, col=c)  # examples
-        if query is not None:
-            fig.add_shape(
-                type="rect",
-                x0=-0.5,
-                x1=T - 0.5,
-                y0=query - 0.5,
-                y1=query + 0.5,
-                line=dict(color=LEAK_RED, width=2),
-                row=1,
-                col=c,
-            )
-        fig.update_yaxes(
-            range=[T - 0.5, -0.5], showticklabels=False, title_text="query", row=1, col=c
-        )
-        fig.update_xaxes(range=[-0.5, T - 0.5], showticklabels=False, title_text="key", row=1, col=c)
-    return layout(
-        fig,
-        f"Attention of pack row {row} (layer {layer}, head {head}); lines mark example boundaries",
-        480,
-    )
-
-
-def leakage_figure(
-    examples_or_batch,
-    models: dict | None = None,
-    capacity: int = 64,
-    seed: int = 0,
-    strategy: str = "bfd",
-    setups=("buggy", "correct"),
-    row: int = 0,
-    query: int | None = None,
-    layer=MEAN,
-    head=MEAN,
-) -> go.Figure:
-    """Static leakage figure for HTML export: one (query x key) attention heatmap per setup.
-
-    Subplot titles give the mean share of attention outside each token's own example;
-    ``query`` outlines one query row. Arguments as :func:`leakage_explorer`.
-    """
-    batch = as_batch(examples_or_batch, capacity, strategy=strategy)
-    row = check_row(batch, row)
-    models = _models_for(models, batch, seed, setups)
-    maps = {name: _maps(m, batch, name) for name, m in models.items()}
-    return _figure(batch, maps, row, query, layer, head)
+    return LeakageExplorer(batch, panel_models(models, batch, seed, setups), row=row)
