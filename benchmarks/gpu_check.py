@@ -65,10 +65,10 @@ report = types.ModuleType("packsim.experiment.report")
 report.write_report = lambda results, path: print("report.html skipped: plotly is not installed")
 report.summary_table = lambda results: ""
 sys.modules["packsim.experiment.report"] = report
-from packsim.experiment import comparison
+from packsim.experiment import compare_command
 parser = argparse.ArgumentParser(prog="packsim compare")
-comparison.add_arguments(parser)
-sys.exit(comparison.run(parser.parse_args()))
+compare_command.add_arguments(parser)
+sys.exit(compare_command.run(parser.parse_args()))
 """
 # what each part writes under --work, read back into gpu_check.json
 RESULT_FILES = {"tests": "tests.xml", "kernels": "kernels/gpu.json", "compare": "compare/results.json"}

@@ -29,7 +29,7 @@ from packsim.core.errors import PacksimError
 # name -> (module, help)
 SUBCOMMANDS = {
     "doctor": ("packsim.course.check_env", "check the environment: packages, device, attention backends"),
-    "compare": ("packsim.experiment.comparison", "train setups side by side; write results.json and report.html"),
+    "compare": ("packsim.experiment.compare_command", "train setups side by side; write results.json and report.html"),
     "report": ("packsim.experiment.report", "rebuild report.html from a comparison's results.json"),
     "audit": ("packsim.auditing.command",
               "pre-flight audit of a local checkpoint and JSONL data (--model DIR --data FILE "

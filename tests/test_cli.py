@@ -89,12 +89,12 @@ def paths(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("argv, says", BAD_INPUT.values(), ids=BAD_INPUT.keys())
 def test_bad_input_prints_one_line_and_exits_2(argv, says, paths, capsys, monkeypatch):
-    import packsim.experiment.comparison as comparison
+    import packsim.experiment.compare_command as compare_command
 
     def no_training(*args, **kwargs):
         raise AssertionError("bad input must be rejected before any training starts")
 
-    monkeypatch.setattr(comparison, "run_comparison", no_training)
+    monkeypatch.setattr(compare_command, "run_comparison", no_training)
     fill = lambda s: s.replace("TMP", paths["TMP"]).replace("FILE", paths["FILE"]).replace(  # noqa: E731
         "RESULTS", paths["RESULTS"])
     with pytest.raises(SystemExit) as exc:

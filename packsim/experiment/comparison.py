@@ -1,4 +1,4 @@
-"""``packsim compare``: train the same tiny model under several setups, side by side (notebook 06).
+"""The comparison: train the same tiny model under several setups, side by side (notebook 06).
 
 Every run of a comparison shares the model init, the examples, their order, the token budget and
 the optimiser; only the setup differs. Two data designs:
@@ -11,20 +11,20 @@ the optimiser; only the setup differs. Two data designs:
 
 Outputs ``DIR/results.json`` (:class:`~packsim.experiment.results.Results`), ``DIR/report.html``
 (:mod:`packsim.report`) and, per run, the trained weights ``DIR/models/<setup>-seed<k>.pt``
-(:func:`load_model`), which the leakage explorer can show.
+(:func:`load_model`), which the leakage explorer can show. ``packsim compare`` is its command
+line (:mod:`packsim.experiment.compare_command`).
 
 Lessons: 06.
 """
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import os
 import platform
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 from packsim.core.attention_share import mean_outside_share
 from packsim.core.batch import PackedBatch
-from packsim.core.data import make_dataset, make_long_tailed_examples
+from packsim.core.data import make_dataset
 from packsim.core.device import fast_mode, get_device, model_device
 from packsim.core.errors import PacksimError
 from packsim.core.model import attention_maps, build_model
@@ -44,9 +44,10 @@ from packsim.core.setups import get_setup
 from packsim.experiment.evaluation import evaluate_isolated, evaluate_packed, held_out_metrics
 from packsim.experiment.facts import make_facts
 from packsim.experiment.results import Results, RunResult, StepRecord
-from packsim.experiment.training import TrainConfig, make_batches, train
+from packsim.experiment.throughput import measure_throughput
+from packsim.experiment.training import TrainConfig, train
 
-__all__ = ["ExperimentConfig", "DESIGNS", "experiment_config", "run_comparison", "load_model", "measure_throughput"]
+__all__ = ["ExperimentConfig", "DESIGNS", "experiment_config", "run_comparison", "load_model"]
 
 DESIGNS = ("tasks", "facts")
 DEFAULT_SETUPS = {
@@ -195,38 +196,6 @@ def run_one(cfg: ExperimentConfig, setup_name: str, seed: int, data: DesignData,
     run.final["outside_attention_share"] = _outside_attention(model, data, setup, cfg)
     run.final["isolated_exact_match_by_task"] = evaluate_isolated(model, data.tests["isolated"])["exact_match_by_task"]
     return run, model
-
-
-# --- throughput on the long-tailed mix ----------------------------------------------------------
-
-
-def measure_throughput(setups: Sequence[str], steps: int, device, capacity: int = 1024,
-                       examples_per_step: int = 48, seed: int = 0) -> dict:
-    """Real tokens/s of each setup on long-tailed lengths (median 90), same examples per step.
-
-    Padded rows are padded to the longest example of the step (what a plain collator does).
-    Returns ``{setup: {"real_tokens_per_s", "padded_tokens_per_s", "fill"}}``, median over steps.
-    """
-    if steps <= 0:
-        return {}
-    examples = make_long_tailed_examples(examples_per_step * (steps + 1), seed=seed, max_len=capacity)
-    out = {}
-    for name in setups:
-        model = build_model("tiny", seed=seed).to(device)
-        tcfg = TrainConfig(steps=steps + 1, examples_per_step=examples_per_step, capacity=capacity,
-                           warmup_steps=1, eval_every=0)
-        run = train(model, examples, name, tcfg, seed=seed, progress=False)
-        tr = run.curves["train"]
-        real = sorted(tr["real_tokens_per_s"][1:])
-        padded = sorted(tr["padded_tokens_per_s"][1:])
-        batch = make_batches(examples[:examples_per_step], capacity, name, examples_per_step)[0]
-        out[name] = {
-            "real_tokens_per_s": real[len(real) // 2],
-            "padded_tokens_per_s": padded[len(padded) // 2],
-            "fill": batch.n_real_tokens / batch.input_ids.numel(),
-            "steps": steps,
-        }
-    return out
 
 
 # --- the comparison ---------------------------------------------------------------------------
@@ -378,63 +347,3 @@ def load_model(out: str | Path, setup: str, seed: int = 0, device=None):
     model = build_model(results.config.get("model_size", "tiny"))
     model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
     return model.to(get_device(device)).eval()
-
-
-# --- CLI ----------------------------------------------------------------------------------------
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--fast", action="store_true", help="notebook budget (~2 min on 2 CPU cores); default: full mode")
-    p.add_argument("--data", choices=DESIGNS, default="tasks", help="data design (default: tasks)")
-    p.add_argument("--setups", help="comma-separated presets or mask+positions+loss combinations "
-                   "(default: buggy,correct in fast mode; buggy,correct,mask_fix,loss_fix,padded in full)")
-    p.add_argument("--seeds", type=int, help="number of seeds (default: 1 fast, 3 full)")
-    p.add_argument("--steps", type=int, help="optimizer steps per run (default: 300 fast, 600 full)")
-    p.add_argument("--examples-per-step", type=int, help="examples per step (default 224)")
-    p.add_argument("--n-test", type=int, help="held-out examples per test set (default 256 fast, 512 full)")
-    p.add_argument("--throughput-steps", type=int, help="steps of the long-tailed throughput measurement")
-    p.add_argument("--entities", type=int, help="facts design: number of entities (default 225)")
-    p.add_argument("--copies", type=int, help="facts design: copies of each question in a row (default 3)")
-    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: packsim.get_device())")
-    p.add_argument("--jobs", type=int, help="runs in parallel processes (default: one per CPU core on CPU, 1 on CUDA)")
-    p.add_argument("--out", help="output folder (default: runs/<data>-<mode>)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-
-
-def run(args: argparse.Namespace) -> int:
-    """``packsim compare``: check every option (setups, numbers, device, output folder), then train."""
-    from packsim.cli import check_at_least, writable_dir
-
-    check_at_least(args, {"--seeds": 1, "--steps": 1, "--examples-per-step": 1, "--n-test": 1,
-                          "--throughput-steps": 0, "--entities": 1, "--copies": 1, "--jobs": 1})
-    overrides = {
-        k: v
-        for k, v in {
-            "steps": args.steps,
-            "examples_per_step": args.examples_per_step,
-            "n_test": args.n_test,
-            "throughput_steps": args.throughput_steps,
-            "n_entities": args.entities,
-            "copies": args.copies,
-        }.items()
-        if v is not None
-    }
-    if args.setups is not None:
-        overrides["setups"] = [s.strip() for s in args.setups.split(",") if s.strip()]
-        if not overrides["setups"]:
-            raise PacksimError(f"--setups {args.setups!r} names no setup: e.g. --setups buggy,correct.")
-    if args.seeds is not None:
-        overrides["seeds"] = list(range(args.seeds))
-    if "steps" in overrides and "eval_every" not in overrides:
-        overrides["eval_every"] = max(overrides["steps"] // 3, 1)
-    cfg = experiment_config(args.data, fast=args.fast or None, **overrides)  # unknown setups raise here
-    device = get_device(args.device)
-    out = writable_dir(args.out or f"runs/{cfg.data}-{cfg.mode}")
-    print(f"packsim compare: {cfg.data} data, {cfg.mode} mode, setups {cfg.setups}, seeds {cfg.seeds}, "
-          f"{cfg.train.steps} steps -> {out}", flush=True)
-    results = run_comparison(cfg, device=device, out=out, progress=not args.quiet, jobs=args.jobs)
-    from packsim.experiment.report import summary_table
-
-    print(summary_table(results))
-    print(f"wrote {out / 'results.json'} and {out / 'report.html'} in {results.wall_s:.0f} s")
-    return 0
