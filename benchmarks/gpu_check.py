@@ -18,8 +18,8 @@ next part still runs:
    backward, each checked against a float32 reference; then the model trained packed vs padded
    on the same examples (real tokens/s). Its own budget skips what would start too late.
 3. ``compare`` (120 s): ``packsim compare --fast --device cuda``: the buggy and the correct
-   setup trained side by side; isolated exact match and reported loss. Without plotly (which
-   only its report.html needs) compare's own code runs without the CLI and skips report.html.
+   setup trained side by side; isolated exact match and reported loss. Without plotly compare
+   still runs and writes results.json; it skips report.html and says so in one line.
 
 ``gpu_check.json`` holds the machine, then for each part its command, status, time, output tail
 and results (gpu.py's whole JSON, compare's ``results.json``, the test counts); it is rewritten
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib.util
 import json
 import os
 import re
@@ -56,20 +55,6 @@ CPU_BUDGET_SCALE = 4.0  # --device cpu (logic check) on a small shared CPU: same
 KILL_GRACE_S = 10.0
 TAIL_LINES = 60
 KERNEL_SIZES = "4096,16384,65536"
-# `packsim compare` itself when plotly is missing: the CLI imports every subcommand module, and
-# `packsim report`'s needs plotly, so this runs compare's own add_arguments and run, with a
-# stand-in report module that skips report.html (results.json is written as usual).
-COMPARE_WITHOUT_PLOTLY = """
-import argparse, sys, types
-report = types.ModuleType("packsim.experiment.report")
-report.write_report = lambda results, path: print("report.html skipped: plotly is not installed")
-report.summary_table = lambda results: ""
-sys.modules["packsim.experiment.report"] = report
-from packsim.experiment import compare_command
-parser = argparse.ArgumentParser(prog="packsim compare")
-compare_command.add_arguments(parser)
-sys.exit(compare_command.run(parser.parse_args()))
-"""
 # what each part writes under --work, read back into gpu_check.json
 RESULT_FILES = {"tests": "tests.xml", "kernels": "kernels/gpu.json", "compare": "compare/results.json"}
 
@@ -105,8 +90,8 @@ def part_commands(args, work: Path) -> dict[str, list[str]]:
                  "--head-dim", "16", "--iters", "1", "--no-train"] if cpu else
                 ["--sizes", KERNEL_SIZES, "--iters", "5", "--steps", "5",
                  "--budget-s", str(int(BUDGET_S["kernels"] - 70))])  # imports, the last call
-    entry = ["-m", "packsim", "compare"] if importlib.util.find_spec("plotly") else ["-c", COMPARE_WITHOUT_PLOTLY]
-    compare = [py, *entry, "--fast", "--device", args.device, "--quiet", "--out", str(work / "compare")]
+    compare = [py, "-m", "packsim", "compare", "--fast", "--device", args.device, "--quiet",
+               "--out", str(work / "compare")]
     if cpu:
         compare += ["--steps", "2", "--examples-per-step", "16", "--n-test", "8",
                     "--throughput-steps", "1", "--jobs", "1"]

@@ -1,7 +1,10 @@
-"""packsim compare on a very small budget: valid results.json and a self-contained report.html."""
+"""packsim compare on a very small budget: valid results.json and a self-contained report.html
+(or, without plotly, results.json and one line saying report.html was skipped)."""
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -109,3 +112,20 @@ def test_report_subcommand_rebuilds_the_html(tasks_out, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:  # the CLI: one line, exit 2 (tests/test_cli.py has the rest)
         main(["report", str(tmp_path / "missing")])
     assert exc.value.code == 2 and "no results at" in capsys.readouterr().err
+
+
+def test_compare_without_plotly_writes_results_and_says_report_html_was_skipped(tmp_path):
+    """A machine without plotly (a GPU box): any plotly import fails in this process, and compare
+    still trains, prints its summary, writes results.json and says in one line why no report.html."""
+    no_plotly = ("import sys; sys.modules['plotly'] = None  # import plotly -> ImportError\n"
+                 "from packsim.cli import main; sys.exit(main(sys.argv[1:]))")
+    args = ["compare", "--fast", *TINY, "--setups", "correct", "--throughput-steps", "0", "--jobs", "1",
+            "--out", str(tmp_path)]
+    proc = subprocess.run([sys.executable, "-c", no_plotly, *args], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    skipped = "report.html skipped: plotly is not installed; pip install plotly to get it"
+    assert proc.stdout.count(skipped) == 1, proc.stdout
+    assert "[tasks] mean [min, max] over seeds" in proc.stdout  # the summary needs no plotly
+    assert f"wrote {tmp_path / 'results.json'} in " in proc.stdout and "report.html in" not in proc.stdout
+    assert (tmp_path / "results.json").exists() and not (tmp_path / "report.html").exists()
+    assert [r.setup for r in Results.load(tmp_path).runs] == ["correct"]

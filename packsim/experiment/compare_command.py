@@ -3,8 +3,9 @@
 Every option is checked before any training starts (numbers, setups, device, output folder); bad
 input raises :class:`PacksimError`, which :mod:`packsim.cli` prints as one line. Then
 :func:`~packsim.experiment.comparison.run_comparison` trains setups x seeds and writes
-``DIR/results.json``, ``DIR/report.html`` and the models; the summary table (mean over seeds per
-setup) prints last.
+``DIR/results.json``, ``DIR/report.html`` (where plotly is installed; else one line says it was
+skipped) and the models; the summary table (mean over seeds per setup) prints last. No part of
+the command needs plotly.
 
 Lessons: none directly (lesson 06 runs the comparison from Python).
 """
@@ -15,7 +16,12 @@ import argparse
 
 from packsim.core.device import get_device
 from packsim.core.errors import PacksimError
-from packsim.experiment.comparison import DESIGNS, experiment_config, run_comparison
+from packsim.experiment.comparison import (
+    DESIGNS,
+    experiment_config,
+    plotly_installed,
+    run_comparison,
+)
 
 __all__ = ["add_arguments", "run"]
 
@@ -73,5 +79,6 @@ def run(args: argparse.Namespace) -> int:
     from packsim.experiment.report import summary_table
 
     print(summary_table(results))
-    print(f"wrote {out / 'results.json'} and {out / 'report.html'} in {results.wall_s:.0f} s")
+    wrote = [out / "results.json"] + ([out / "report.html"] if plotly_installed() else [])
+    print(f"wrote {' and '.join(map(str, wrote))} in {results.wall_s:.0f} s")
     return 0

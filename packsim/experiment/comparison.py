@@ -10,7 +10,8 @@ the optimiser; only the setup differs. Two data designs:
   the correct setup's while it answers far fewer questions alone. The loss curve lies.
 
 Outputs ``DIR/results.json`` (:class:`~packsim.experiment.results.Results`), ``DIR/report.html``
-(:mod:`packsim.report`) and, per run, the trained weights ``DIR/models/<setup>-seed<k>.pt``
+(:mod:`packsim.experiment.report`; skipped, with one printed line, where plotly is not installed:
+the runs need no plotly) and, per run, the trained weights ``DIR/models/<setup>-seed<k>.pt``
 (:func:`load_model`), which the leakage explorer can show. ``packsim compare`` is its command
 line (:mod:`packsim.experiment.compare_command`).
 
@@ -19,6 +20,7 @@ Lessons: 06.
 
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing
 import os
 import platform
@@ -263,11 +265,22 @@ def run_comparison(cfg: ExperimentConfig, device=None, out: str | Path | None = 
         torch.set_num_threads(threads)
     results.wall_s = time.perf_counter() - start
     if out is not None:
-        from packsim.experiment.report import write_report
-
         results.save(out / "results.json")
-        write_report(results, out / "report.html")
+        if plotly_installed():
+            from packsim.experiment.report import write_report
+
+            write_report(results, out / "report.html")
+        else:
+            print(REPORT_SKIPPED, flush=True)
     return results
+
+
+REPORT_SKIPPED = "report.html skipped: plotly is not installed; pip install plotly to get it"
+
+
+def plotly_installed() -> bool:
+    """Whether report.html can be written: only the report needs plotly, never the runs."""
+    return importlib.util.find_spec("plotly") is not None
 
 
 def _run_and_save(cfg, name, seed, device, out, callback, progress) -> RunResult:

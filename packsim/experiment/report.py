@@ -5,6 +5,10 @@
 spread over seeds), the buggy-vs-correct table of the course card filled with measured numbers,
 and the throughput on the long-tailed mix. Notebook 06 shows the same figures.
 
+The tables (:func:`summary_table`, :func:`final_rows`, :func:`card_table`) need no plotly, so
+``packsim compare`` prints its summary on a machine without it; the figures and
+:func:`write_report` import plotly (and :mod:`packsim.viz`) when called.
+
 Lessons: 06, 09.
 """
 
@@ -12,14 +16,12 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
-
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
+from typing import TYPE_CHECKING
 
 from packsim.experiment.results import Results, spread
-from packsim.viz.style import figure_config, layout, setup_colour
-from packsim.viz.training_curves import curves_figure as viz_curves_figure
-from packsim.viz.training_curves import seed_spread
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 __all__ = ["curves_figure", "copies_figure", "final_rows", "summary_table", "card_table", "write_report"]
 
@@ -37,6 +39,8 @@ FINAL_COLUMNS = (
 
 def curves_figure(results: Results, data: str | None = None) -> go.Figure:
     """The curves widget's static figure (:func:`packsim.viz.curves_figure`) for one data design."""
+    from packsim.viz.training_curves import curves_figure as viz_curves_figure
+
     return viz_curves_figure([r for r in results.runs if data is None or r.data == data])
 
 
@@ -45,6 +49,12 @@ def copies_figure(results: Results, data: str | None = "facts") -> go.Figure | N
 
     Lines are means over seeds, bands their min-max. A gap between the panels is copying.
     """
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from packsim.viz.style import layout, setup_colour
+    from packsim.viz.training_curves import seed_spread
+
     groups = results.by_setup(data)
     if not any("response_loss_repeat" in r.curves.get("train", {}) for rs in groups.values() for r in rs):
         return None
@@ -154,6 +164,8 @@ th{background:#f4f4f4}code{background:#f4f4f4;padding:0 3px}.meta{color:#666;fon
 
 def write_report(results: Results, path: str | Path) -> Path:
     """Write the self-contained HTML report (plotly.js embedded once, no network needed)."""
+    from packsim.viz.style import figure_config
+
     path = Path(path)
     parts = [f"<h1>packsim compare: {html.escape(', '.join(results.setups()))}</h1>", _meta(results)]
     card = card_table(results)
