@@ -14,7 +14,7 @@ from packsim.auditing.findings import (
     loss_across_devices,
     padding_free_attention,
 )
-from packsim.core.segments import find_boundaries
+from packsim.core.boundaries import find_boundaries
 
 POS = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2], [0, 1, 0, 1, 2, 3, 0, 1]])  # (2, 8): 3 examples per row
 

@@ -1,4 +1,4 @@
-"""Tests for packsim.core.segments: conversions, run starts, boundaries of any batch."""
+"""Tests for packsim.core.segments: conversions between the three forms, run starts."""
 
 from __future__ import annotations
 
@@ -6,19 +6,14 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from toy import toy_examples
-from transformers import DataCollatorWithFlattening
 
-from packsim.core.batch import PackedBatch
 from packsim.core.errors import PacksimError
 from packsim.core.segments import (
-    ROWS_SOURCE,
     check_cu_seqlens,
     check_seq_ids,
     cu_seqlens_from_position_ids,
     cu_seqlens_from_seq_ids,
     example_positions,
-    find_boundaries,
     run_cu_seqlens,
     run_starts,
     seq_ids_from_cu_seqlens,
@@ -140,77 +135,3 @@ def test_the_three_forms_agree(lengths, pad):
     starts = run_starts(seq)
     assert starts.sum() == len(lengths) + (pad > 0)
     assert torch.nonzero(starts).flatten().tolist() == with_pad[:-1]
-
-
-# ----------------------------------------------------------------------------- boundaries of any batch
-
-
-@pytest.fixture(scope="module")
-def flat():
-    """DataCollatorWithFlattening over 4 toy examples: every boundary field, in agreement."""
-    examples = toy_examples([(2, 3), (0, 1), (4, 2), (1, 1)], seed=0)
-    collator = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)
-    return collator([{"input_ids": list(ex.tokens)} for ex in examples], return_tensors="pt")
-
-
-@pytest.mark.parametrize("field,source", [("cu_seq_lens_q", "cu_seq_lens_q"), ("seq_idx", "seq_idx"),
-                                          ("position_ids", "position_ids (where they restart)")])
-def test_each_field_alone_gives_the_same_examples(flat, field, source):
-    found = find_boundaries({"input_ids": flat["input_ids"], field: flat[field]})
-    assert found.source == source
-    assert torch.equal(found.cu_seqlens, flat["cu_seq_lens_q"])
-    assert torch.equal(found.seq_ids, flat["seq_idx"].long())
-    assert found.num_examples == 4
-
-
-def test_precedence_cu_seq_lens_q_then_seq_idx_then_positions(flat):
-    ids = flat["input_ids"]
-    N = ids.shape[1]
-    one = {"cu_seq_lens_q": _cu(0, N), "seq_idx": torch.zeros(1, N, dtype=torch.int32),
-           "position_ids": torch.arange(N)[None]}
-    batch = {**flat, **one}  # three fields that each say "one example", over the collator's
-    assert find_boundaries(batch).num_examples == 1 and find_boundaries(batch).source == "cu_seq_lens_q"
-    assert find_boundaries({**flat, "cu_seq_lens_q": None}).source == "seq_idx"
-    mixed = {"input_ids": ids, "seq_idx": one["seq_idx"], "position_ids": flat["position_ids"]}
-    assert find_boundaries(mixed).num_examples == 1  # seq_idx wins over position_ids
-    mixed = {"input_ids": ids, "seq_idx": flat["seq_idx"], "position_ids": one["position_ids"]}
-    assert find_boundaries(mixed).num_examples == 4
-
-
-def test_padding_from_offsets_seq_idx_and_attention_mask():
-    ids = torch.ones(2, 4, dtype=torch.long)
-    found = find_boundaries({"input_ids": ids, "cu_seq_lens_q": _cu(0, 3, 6)})
-    assert found.seq_ids.tolist() == [[0, 0, 0, 1], [2, 2, -1, -1]]  # rows split example 1
-    assert found.cu_seqlens.tolist() == [0, 3, 4, 6]  # over real tokens, row-major
-    found = find_boundaries({"input_ids": ids, "seq_idx": torch.tensor([[5, 5, -1, -1], [7, 8, 8, -1]])})
-    assert found.seq_ids.tolist() == [[0, 0, -1, -1], [1, 2, 2, -1]]
-    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
-    found = find_boundaries({"input_ids": ids, "position_ids": torch.tensor([[0, 1, 0, 0], [0, 1, 2, 3]]),
-                             "attention_mask": mask})
-    assert found.seq_ids.tolist() == [[0, 0, 1, -1], [2, 2, -1, -1]]
-    assert found.source == "position_ids (where they restart); padding from attention_mask == 0"
-
-
-def test_packed_batch_and_missing_fields():
-    b = PackedBatch.from_examples(toy_examples([(2, 3), (1, 2), (3, 1)], seed=1), 12, "correct")
-    found = find_boundaries(b)
-    assert found.seq_ids is b.seq_ids and found.cu_seqlens is b.cu_seqlens
-    assert found.source.startswith("PackedBatch.seq_ids")
-    rows = find_boundaries({"input_ids": torch.ones(2, 3)}, missing="rows")
-    assert rows.source == ROWS_SOURCE and rows.seq_ids.tolist() == [[0, 0, 0], [1, 1, 1]]
-    assert rows.cu_seqlens.tolist() == [0, 3, 6]
-
-
-@pytest.mark.parametrize("batch,words", [
-    ({"input_ids": torch.ones(1, 5, dtype=torch.long)}, "no example boundaries .* pass cu_seq_lens_q"),
-    ({"input_ids": torch.ones(1, 5, dtype=torch.long), "cu_seq_lens_q": _cu(0, 3, 6)}, "ends at 6"),
-    ({"input_ids": torch.ones(1, 5, dtype=torch.long), "cu_seq_lens_q": _cu(0, 3, 3)}, "strictly increasing"),
-    ({"input_ids": torch.ones(1, 5, dtype=torch.long), "seq_idx": torch.zeros(1, 4)}, r"seq_idx.*\(1, 5\)"),
-    ({"input_ids": torch.ones(5, dtype=torch.long), "seq_idx": torch.zeros(5)}, r"\(B, T\) tensor"),
-    ({"input_ids": torch.ones(2, 3, dtype=torch.long), "position_ids": torch.arange(3)[None],
-      "attention_mask": torch.ones(1, 3)}, r"attention_mask.*\(2, 3\)"),
-    ([1, 2, 3], "PackedBatch or a collator dict"),
-])
-def test_bad_batches_are_explained(batch, words):
-    with pytest.raises(PacksimError, match=words):
-        find_boundaries(batch)

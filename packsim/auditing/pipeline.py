@@ -16,9 +16,10 @@ from dataclasses import dataclass
 import torch
 
 from packsim.core.batch import PackedBatch
+from packsim.core.boundaries import find_boundaries
 from packsim.core.errors import PacksimError
 from packsim.core.loss import Role
-from packsim.core.segments import example_positions, find_boundaries, run_starts
+from packsim.core.segments import example_positions, run_starts
 
 
 @dataclass

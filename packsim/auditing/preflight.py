@@ -184,7 +184,7 @@ def preflight(model_dir, data, collator: str, attn: str | None = None, batches: 
         report = audit_trainer(trainer, batches=batches)
         if run_attn != planned:
             fields = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
-            from packsim.core.segments import find_boundaries
+            from packsim.core.boundaries import find_boundaries
 
             seq = find_boundaries(fields, missing="rows").seq_ids
             view = BatchView(fields, seq, seq, "", False)

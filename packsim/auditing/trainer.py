@@ -40,9 +40,10 @@ from packsim.auditing.findings import (
 )
 from packsim.auditing.pipeline import Out, Pipeline, dict_roles, logits_of
 from packsim.auditing.report import AuditReport, Finding
+from packsim.core.boundaries import ROWS_SOURCE, find_boundaries
 from packsim.core.errors import PacksimError
 from packsim.core.loss import Role
-from packsim.core.segments import ROWS_SOURCE, example_positions, find_boundaries
+from packsim.core.segments import example_positions
 
 __all__ = ["audit_trainer"]
 

@@ -2,7 +2,7 @@
 
 Data flow: examples (``data``, ``tokenizer``) -> ``packing`` (which example goes in which row)
 -> ``batch.PackedBatch`` (rows, labels, positions; ``setups`` picks mask x positions x loss)
--> ``segments`` (where the examples are) -> ``masks`` / ``attention`` (the kernels;
+-> ``segments`` / ``boundaries`` (where the examples are) -> ``masks`` / ``attention`` (the kernels;
 ``attention_backends`` says which can run and picks one) -> ``loss`` -> ``model``.
 ``attention_share`` measures the leak (attention on other examples); ``collator`` hands the same
 rows to the transformers ``Trainer``; ``device`` and ``errors`` serve every layer.

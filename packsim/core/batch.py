@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from packsim.core.boundaries import find_boundaries
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX, Role, make_labels, response_mask
 from packsim.core.pack_stats import packing_stats
@@ -30,7 +31,6 @@ from packsim.core.packing import Piece, pack_pieces
 from packsim.core.segments import (
     cu_seqlens_from_position_ids,
     example_positions,
-    find_boundaries,
     seq_ids_from_cu_seqlens,
 )
 from packsim.core.setups import Setup, get_setup

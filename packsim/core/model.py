@@ -22,9 +22,10 @@ from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
 
 from packsim.core.attention import varlen_attention
 from packsim.core.batch import PackedBatch
+from packsim.core.boundaries import find_boundaries
 from packsim.core.errors import PacksimError
 from packsim.core.masks import block_diagonal_mask, flex_block_mask, to_additive_4d
-from packsim.core.segments import find_boundaries, run_cu_seqlens, seq_ids_from_cu_seqlens
+from packsim.core.segments import run_cu_seqlens, seq_ids_from_cu_seqlens
 
 __all__ = [
     "MODEL_SIZES",
@@ -79,7 +80,7 @@ def build_model(
 def _packsim_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers attention function: q (B, H, T, D), k/v (B, H_kv, T, D) -> ((B, T, H, D), None).
 
-    Segments come from :func:`packsim.core.segments.find_boundaries`: ``cu_seq_lens_q`` over the
+    Segments come from :func:`packsim.core.boundaries.find_boundaries`: ``cu_seq_lens_q`` over the
     flattened B*T tokens if given (as ``DataCollatorWithFlattening`` or :func:`forward` pass them),
     else ``seq_idx``, else ``position_ids`` restarts, else one causal segment per row.
     ``attention_mask`` is ignored (none is built).

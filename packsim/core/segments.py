@@ -12,18 +12,14 @@ where the examples are:
 
 This module converts between them (:func:`seq_ids_from_cu_seqlens`, :func:`cu_seqlens_from_seq_ids`,
 :func:`cu_seqlens_from_position_ids`), finds where runs start (:func:`run_starts`) and each token's
-position inside its run (:func:`example_positions`), and reads the boundaries of any batch, a
-:class:`~packsim.core.batch.PackedBatch` or a collator dict, with one documented precedence
-(:func:`find_boundaries`: ``cu_seq_lens_q`` > ``seq_idx`` > ``position_ids`` restarts).
-How much attention crosses those boundaries is measured in :mod:`packsim.core.attention_share`.
+position inside its run (:func:`example_positions`). Reading the boundaries of any batch (a
+PackedBatch or a collator dict) is :mod:`packsim.core.boundaries`; how much attention crosses them
+is measured in :mod:`packsim.core.attention_share`.
 
 Lessons: 08, 09.
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 
@@ -38,8 +34,6 @@ __all__ = [
     "run_starts",
     "run_cu_seqlens",
     "example_positions",
-    "Boundaries",
-    "find_boundaries",
 ]
 
 
@@ -236,138 +230,3 @@ def cu_seqlens_from_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
             f"{tuple(pos.shape)} {pos.dtype}. Pass the position ids the model would get."
         )
     return run_cu_seqlens(pos.reshape(-1, pos.shape[-1]), step=1)  # (S+1,)
-
-
-# ----------------------------------------------------------------------------- any batch
-
-
-@dataclass(frozen=True)
-class Boundaries:
-    """Where the examples of a batch are, and which field said so (see :func:`find_boundaries`).
-
-    seq_ids (B, T) long: example index per token, -1 on padding (a PackedBatch's own example
-    indices; 0..S-1 in token order for a dict). cu_seqlens (S+1,) int32: the examples' offsets
-    over the real tokens in row-major order, padding left out. source: the field used, e.g.
-    ``"seq_idx"`` or ``"cu_seq_lens_q; padding from attention_mask == 0"``.
-    """
-
-    seq_ids: torch.Tensor
-    cu_seqlens: torch.Tensor
-    source: str
-
-    @property
-    def num_examples(self) -> int:
-        return self.cu_seqlens.numel() - 1
-
-
-PACKED_SOURCE = "PackedBatch.seq_ids (how the examples were packed)"
-_POSITIONS_SOURCE = "position_ids (where they restart)"
-ROWS_SOURCE = "rows (no boundary field: one example per row)"
-
-
-def find_boundaries(batch, shape: tuple[int, int] | None = None, missing: str = "error") -> Boundaries:
-    """The examples of any batch: a PackedBatch, or a collator dict of (B, T) fields.
-
-    For a dict the first field present decides, in this order (transformers'
-    ``DataCollatorWithFlattening`` can return all three, and they agree):
-
-    1. ``cu_seq_lens_q`` (S+1,): offsets over the flattened B*T tokens; tokens past its last
-       offset are padding (flash-attn ignores them);
-    2. ``seq_idx`` (B, T): a new example wherever the id changes (the same id continues it);
-       negative ids are padding;
-    3. ``position_ids`` (B, T) or (1, T): a new example wherever the position does not continue
-       by +1.
-
-    Every row start begins a new example (rows never share one), and a 2D ``attention_mask``
-    marks its zeros as padding. ``shape`` (B, T) defaults to ``batch["input_ids"].shape``. With
-    none of the fields, ``missing="error"`` raises and ``missing="rows"`` gives one example per
-    row (a plain causal LM batch). Tensors come back on the device of the field used.
-    """
-    if not isinstance(batch, Mapping):
-        if hasattr(batch, "seq_ids") and hasattr(batch, "cu_seqlens"):  # a PackedBatch
-            return Boundaries(batch.seq_ids, batch.cu_seqlens, PACKED_SOURCE)
-        raise PacksimError(
-            f"cannot find example boundaries in a {type(batch).__name__}: pass a PackedBatch or a "
-            "collator dict (input_ids, position_ids, cu_seq_lens_q, seq_idx, ...)."
-        )
-    B, T = _batch_shape(batch, shape)
-    found = _starts_and_padding(batch, B, T)
-    if found is None:
-        if missing != "rows":
-            raise PacksimError(
-                "the batch carries no example boundaries (none of cu_seq_lens_q, seq_idx, "
-                "position_ids): pass cu_seq_lens_q, seq_idx, or position_ids that restart at 0 for "
-                "each example (DataCollatorWithFlattening(return_flash_attn_kwargs=True, "
-                "return_seq_idx=True) gives all three)."
-            )
-        cu = torch.arange(0, B * T + 1, T, dtype=torch.int32)
-        return Boundaries(torch.arange(B)[:, None].expand(B, T).clone(), cu, ROWS_SOURCE)
-    starts, pad, source = found
-    starts[:, 0] = True  # rows never share an example
-    seq = starts.reshape(-1).cumsum(0).reshape(B, T) - 1  # (B, T)
-    seq[pad] = -1
-    mask = batch.get("attention_mask")
-    if isinstance(mask, torch.Tensor) and mask.dim() == 2:
-        if tuple(mask.shape) != (B, T):
-            raise PacksimError(
-                f"batch['attention_mask'] has shape {tuple(mask.shape)} but the batch holds ({B}, {T}) "
-                "tokens: pass a (B, T) mask of the same batch."
-            )
-        seq[mask.to(seq.device) == 0] = -1
-        source += "; padding from attention_mask == 0"
-    real = seq >= 0
-    if not bool(real.all()):  # padding took ids: renumber 0..S-1 in token order
-        seq[real] = torch.unique(seq[real], return_inverse=True)[1]
-    lengths = torch.bincount(seq[real])  # (S,)
-    cu = torch.zeros(lengths.numel() + 1, dtype=torch.int32, device=seq.device)
-    cu[1:] = lengths.cumsum(0)
-    return Boundaries(seq, cu, source)
-
-
-def _batch_shape(batch: Mapping, shape) -> tuple[int, int]:
-    if shape is not None:
-        return int(shape[0]), int(shape[1])
-    ids = batch.get("input_ids")
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
-        got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
-        raise PacksimError(
-            f"batch['input_ids'] must be a (B, T) tensor, got {got}: pass the collator's output "
-            "(e.g. DataCollatorWithFlattening returns input_ids of shape (1, total_tokens))."
-        )
-    return tuple(ids.shape)
-
-
-def _per_token(batch: Mapping, key: str, B: int, T: int) -> torch.Tensor:
-    """``batch[key]`` as a (B, T) tensor (a (T,) or (1, T) field is shared by every row)."""
-    field = torch.as_tensor(batch[key])
-    if field.dim() not in (1, 2) or field.shape[-1] != T or (field.dim() == 2 and field.shape[0] not in (1, B)):
-        raise PacksimError(
-            f"batch[{key!r}] has shape {tuple(field.shape)} but the batch holds ({B}, {T}) tokens: "
-            "every per-token field needs one entry per token; rebuild it from the same examples."
-        )
-    return field.reshape(-1, T).expand(B, T)
-
-
-def _starts_and_padding(batch: Mapping, B: int, T: int):
-    """(starts (B, T) bool, padding (B, T) bool, source) from the first field present, or None."""
-    if batch.get("cu_seq_lens_q") is not None:
-        cu = torch.as_tensor(batch["cu_seq_lens_q"]).reshape(-1).to(torch.int32)
-        end = int(cu[-1]) if cu.numel() else 0
-        if end > B * T:
-            raise PacksimError(
-                f"cu_seq_lens_q ends at {end} but the batch holds {B}x{T}={B * T} tokens: the "
-                "offsets belong to a different (longer) batch; rebuild them from the same examples."
-            )
-        offsets = check_cu_seqlens(cu, end, name="cu_seq_lens_q")
-        starts = torch.zeros(B * T, dtype=torch.bool, device=cu.device)
-        starts[torch.tensor(offsets[:-1], dtype=torch.long, device=cu.device)] = True
-        pad = torch.zeros(B * T, dtype=torch.bool, device=cu.device)
-        pad[end:] = True  # tokens after the last offset: padding (flash-attn ignores them)
-        return starts.view(B, T), pad.view(B, T), "cu_seq_lens_q"
-    if batch.get("seq_idx") is not None:
-        ids = _per_token(batch, "seq_idx", B, T)
-        return run_starts(ids, step=0), ids < 0, "seq_idx"
-    if batch.get("position_ids") is not None:
-        pos = _per_token(batch, "position_ids", B, T)
-        return run_starts(pos, step=1), torch.zeros_like(pos, dtype=torch.bool), _POSITIONS_SOURCE
-    return None
