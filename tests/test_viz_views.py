@@ -27,6 +27,8 @@ from packsim.viz import (
     packing_playground,
     tile_figure,
     tile_map,
+    trap_explorer,
+    trap_figure,
 )
 from packsim.viz.labels import counted_targets, label_reason
 from packsim.viz.style import (
@@ -58,6 +60,7 @@ def test_token_glyphs():
         (lambda: packing_playground(n=20, capacity=128), "packsim-playground"),
         (lambda: mask_explorer(), "packsim-mask-explorer"),
         (lambda: tile_map([40, 20], tile=16), "packsim-tiles"),
+        (lambda: trap_explorer(), "packsim-traps"),
     ],
 )
 def test_plotly_widgets_show_a_figure_bundle(make, css):
@@ -117,6 +120,7 @@ def _figures():
         "labels": lambda: labels_figure(),
         "packing": lambda: packing_figure([10, 20, 30], 64),
         "quiz": lambda: quiz_figure(),
+        "traps": lambda: trap_figure(mask="ones"),
     }
 
 
@@ -382,6 +386,7 @@ def test_every_widget_has_its_root_class_and_displays(capsys):
         "packsim-labels": label_viewer(ex, capacity=48),
         "packsim-tiles": tile_map([10, 5], tile=4),
         "packsim-quiz": quiz(),
+        "packsim-traps": trap_explorer(),
     }
     for css, w in built.items():
         assert css in w.widget._dom_classes, css

@@ -9,7 +9,9 @@ Conditions (:data:`CONDITIONS` says each in words; :func:`condition_batch` build
 dicts passed as ``model(**batch, use_cache=...)``: a packed row of 32 tokens holding three
 examples, input_ids (1, 32) or (2, 32) for ``rows``, position_ids (B, 32) restarting at each
 example, optionally attention_mask (B, 32) of ones or a 4D block-diagonal mask (B, 1, 32, 32)
-(bool or additive float), or cu_seq_lens_q/k (S+1,) with max_length_q/k. The measuring is in
+(bool or additive float), or cu_seq_lens_q/k (S+1,) with max_length_q/k. Each condition is a set of
+options of :func:`packed_batch` (:data:`CONDITION_OPTIONS`), which builds any combination of
+positions x mask x use_cache x rows (the trap explorer widget uses it). The measuring is in
 :mod:`packsim.auditing.traps`.
 
 Lessons: none directly (lessons 04, 07 and 09 call :func:`packsim.auditing.traps.trap_table`).
@@ -21,7 +23,8 @@ import torch
 
 from packsim.core.errors import PacksimError
 
-__all__ = ["CONDITIONS", "FAMILIES", "HUB_KERNEL", "IMPLS", "build_family", "condition_batch"]
+__all__ = ["CONDITIONS", "CONDITION_OPTIONS", "FAMILIES", "HUB_KERNEL", "IMPLS", "MASKS", "POSITIONS",
+           "build_family", "condition_batch", "condition_of", "packed_batch"]
 
 VOCAB = 96
 ROWS = ((10, 13, 9), (12, 8, 12))  # example lengths of the two rows, 32 tokens each
@@ -78,29 +81,83 @@ def _example_index(lengths) -> torch.Tensor:
     return torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])  # (T,)
 
 
+POSITIONS = ("restart", "continuous")  # position_ids 0..L-1 per example | 0..T-1 over the row
+MASKS = ("none", "ones", "bool_4d", "float_4d")  # attention_mask options of :func:`packed_batch`
+# condition -> the options of packed_batch it is (cu_seq_lens adds cu_seq_lens_q/k on top)
+CONDITION_OPTIONS = {
+    "positions": {},
+    "ones_mask": {"mask": "ones"},
+    "cache": {"use_cache": True},
+    "rows": {"rows": 2},
+    "cu_seq_lens": {"positions": "continuous"},
+    "bool_4d": {"mask": "bool_4d"},
+    "float_4d": {"mask": "float_4d"},
+}
+
+
+def _check_options(positions, mask, use_cache, rows) -> None:
+    if positions not in POSITIONS:
+        raise PacksimError(f"positions={positions!r}: use one of {list(POSITIONS)}.")
+    if mask not in MASKS:
+        raise PacksimError(f"mask={mask!r}: use one of {list(MASKS)}.")
+    if not isinstance(use_cache, bool):
+        raise PacksimError(f"use_cache={use_cache!r}: use True or False.")
+    if isinstance(rows, bool) or rows not in (1, 2):
+        raise PacksimError(f"rows={rows!r}: use 1 or 2 (packed rows per batch).")
+
+
+def packed_batch(positions: str = "restart", mask: str = "none", use_cache: bool = False,
+                 rows: int = 1, seed: int = 0) -> tuple[dict, dict, torch.Tensor]:
+    """(batch dict, forward kwargs, example index (B, T)) of B = ``rows`` packed rows of 32 tokens.
+
+    ``positions``: "restart" (0..L-1 per example) or "continuous" (0..31 over the row);
+    ``mask``: "none", "ones" (B, T) long, "bool_4d" (B, 1, T, T) block-diagonal causal, True =
+    attend, or "float_4d" (the same, additive: 0 = attend, finfo.min elsewhere);
+    ``use_cache``: the forward's ``use_cache``. Every condition of the trap table is one of these
+    (:data:`CONDITION_OPTIONS`), so the table and :func:`packsim.viz.trap_explorer` share it.
+    """
+    _check_options(positions, mask, use_cache, rows)
+    lengths = ROWS[:rows]
+    B, T = len(lengths), sum(lengths[0])
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (B, T), generator=gen)
+    seq = torch.stack([_example_index(r) for r in lengths])  # (B, T)
+    if positions == "restart":
+        pos = torch.stack([_reset_positions(r) for r in lengths])  # (B, T)
+    else:
+        pos = torch.arange(T).expand(B, T).clone()  # (B, T)
+    batch = {"input_ids": ids, "position_ids": pos}
+    if mask == "ones":
+        batch["attention_mask"] = torch.ones(B, T, dtype=torch.long)
+    elif mask in ("bool_4d", "float_4d"):
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        allowed = (seq[:, :, None] == seq[:, None, :]) & causal  # (B, T, T)
+        mask_4d = allowed[:, None]  # (B, 1, T, T)
+        if mask == "float_4d":
+            mask_4d = torch.zeros(B, 1, T, T).masked_fill(~mask_4d, torch.finfo(torch.float32).min)
+        batch["attention_mask"] = mask_4d
+    return batch, {"use_cache": use_cache}, seq
+
+
 def condition_batch(condition: str, seed: int = 0) -> tuple[dict, dict, torch.Tensor]:
     """(batch dict, forward kwargs, example index (B, T)) for one condition."""
     if condition not in CONDITIONS:
         raise PacksimError(f"unknown condition {condition!r}: use one of {list(CONDITIONS)}.")
-    rows = ROWS if condition == "rows" else ROWS[:1]
-    B, T = len(rows), sum(rows[0])
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, VOCAB, (B, T), generator=gen)
-    seq = torch.stack([_example_index(r) for r in rows])  # (B, T)
-    batch = {"input_ids": ids, "position_ids": torch.stack([_reset_positions(r) for r in rows])}
-    kwargs = {"use_cache": condition == "cache"}
-    if condition == "ones_mask":
-        batch["attention_mask"] = torch.ones(B, T, dtype=torch.long)
-    elif condition == "cu_seq_lens":
-        cu = torch.tensor([0, *torch.tensor(rows[0]).cumsum(0).tolist()], dtype=torch.int32)
-        batch["position_ids"] = torch.arange(T)[None]
-        batch.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(rows[0]),
-                     max_length_k=max(rows[0]))
-    elif condition in ("bool_4d", "float_4d"):
-        causal = torch.ones(T, T, dtype=torch.bool).tril()
-        allowed = (seq[:, :, None] == seq[:, None, :]) & causal  # (B, T, T)
-        mask = allowed[:, None]  # (B, 1, T, T)
-        if condition == "float_4d":
-            mask = torch.zeros(B, 1, T, T).masked_fill(~mask, torch.finfo(torch.float32).min)
-        batch["attention_mask"] = mask
+    batch, kwargs, seq = packed_batch(**CONDITION_OPTIONS[condition], seed=seed)
+    if condition == "cu_seq_lens":
+        cu = torch.tensor([0, *torch.tensor(ROWS[0]).cumsum(0).tolist()], dtype=torch.int32)
+        batch.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(ROWS[0]),
+                     max_length_k=max(ROWS[0]))
     return batch, kwargs, seq
+
+
+def condition_of(positions: str = "restart", mask: str = "none", use_cache: bool = False,
+                 rows: int = 1) -> str | None:
+    """The trap-table condition that is exactly these options of :func:`packed_batch`, or None."""
+    _check_options(positions, mask, use_cache, rows)
+    given = {"positions": positions, "mask": mask, "use_cache": use_cache, "rows": rows}
+    default = {"positions": "restart", "mask": "none", "use_cache": False, "rows": 1}
+    for name, options in CONDITION_OPTIONS.items():
+        if name != "cu_seq_lens" and {**default, **options} == given:
+            return name
+    return None

@@ -3,7 +3,8 @@
 Every cell is MEASURED on the installed transformers, never written down: a tiny model of the family
 (2 layers, hidden 32, vocab 96, random weights, built from its config: no download) runs a packed
 row of 32 tokens (three examples, position_ids restarting at each), then runs it again with the
-tokens of the first example of each row changed. The cell is "isolated" when no token of a later
+tokens of the first example of each row changed (:func:`perturbation_change`; :func:`alone_change`
+compares each example's packed logits with the example run alone instead, as lesson 04 does). The cell is "isolated" when no token of a later
 example moves by more than ``tol`` (fp32: 1e-5), else "leaks". Then :func:`packsim.audit` runs on
 the same model, batch and kwargs, and the cell records whether its verdict agrees.
 
@@ -50,7 +51,7 @@ from packsim.auditing.trap_results import Cell, TrapTable
 from packsim.core.device import model_device
 from packsim.core.errors import PacksimError
 
-__all__ = ["measure_cell", "perturbation_change", "trap_table"]
+__all__ = ["alone_change", "impl_reason", "measure_cell", "perturbation_change", "trap_table"]
 
 LEAK_PROBES = ("perturbation", "gradient", "attention_mass")
 FLASH_TOL = 1e-2  # flash cells run in bf16 (set before any GPU run; not measured on a GPU yet)
@@ -59,7 +60,7 @@ FLASH_TOL = 1e-2  # flash cells run in bf16 (set before any GPU run; not measure
 # ----------------------------------------------------------------------------- one cell
 
 
-def _impl_reason(impl: str) -> str:
+def impl_reason(impl: str) -> str:
     """Why ``impl`` cannot run on this machine at all ('' when it can)."""
     if impl not in ("flash_attention_2", HUB_KERNEL):
         return ""
@@ -123,12 +124,32 @@ def perturbation_change(model, batch: dict, kwargs: dict, seq: torch.Tensor,
     return float(diff[~first].max()), float(diff[first].max())
 
 
+def alone_change(model, batch: dict, kwargs: dict, seq: torch.Tensor, *, impl: str = "",
+                 compile_flex: bool = False) -> list[float]:
+    """Max |packed logits - logits of the example run alone| per example, row 0's examples first:
+    the check of lesson 04. Alone: input_ids (1, L), position_ids 0..L-1 (the default), no mask,
+    use_cache=False. ``seq`` (B, T) is the example index of :func:`condition_batch`; with
+    ``impl="flex_attention"`` the forwards run uncompiled unless ``compile_flex``."""
+    device = model_device(model)
+    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    diffs = []
+    with _flex_mode(compile_flex or impl != "flex_attention"), torch.no_grad():
+        packed = model(**batch, **kwargs).logits.float()  # (B, T, V)
+        for b in range(seq.shape[0]):
+            for e in dict.fromkeys(seq[b].tolist()):  # examples in row order
+                where = (seq[b] == e).to(device)  # (T,)
+                ids = batch["input_ids"][b, where][None]  # (1, L)
+                alone = model(input_ids=ids, use_cache=False).logits.float()[0]  # (L, V)
+                diffs.append(float((packed[b, where] - alone).abs().max()))
+    return diffs
+
+
 def measure_cell(model, family: str, impl: str, condition: str, *, tol: float = 1e-5,
                  seed: int = 0, compile_flex: bool = False) -> Cell:
     """Measure one cell on ``model`` (already switched to ``impl``), then audit the same forward."""
     from packsim.auditing.auditor import audit
 
-    reason = _impl_reason(impl) or _cell_reason(impl, condition, compile_flex)
+    reason = impl_reason(impl) or _cell_reason(impl, condition, compile_flex)
     if reason:
         return Cell(family, impl, condition, "not run", note=reason)
     batch, kwargs, seq = condition_batch(condition, seed)
@@ -195,11 +216,11 @@ def trap_table(families=None, impls=None, conditions=None, *, tol: float = 1e-5,
 
 
 def _impl_cells(model, family, impl, conditions, tol, seed, compile_flex) -> list[Cell]:
-    if impl in ("flash_attention_2", HUB_KERNEL) and not _impl_reason(impl):
+    if impl in ("flash_attention_2", HUB_KERNEL) and not impl_reason(impl):
         import copy  # flash kernels take fp16/bf16 only: a bf16 copy, a bf16 tolerance
 
         model, tol = copy.deepcopy(model).to(torch.bfloat16), max(tol, FLASH_TOL)
-    if not _impl_reason(impl):
+    if not impl_reason(impl):
         try:
             model.set_attn_implementation(impl)
         except Exception as err:  # noqa: BLE001 - e.g. GPT-2 has no flex, Gemma2 no sdpa

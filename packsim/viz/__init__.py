@@ -11,6 +11,7 @@ widget                                 static figure               notebook
 :func:`packing_playground`             :func:`packing_figure`      01
 :func:`leakage_explorer`               :func:`leakage_figure`      02 06 07
 :func:`mask_explorer`                  :func:`mask_figure`         03
+:func:`trap_explorer`                  :func:`trap_figure`         04
 :func:`label_viewer`                   :func:`labels_figure`       05
 :func:`curves` (``.callback`` live)    :func:`curves_figure`       06
 :func:`tile_map`                       :func:`tile_figure`         08
@@ -22,7 +23,7 @@ Shared pieces: :mod:`packsim.viz.style` (colours, the offline plotly config, lay
 package sets the offline figure config (no vendor logo, no cloud upload button) on every plotly.io
 renderer, so a plain ``fig.show()`` in a notebook follows it too.
 
-Lessons: 01, 02.
+Lessons: 01, 02, 04.
 """
 
 from packsim.viz.labels import label_viewer, labels_figure
@@ -35,6 +36,7 @@ from packsim.viz.quizzes import quiz, quiz_figure
 from packsim.viz.style import use_figure_config
 from packsim.viz.tiles import tile_figure, tile_map
 from packsim.viz.training_curves import curves, curves_figure
+from packsim.viz.traps_view import trap_explorer, trap_figure
 
 use_figure_config()
 
@@ -54,4 +56,6 @@ __all__ = [
     "quiz_figure",
     "tile_figure",
     "tile_map",
+    "trap_explorer",
+    "trap_figure",
 ]

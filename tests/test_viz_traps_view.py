@@ -1,0 +1,118 @@
+"""Trap explorer (notebook 04) and the option-built batches it shares with the trap table."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from packsim.auditing.trap_cases import (
+    CONDITION_OPTIONS,
+    CONDITIONS,
+    build_family,
+    condition_batch,
+    condition_of,
+    packed_batch,
+)
+from packsim.auditing.traps import alone_change, impl_reason
+from packsim.core.errors import PacksimError
+from packsim.viz import trap_explorer, trap_figure
+from packsim.viz.traps_view import trap_rule
+from packsim.viz.widget import shown_figure
+
+
+@pytest.fixture(scope="module")
+def explorer():
+    w = trap_explorer()
+    yield w
+    w.close()
+
+
+def _set(w, impl="sdpa", positions="restart", mask="none", use_cache=False, rows=1):
+    w.impl.value, w.positions.value, w.mask.value = impl, positions, mask
+    w.use_cache.value, w.rows.value = use_cache, rows
+    return w.verdict.value
+
+
+@pytest.mark.parametrize(
+    "options, verdict",
+    [
+        (dict(), "isolated"),
+        (dict(mask="ones"), "LEAKS"),
+        (dict(use_cache=True), "LEAKS"),
+        (dict(rows=2), "isolated"),
+        (dict(positions="continuous"), "LEAKS"),
+        (dict(mask="bool_4d"), "isolated"),
+        (dict(impl="eager", mask="bool_4d"), "LEAKS"),
+        (dict(impl="eager", mask="float_4d"), "isolated"),
+        (dict(impl="eager", positions="continuous", mask="float_4d"), "isolated"),  # RoPE: relative
+    ],
+)
+def test_controls_give_the_libraries_verdict(explorer, options, verdict):
+    shown = _set(explorer, **options)
+    assert f">{verdict}</b>" in shown
+    impl = options.pop("impl", "sdpa")
+    batch, kwargs, seq = packed_batch(**options)
+    diffs = alone_change(build_family("llama", impl), batch, kwargs, seq, impl=impl)
+    assert explorer.diffs == pytest.approx(diffs, abs=1e-7)
+    assert (max(diffs) <= 1e-5) == (verdict == "isolated")
+
+
+def test_one_bar_per_example_on_a_log_axis_with_the_tolerance(explorer):
+    for rows in (1, 2):
+        _set(explorer, rows=rows)
+        fig = shown_figure(explorer.out)
+        (bars,) = fig["data"]
+        assert bars["type"] == "bar" and len(bars["x"]) == 3 * rows == len(explorer.diffs)
+        assert fig["layout"]["yaxis"]["type"] == "log"
+        (line,) = fig["layout"]["shapes"]
+        assert line["y0"] == line["y1"] == 1e-5
+    assert trap_figure(mask="ones").layout.title.text.startswith("sdpa: LEAKS")
+
+
+def test_rule_line_names_the_trap_table_condition(explorer):
+    _set(explorer, mask="ones")
+    assert CONDITIONS["ones_mask"] in explorer.rule.value
+    _set(explorer, mask="ones", use_cache=True)
+    assert "ones_mask" in explorer.rule.value and "cache" in explorer.rule.value
+    assert "no restart" in trap_rule(positions="continuous")
+    assert trap_rule() == f"trap-table condition positions: {CONDITIONS['positions']}"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="flash may run on a CUDA machine")
+def test_flash_is_listed_but_disabled_with_the_reason(explorer):
+    _set(explorer, impl="eager")
+    reason = impl_reason("flash_attention_2")
+    assert reason and "flash_attention_2" in explorer.impl.options
+    explorer.impl.value = "flash_attention_2"
+    assert explorer.impl.value == "eager" and reason in explorer.note.value
+    with pytest.raises(PacksimError, match="cannot run here"):
+        trap_explorer(impl="flash_attention_2")
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(impl="vanilla"), "impl="),
+        (dict(mask="2d"), "mask="),
+        (dict(positions="reset"), "positions="),
+        (dict(rows=3), "rows="),
+        (dict(use_cache="no"), "use_cache="),
+        (dict(tol=0), "tol="),
+    ],
+)
+def test_bad_arguments_raise_one_line(kwargs, match):
+    with pytest.raises(PacksimError, match=match) as err:
+        trap_explorer(**kwargs)
+    assert "\n" not in str(err.value)
+
+
+def test_every_condition_is_a_set_of_packed_batch_options():
+    assert set(CONDITION_OPTIONS) == set(CONDITIONS)
+    for name, options in CONDITION_OPTIONS.items():
+        batch, kwargs, seq = condition_batch(name)
+        ref, ref_kwargs, ref_seq = packed_batch(**options)
+        assert kwargs == ref_kwargs and torch.equal(seq, ref_seq)
+        for key, value in ref.items():
+            assert torch.equal(batch[key], value), (name, key)
+        assert condition_of(**options) == (None if name == "cu_seq_lens" else name)
+    assert packed_batch(positions="continuous", rows=2)[0]["position_ids"].shape == (2, 32)
