@@ -30,6 +30,7 @@ Lessons: 04, 07, 09.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import platform
 import time
@@ -51,10 +52,28 @@ from packsim.auditing.trap_results import Cell, TrapTable
 from packsim.core.device import model_device
 from packsim.core.errors import PacksimError
 
-__all__ = ["alone_change", "impl_reason", "measure_cell", "perturbation_change", "trap_table"]
+__all__ = ["FLASH_IMPLS", "alone_change", "for_impl", "impl_reason", "impl_tol", "measure_cell",
+           "perturbation_change", "trap_table"]
 
 LEAK_PROBES = ("perturbation", "gradient", "attention_mass")
 FLASH_TOL = 1e-2  # flash cells run in bf16 (set before any GPU run; not measured on a GPU yet)
+FLASH_IMPLS = ("flash_attention_2", HUB_KERNEL)
+
+
+def impl_tol(impl: str, tol: float) -> float:
+    """The tolerance ``impl`` is judged by: flash kernels run in bf16, so at least ``FLASH_TOL``."""
+    return max(tol, FLASH_TOL) if impl in FLASH_IMPLS else tol
+
+
+def for_impl(model, impl: str):
+    """``model`` switched to ``impl``; for the flash kernels (fp16/bf16 only) a bf16 copy of it.
+
+    ``set_attn_implementation`` raises for a family without ``impl`` (e.g. GPT-2 has no flex).
+    """
+    if impl in FLASH_IMPLS:
+        model = copy.deepcopy(model).to(torch.bfloat16)
+    model.set_attn_implementation(impl)
+    return model
 
 
 # ----------------------------------------------------------------------------- one cell
@@ -216,13 +235,10 @@ def trap_table(families=None, impls=None, conditions=None, *, tol: float = 1e-5,
 
 
 def _impl_cells(model, family, impl, conditions, tol, seed, compile_flex) -> list[Cell]:
-    if impl in ("flash_attention_2", HUB_KERNEL) and not impl_reason(impl):
-        import copy  # flash kernels take fp16/bf16 only: a bf16 copy, a bf16 tolerance
-
-        model, tol = copy.deepcopy(model).to(torch.bfloat16), max(tol, FLASH_TOL)
     if not impl_reason(impl):
+        tol = impl_tol(impl, tol)
         try:
-            model.set_attn_implementation(impl)
+            model = for_impl(model, impl)
         except Exception as err:  # noqa: BLE001 - e.g. GPT-2 has no flex, Gemma2 no sdpa
             note = f"not supported: {(str(err).splitlines() or [''])[0].split('. ')[0][:160]}"
             return [Cell(family, impl, c, "not run", note=note) for c in conditions]

@@ -28,7 +28,7 @@ from packsim.auditing.trap_cases import (
     condition_of,
     packed_batch,
 )
-from packsim.auditing.traps import FLASH_TOL, alone_change, impl_reason
+from packsim.auditing.traps import FLASH_IMPLS, alone_change, for_impl, impl_reason, impl_tol
 from packsim.core.errors import PacksimError
 from packsim.viz.style import LEAK_RED, SETUP_COLOURS, layout
 from packsim.viz.widget import PacksimWidget, escape, show_figure, style_html
@@ -57,12 +57,8 @@ def _check_impl(impl) -> str:
 def _model(impl: str):
     """The trap table's tiny Llama switched to ``impl`` (flash: a bf16 copy on CUDA), cached."""
     if impl not in _MODELS:
-        if impl == "flash_attention_2":  # flash kernels take fp16/bf16 on CUDA only
-            model = build_family("llama", "eager").cuda().to(torch.bfloat16)
-            model.set_attn_implementation(impl)
-        else:
-            model = build_family("llama", impl)
-        _MODELS[impl] = model
+        model = build_family("llama", "eager")
+        _MODELS[impl] = for_impl(model.cuda() if impl in FLASH_IMPLS else model, impl)
     return _MODELS[impl]
 
 
@@ -86,10 +82,6 @@ def trap_rule(positions: str = "restart", mask: str = "none", use_cache: bool = 
         parts.append("position_ids 0..31 (no restart), as in cu_seq_lens but without "
                      "cu_seq_lens_q/k")
     return "no single trap-table condition; these options combine: " + "; ".join(parts)
-
-
-def _tol(impl: str, tol: float) -> float:
-    return max(tol, FLASH_TOL) if impl == "flash_attention_2" else tol
 
 
 def _verdict(diffs, tol: float) -> str:
@@ -121,7 +113,7 @@ def trap_figure(impl: str = "sdpa", positions: str = "restart", mask: str = "non
                 use_cache: bool = False, rows: int = 1, tol: float = 1e-5, seed: int = 0) -> go.Figure:
     """Static figure: one bar per example, max |packed - alone| logits, log scale, tolerance line."""
     diffs = measure_options(impl, positions, mask, use_cache, rows, seed)
-    return _figure(diffs, impl, rows, _tol(impl, tol))
+    return _figure(diffs, impl, rows, impl_tol(impl, tol))
 
 
 def _toggles(options, value, description: str, tooltips=None) -> widgets.ToggleButtons:
@@ -188,13 +180,13 @@ class TrapExplorer(PacksimWidget):
                     use_cache=self.use_cache.value, rows=self.rows.value)
 
     def figure(self) -> go.Figure:
-        return _figure(self.diffs, self.impl.value, self.rows.value, _tol(self.impl.value, self.tol))
+        return _figure(self.diffs, self.impl.value, self.rows.value, impl_tol(self.impl.value, self.tol))
 
     def update(self) -> None:
         """Measure the current options and redraw the verdict, the rule and the bars."""
         impl, opts = self.impl.value, self.options()
         self.diffs = measure_options(impl, **opts, seed=self.seed)
-        tol = _tol(impl, self.tol)
+        tol = impl_tol(impl, self.tol)
         verdict = _verdict(self.diffs, tol)
         colour = SETUP_COLOURS["correct"] if verdict == "isolated" else LEAK_RED
         worst = max(range(len(self.diffs)), key=self.diffs.__getitem__)
