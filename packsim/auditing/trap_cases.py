@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 
 from packsim.core.errors import PacksimError
+from packsim.core.masks import block_diagonal_mask, to_additive_4d
+from packsim.core.segments import example_positions
 
 __all__ = ["CONDITIONS", "CONDITION_OPTIONS", "FAMILIES", "HUB_KERNEL", "IMPLS", "MASKS", "POSITIONS",
            "build_family", "condition_batch", "condition_of", "packed_batch"]
@@ -73,14 +75,6 @@ def build_family(family: str, impl: str = "eager", seed: int = 0):
     return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=impl).eval()
 
 
-def _reset_positions(lengths) -> torch.Tensor:
-    return torch.cat([torch.arange(n) for n in lengths])  # (T,)
-
-
-def _example_index(lengths) -> torch.Tensor:
-    return torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])  # (T,)
-
-
 POSITIONS = ("restart", "continuous")  # position_ids 0..L-1 per example | 0..T-1 over the row
 MASKS = ("none", "ones", "bool_4d", "float_4d")  # attention_mask options of :func:`packed_batch`
 # condition -> the options of packed_batch it is (cu_seq_lens adds cu_seq_lens_q/k on top)
@@ -121,21 +115,18 @@ def packed_batch(positions: str = "restart", mask: str = "none", use_cache: bool
     B, T = len(lengths), sum(lengths[0])
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, VOCAB, (B, T), generator=gen)
-    seq = torch.stack([_example_index(r) for r in lengths])  # (B, T)
+    seq = torch.stack([torch.repeat_interleave(torch.arange(len(r)), torch.tensor(r)) for r in lengths])  # (B, T)
     if positions == "restart":
-        pos = torch.stack([_reset_positions(r) for r in lengths])  # (B, T)
+        pos = example_positions(seq)  # (B, T): 0..L-1 per example
     else:
         pos = torch.arange(T).expand(B, T).clone()  # (B, T)
     batch = {"input_ids": ids, "position_ids": pos}
     if mask == "ones":
         batch["attention_mask"] = torch.ones(B, T, dtype=torch.long)
-    elif mask in ("bool_4d", "float_4d"):
-        causal = torch.ones(T, T, dtype=torch.bool).tril()
-        allowed = (seq[:, :, None] == seq[:, None, :]) & causal  # (B, T, T)
-        mask_4d = allowed[:, None]  # (B, 1, T, T)
-        if mask == "float_4d":
-            mask_4d = torch.zeros(B, 1, T, T).masked_fill(~mask_4d, torch.finfo(torch.float32).min)
-        batch["attention_mask"] = mask_4d
+    elif mask == "bool_4d":
+        batch["attention_mask"] = block_diagonal_mask(seq)[:, None]  # (B, 1, T, T), True = attend
+    elif mask == "float_4d":
+        batch["attention_mask"] = to_additive_4d(block_diagonal_mask(seq))  # (B, 1, T, T)
     return batch, {"use_cache": use_cache}, seq
 
 
