@@ -271,16 +271,17 @@ def _packsim_case(setup: str):
     return call, batch.input_ids, batch.seq_ids
 
 
-def _trained_call_case(training_call: bool):
-    """A tiny Llama (sdpa) on a padding-free batch, called as a generic pipeline did, or corrected."""
+def _pipeline_call_case(training_call: bool):
+    """A tiny Llama (sdpa) on a padding-free batch, called as a generic pipeline did (an all-ones
+    attention_mask added) or corrected (no mask); use_cache=False in both, so the mask is the one difference."""
     model, batch, _ = _collator_case("sdpa")
     ids = batch["input_ids"]  # (1, N)
     seq_ids = seq_ids_from_cu_seqlens(batch["cu_seq_lens_q"], ids.shape[1])[None]  # (1, N)
-    extra = {"attention_mask": batch["attention_mask"]} if training_call else {"use_cache": False}
+    extra = {"attention_mask": batch["attention_mask"]} if training_call else {}
 
     def call(new_ids):
         with torch.no_grad():
-            return model(input_ids=new_ids, position_ids=batch["position_ids"], **extra).logits
+            return model(input_ids=new_ids, position_ids=batch["position_ids"], use_cache=False, **extra).logits
 
     return call, ids, seq_ids
 
@@ -294,8 +295,8 @@ def check_perturbation_leak(perturbation_leak) -> Feedback:
     """``perturbation_leak(call, input_ids, seq_ids)`` on packsim batches, then on one model called two ways."""
     cases = [("packsim 'correct' batch", _packsim_case("correct"), True),
              ("packsim 'buggy' batch", _packsim_case("buggy"), False),
-             ("tiny Llama, corrected call (no attention_mask, use_cache=False)", _trained_call_case(False), True),
-             ("tiny Llama, training-time call (all-ones attention_mask)", _trained_call_case(True), False)]
+             ("tiny Llama, corrected call (no attention_mask)", _pipeline_call_case(False), True),
+             ("tiny Llama, training-time call (all-ones attention_mask)", _pipeline_call_case(True), False)]
     found = {}
     for name, (call, input_ids, seq_ids), isolated in cases:
         got = perturbation_leak(call, input_ids.clone(), seq_ids.clone())
