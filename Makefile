@@ -62,11 +62,11 @@ test: setup
 
 check: setup
 	$(PY) -m ruff check packsim tests benchmarks
-	$(PY) -m packsim.course.notebook_tools check-clean notebooks
+	$(PY) -m packsim.course.tools.notebook_tools check-clean notebooks
 
-# Static course (packsim/course/static_site.py): executes every notebook; npm fetches the widget manager once.
+# Static course (packsim/course/tools/static_site.py): executes every notebook; npm fetches the widget manager once.
 html: setup
-	$(PY) -m packsim.course.static_site notebooks --out site
+	$(PY) -m packsim.course.tools.static_site notebooks --out site
 
 clean:
 	rm -rf .venv .pytest_cache .ruff_cache .hypothesis site runs build

@@ -11,7 +11,7 @@ rows of ``--capacity`` tokens (BFD), four ways to give ranks their work
   default, what a sharded sampler + per-rank packing collator does);
 - ``round_robin``: the step is packed once and pack ``i`` goes to rank ``i % R``;
 - ``tokens`` / ``attention``: the step is packed once and packs go, most expensive first, to the least
-  loaded rank (``packsim.core.rank_balance.assign``), by tokens or by attention work (sum of L^2).
+  loaded rank (``packsim.experiment.rank_balance.assign``), by tokens or by attention work (sum of L^2).
 
 Two measures of each rank's load:
 
@@ -43,7 +43,7 @@ MIX = "long_tailed_lengths: lognormal, median 90, sigma 0.9, clipped to [8, capa
 def rank_packs(lengths: list[int], world_size: int, capacity: int, method: str) -> list[list[list[int]]]:
     """Each rank's packs, as segment lengths, for one step's example ``lengths`` (model-free)."""
     from packsim.core.packing import pack_pieces
-    from packsim.core.rank_balance import assign
+    from packsim.experiment.rank_balance import assign
 
     def packs_of(ls):
         return [[p.stop - p.start for p in pk] for pk in pack_pieces(ls, capacity, "bfd")]
@@ -58,7 +58,7 @@ def rank_packs(lengths: list[int], world_size: int, capacity: int, method: str) 
 def model_free(steps: int, per_rank: int, capacity: int, worlds: list[int], seed: int) -> list[dict]:
     """Straggler ratios (mean and max over steps) by world size, method and cost."""
     from packsim.core.data import long_tailed_lengths
-    from packsim.core.rank_balance import pack_costs, straggler_ratio
+    from packsim.experiment.rank_balance import pack_costs, straggler_ratio
 
     rows = []
     for R in worlds:
@@ -88,7 +88,7 @@ def measured(steps: int, per_rank: int, capacity: int, seed: int, threads: int, 
     from packsim.core.data import examples_with_lengths, long_tailed_lengths
     from packsim.core.loss import token_losses
     from packsim.core.model import build_model, forward
-    from packsim.core.rank_balance import assign, pack_costs, straggler_ratio
+    from packsim.experiment.rank_balance import assign, pack_costs, straggler_ratio
     from packsim.experiment.sharding import plan_step, select_rows
     from packsim.experiment.training import TrainConfig, make_batches
 

@@ -1,61 +1,62 @@
 """packsim: pack sequences for LLM fine-tuning correctly, and prove it with tiny models.
 
-Public API (stable names):
+The stable API (every name in ``__all__``, loaded on first use so ``import packsim`` stays light):
 
-- :func:`pack` -- packing algorithms (``wrapped``, ``sequential``, ``ffd``, ``bfd``);
+- examples and the model: :func:`make_examples`, :func:`build_model`;
+- packing: :func:`pack`, :func:`pack_arrays` (wrapped, sequential, FFD, BFD);
 - :class:`PackedBatch` -- packed rows built for a setup (``PackedBatch.from_examples``);
-- :class:`Setup`, :data:`SETUPS` -- mask x positions x loss, presets ``buggy``/``correct``/``padded``;
+- :class:`Setup`, :data:`SETUPS`, :func:`get_setup` -- mask x positions x loss, presets ``buggy`` / ``correct`` / ``padded``;
 - :func:`varlen_attention`, :func:`available_backends` -- one varlen interface, many kernels;
-- :func:`train`, :class:`TrainConfig`, :func:`evaluate_isolated` -- the experiment (notebook 06);
-- :func:`audit`, :class:`AuditReport` -- detect contamination in any packed pipeline (notebook 07);
-- :class:`PackingCollator` -- packed, completion-only batches for the transformers ``Trainer`` (07);
-- :func:`get_device` -- the one place that picks CPU or CUDA;
-- ``packsim.viz`` -- the widgets (imported on first use: it pulls in plotly and ipywidgets).
+- :class:`PackingCollator` -- packed, completion-only batches for the transformers ``Trainer``;
+- :func:`train`, :class:`TrainConfig`, :func:`evaluate_isolated`, :class:`Results` -- the experiment;
+- :func:`audit`, :func:`audit_trainer`, :class:`AuditReport` -- detect contamination in a packed pipeline;
+- :func:`get_device`, :func:`fast_mode`, :class:`PacksimError`, ``__version__``;
+- ``packsim.viz`` (widgets and figures: plotly, ipywidgets) and ``packsim.testing``
+  (:func:`~packsim.testing.assert_isolated`) are subpackages, imported by name.
 """
 
 import importlib
 
-from packsim.auditing import AuditReport, audit
-from packsim.auditing.trainer import audit_trainer  # a Trainer / SFTTrainer as built (notebook 07)
-from packsim.core.attention import varlen_attention
-from packsim.core.attention_backends import available_backends
-from packsim.core.batch import PackedBatch
-from packsim.core.collator import PackingCollator
-from packsim.core.device import fast_mode, get_device
-from packsim.core.errors import PacksimError
-from packsim.core.packing import pack, pack_arrays
-from packsim.core.setups import SETUPS, Setup, get_setup
-from packsim.experiment.evaluation import evaluate_isolated
-from packsim.experiment.results import Results
-from packsim.experiment.training import TrainConfig, train
+from packsim.core.version import __version__
 
-__version__ = "0.1.0"
+# public name -> the module that defines it (imported on first access, PEP 562)
+_HOMES = {
+    "make_examples": "packsim.core.data",
+    "build_model": "packsim.core.model",
+    "pack": "packsim.core.packing",
+    "pack_arrays": "packsim.core.packing",
+    "PackedBatch": "packsim.core.batch",
+    "Setup": "packsim.core.setups",
+    "SETUPS": "packsim.core.setups",
+    "get_setup": "packsim.core.setups",
+    "varlen_attention": "packsim.core.attention",
+    "available_backends": "packsim.core.attention_backends",
+    "PackingCollator": "packsim.core.collator",
+    "get_device": "packsim.core.device",
+    "PacksimError": "packsim.core.errors",
+    "fast_mode": "packsim.experiment.run_mode",
+    "train": "packsim.experiment.training",
+    "TrainConfig": "packsim.experiment.training",
+    "evaluate_isolated": "packsim.experiment.evaluation",
+    "Results": "packsim.experiment.results",
+    "audit": "packsim.auditing.auditor",
+    "AuditReport": "packsim.auditing.report",
+    "audit_trainer": "packsim.auditing.trainer",
+}
 
-__all__ = [
-    "AuditReport",
-    "PackedBatch",
-    "PackingCollator",
-    "PacksimError",
-    "Results",
-    "SETUPS",
-    "Setup",
-    "TrainConfig",
-    "audit",
-    "audit_trainer",
-    "available_backends",
-    "evaluate_isolated",
-    "fast_mode",
-    "get_device",
-    "get_setup",
-    "pack",
-    "pack_arrays",
-    "train",
-    "varlen_attention",
-]
+__all__ = sorted(_HOMES) + ["__version__"]
 
 
 def __getattr__(name: str):
-    """``packsim.viz`` on first access (keeps ``import packsim`` free of plotly and ipywidgets)."""
-    if name == "viz":
-        return importlib.import_module(".viz", __name__)
+    """Load a public name's module on first access; ``packsim.viz`` / ``packsim.testing`` too."""
+    if name in _HOMES:
+        value = getattr(importlib.import_module(_HOMES[name]), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    if name in ("viz", "testing", "core", "auditing", "experiment", "course"):
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'packsim' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -11,8 +11,7 @@ Each subcommand lives in the module it belongs to, which provides ``add_argument
 Bad input never ends in a traceback: an option argparse rejects, or a :class:`PacksimError`
 (or an ``OSError`` on a path) raised by a subcommand, prints one line on stderr,
 ``packsim <command>: error: <what was wrong and how to fix it>``, and exits with status 2.
-Subcommands check their options before any training starts (:func:`check_at_least`,
-:func:`writable_dir`). ``python -m packsim`` is the same command line.
+Subcommands check their options before any training starts (:mod:`packsim.core.cli_args`). ``python -m packsim`` is the same command line.
 
 Lessons: none directly.
 """
@@ -22,15 +21,15 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from pathlib import Path
 
 from packsim.core.errors import PacksimError
+from packsim.core.version import __version__
 
 # name -> (module, help)
 SUBCOMMANDS = {
     "doctor": ("packsim.course.check_env", "check the environment: packages, device, attention backends"),
-    "compare": ("packsim.experiment.compare_command", "train setups side by side; write results.json and report.html"),
-    "report": ("packsim.experiment.report", "rebuild report.html from a comparison's results.json"),
+    "compare": ("packsim.compare_command", "train setups side by side; write results.json and report.html"),
+    "report": ("packsim.viz.report", "rebuild report.html from a comparison's results.json"),
     "audit": ("packsim.auditing.command",
               "pre-flight audit of a local checkpoint and JSONL data (--model DIR --data FILE "
               "--collator NAME [--strict]); without --model, the built-in tiny pipeline"),
@@ -50,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     chosen = next((a for a in argv if not a.startswith("-")), None)  # the subcommand, if any
     parser = _Parser(prog="packsim", description="packsim: pack sequences correctly.")
+    parser.add_argument("--version", action="version", version=f"packsim {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)  # subparsers are _Parser too
     for name, (module, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -73,30 +73,6 @@ def _fail(command: str, message: str):
 
 def _module(name: str):
     return importlib.import_module(name)
-
-
-# ---- checks the subcommands share (they raise PacksimError, which main turns into one line) ----
-
-
-def check_at_least(args: argparse.Namespace, minimums: dict[str, int]) -> None:
-    """``{"--seeds": 1, ...}``: the first option given below its minimum raises :class:`PacksimError`."""
-    for flag, low in minimums.items():
-        value = getattr(args, flag.lstrip("-").replace("-", "_"))
-        if value is not None and value < low:
-            raise PacksimError(f"{flag} {value}: must be at least {low}.")
-
-
-def writable_dir(path: str | Path, flag: str = "--out") -> Path:
-    """Create the folder ``path`` now and check a file can be written in it (before any training)."""
-    path = Path(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        (path / ".packsim-write-check").touch()
-        (path / ".packsim-write-check").unlink()
-    except OSError as err:
-        why = "a file, not a folder" if path.is_file() else err.strerror
-        raise PacksimError(f"{flag} {path}: cannot write there ({why}); pass a folder you can write to.") from err
-    return path
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ from transformers import DataCollatorWithFlattening, GPT2Config, GPT2LMHeadModel
 
 import packsim
 from packsim import PackedBatch, PacksimError, Setup
-from packsim.auditing import PROBES, AuditReport
+from packsim.auditing import AuditReport
+from packsim.auditing.report import PROBES
 from packsim.cli import main
 from packsim.core.loss import IGNORE_INDEX, Role
 from packsim.core.model import build_model

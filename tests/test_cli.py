@@ -46,7 +46,7 @@ def test_python_m_packsim_behaves_like_the_script(args):
 def test_only_the_chosen_subcommand_is_imported():
     """`packsim compare` must not need plotly (only `packsim report` does): a GPU box may lack it."""
     code = ("import sys\nfrom packsim.cli import main\ntry:\n    main(['compare', '--help'])\n"
-            "except SystemExit:\n    pass\nprint(sorted(m for m in ('plotly', 'packsim.experiment.report') if m in sys.modules))")
+            "except SystemExit:\n    pass\nprint(sorted(m for m in ('plotly', 'packsim.viz.report') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
@@ -89,7 +89,7 @@ def paths(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("argv, says", BAD_INPUT.values(), ids=BAD_INPUT.keys())
 def test_bad_input_prints_one_line_and_exits_2(argv, says, paths, capsys, monkeypatch):
-    import packsim.experiment.compare_command as compare_command
+    import packsim.compare_command as compare_command
 
     def no_training(*args, **kwargs):
         raise AssertionError("bad input must be rejected before any training starts")

@@ -1,17 +1,17 @@
-"""packsim.core.context_parallel: padding to 2 x cp, the zigzag split, contiguous split, causal work."""
+"""packsim.experiment.context_parallel: padding to 2 x cp, the zigzag split, contiguous split, causal work."""
 
 from __future__ import annotations
 
 import pytest
 
-from packsim.core.context_parallel import (
+from packsim.core.errors import PacksimError
+from packsim.experiment.context_parallel import (
     causal_work,
     contiguous_split,
     dropped_tokens,
     pad_lengths,
     zigzag_split,
 )
-from packsim.core.errors import PacksimError
 
 
 def test_pad_and_dropped():

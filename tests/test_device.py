@@ -1,8 +1,9 @@
 import pytest
 import torch
 
-from packsim.core.device import fast_mode, get_device, model_device
+from packsim.core.device import get_device, model_device
 from packsim.core.errors import PacksimError
+from packsim.experiment.run_mode import fast_mode
 
 
 def test_default_device_follows_cuda_availability(monkeypatch):

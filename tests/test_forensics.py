@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from pipelines import one_thread  # noqa: E402, F401
 
-from packsim.auditing.forensics import Evidence, forensics, measure
 from packsim.core.data import make_dataset
 from packsim.core.errors import PacksimError
 from packsim.core.model import build_model
+from packsim.experiment.forensics import Evidence, forensics, measure
 from packsim.experiment.training import TrainConfig, train
 
 STEPS, PER_STEP = 16, 16

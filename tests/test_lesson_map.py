@@ -1,4 +1,4 @@
-"""packsim.course.lesson_map: every library module's docstring names exactly the lessons that use it."""
+"""packsim.course.tools.lesson_map: every library module's docstring names exactly the lessons that use it."""
 
 import importlib
 import inspect
@@ -9,7 +9,7 @@ import nbformat
 import pytest
 
 import packsim
-from packsim.course.lesson_map import docstring_lessons, lessons_by_module, modules_used
+from packsim.course.tools.lesson_map import docstring_lessons, lessons_by_module, modules_used
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"

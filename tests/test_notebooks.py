@@ -9,7 +9,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from packsim.course.notebook_tools import (
+from packsim.course.tools.notebook_tools import (
     NotebookRunError,
     execute_notebook,
     main,
@@ -40,7 +40,7 @@ def test_committed_notebooks_have_no_outputs():
     dirty = notebooks_with_outputs(NOTEBOOKS)
     assert not dirty, (
         f"notebooks committed with outputs: {[str(p) for p in dirty]}; "
-        "run `python -m packsim.course.notebook_tools strip notebooks`"
+        "run `python -m packsim.course.tools.notebook_tools strip notebooks`"
     )
 
 
@@ -70,7 +70,7 @@ def test_check_clean_tells_how_to_fix(tmp_path, capsys):
     _write(tmp_path / "a.ipynb", new_code_cell("1", execution_count=1))
     assert main(["check-clean", str(tmp_path)]) == 1
     out = capsys.readouterr().out
-    assert "a.ipynb" in out and "python -m packsim.course.notebook_tools strip notebooks" in out
+    assert "a.ipynb" in out and "python -m packsim.course.tools.notebook_tools strip notebooks" in out
 
 
 def test_missing_folder_is_an_error(tmp_path):

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packsim.core.errors import PacksimError
-from packsim.core.pack_arrays import PackArrays
+from packsim.core.pack_result import PackArrays
 from packsim.core.pack_stats import PackingStats, packing_stats
 from packsim.core.packing import (
     OVERFLOW_POLICIES,

@@ -1,11 +1,11 @@
-"""packsim.course.paths: the committed runs are found from any working directory."""
+"""packsim.core.paths: the committed runs are found from any working directory."""
 
 from pathlib import Path
 
 import pytest
 
 from packsim.core.errors import PacksimError
-from packsim.course.paths import REPO_ROOT, repo_path
+from packsim.core.paths import REPO_ROOT, repo_path
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,11 +1,11 @@
-"""packsim.core.peak_memory: the RSS rise of one call (Linux only; elsewhere it returns None)."""
+"""packsim.experiment.peak_memory: the RSS rise of one call (Linux only; elsewhere it returns None)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from packsim.core.peak_memory import peak_rise_mib, rss_mib
+from packsim.experiment.peak_memory import peak_rise_mib, rss_mib
 
 linux_only = pytest.mark.skipif(rss_mib() is None, reason="needs /proc/self/status (Linux)")
 

@@ -19,19 +19,39 @@ module           idea
 ``accumulation`` the trainer's loss over one accumulation step vs the mean over counted labels
 ``features``     :func:`response_mask_from_features`: prompt/completion split of collator rows
 ``preflight``    ``packsim audit --model DIR --data FILE``: the pre-flight gate
-``forensics``    evidence a contaminated run leaves in the weights, against a control
 ===============  ===================================================================
+
+Importing the package loads none of them: each public name loads its module on first use.
 
 Lessons: none directly (lessons 07 and 09 call :func:`packsim.audit`).
 """
 
-from packsim.auditing.auditor import audit
-from packsim.auditing.features import response_mask_from_features
-from packsim.auditing.museum import EXHIBITS, museum_table
-from packsim.auditing.report import PROBES, AuditReport, Finding, ProbeResult, WorstPair
-from packsim.auditing.trainer import audit_trainer
-from packsim.auditing.trap_results import TrapTable
-from packsim.auditing.traps import trap_table
+import importlib
 
-__all__ = ["EXHIBITS", "PROBES", "AuditReport", "Finding", "ProbeResult", "TrapTable", "WorstPair",
-           "audit", "audit_trainer", "museum_table", "response_mask_from_features", "trap_table"]
+# public name -> the module that defines it (imported on first access, PEP 562)
+_HOMES = {
+    "audit": "packsim.auditing.auditor",
+    "AuditReport": "packsim.auditing.report",
+    "Finding": "packsim.auditing.report",
+    "ProbeResult": "packsim.auditing.report",
+    "audit_trainer": "packsim.auditing.trainer",
+    "response_mask_from_features": "packsim.auditing.features",
+    "EXHIBITS": "packsim.auditing.museum",
+    "museum_table": "packsim.auditing.museum",
+    "TrapTable": "packsim.auditing.trap_results",
+    "trap_table": "packsim.auditing.traps",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name in _HOMES:
+        value = getattr(importlib.import_module(_HOMES[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'packsim.auditing' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

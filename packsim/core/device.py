@@ -1,4 +1,4 @@
-"""Device and run-mode switches: the one place that decides CPU vs CUDA and fast vs full mode.
+"""The device: the one place that decides CPU vs CUDA.
 
 ``get_device`` picks where to run, ``model_device`` says where a model already is.
 
@@ -13,7 +13,7 @@ import torch
 
 from packsim.core.errors import PacksimError
 
-__all__ = ["get_device", "model_device", "fast_mode"]
+__all__ = ["get_device", "model_device"]
 
 
 def get_device(prefer: str | None = None) -> torch.device:
@@ -40,8 +40,3 @@ def model_device(model) -> torch.device:
     """The device a model's parameters live on (CPU for a model without parameters)."""
     param = next(iter(model.parameters()), None)
     return torch.device("cpu") if param is None else param.device
-
-
-def fast_mode() -> bool:
-    """True when ``PACKSIM_FAST`` is set to a truthy value (CI and quick notebook runs)."""
-    return os.environ.get("PACKSIM_FAST", "").strip().lower() not in ("", "0", "false", "no")

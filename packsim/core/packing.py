@@ -22,7 +22,7 @@ Four strategies, each a teaching point of notebook 01:
 Both decreasing strategies run in O(n log n) with two heaps (see :func:`_place`); ``"wrapped"``
 and the overflow policies are numpy array operations with no loop over examples (see
 :func:`_pack_wrapped`). Every strategy computes the packs as arrays, a
-:class:`~packsim.core.pack_arrays.PackArrays` (:func:`pack_arrays`), and :func:`pack` turns them
+:class:`~packsim.core.pack_result.PackArrays` (:func:`pack_arrays`), and :func:`pack` turns them
 into Python lists; at a million examples building those lists is most of the time
 (``benchmarks/packing.py`` measures both forms against TRL's ``pack_dataset``).
 
@@ -37,12 +37,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from heapq import heappop, heappush
-from typing import NamedTuple
 
 import numpy as np
 
 from packsim.core.errors import PacksimError
-from packsim.core.pack_arrays import PackArrays
+from packsim.core.pack_result import Entry, PackArrays, Piece
 
 __all__ = [
     "STRATEGIES",
@@ -57,22 +56,6 @@ __all__ = [
 
 STRATEGIES = ("wrapped", "sequential", "ffd", "bfd")
 OVERFLOW_POLICIES = ("error", "truncate", "split")
-
-
-class Piece(NamedTuple):
-    """Tokens ``[start, stop)`` of example ``index`` (a part of it, or all of it).
-
-    Notebook 01 meets pieces where an example is cut: by ``"wrapped"`` packing or by the
-    ``"truncate"`` and ``"split"`` overflow policies.
-    """
-
-    index: int
-    start: int
-    stop: int
-
-
-Entry = int | Piece
-"""One entry of a pack: an example index (whole example) or a :class:`Piece` (part of one)."""
 
 
 def pack(
@@ -134,7 +117,7 @@ def pack_arrays(
     ``pack_arrays(...).to_lists() == pack(...)``. The result holds, row after row, each piece's
     example ``index``, ``start`` inside the example and ``length``, and ``row_offsets``
     (``(n_rows + 1,)``: row r is pieces ``row_offsets[r]:row_offsets[r + 1]``); see
-    :mod:`packsim.core.pack_arrays` for the shapes. It makes no Python object per example, so it
+    :mod:`packsim.core.pack_result` for the shapes. It makes no Python object per example, so it
     is the form to use for large datasets (for ``"wrapped"`` at a million examples, several
     times faster than building the lists).
     """

@@ -202,7 +202,7 @@ def _device_checks() -> list[Check]:
 
 
 def _fast_mode_check() -> Check:
-    from packsim.core.device import fast_mode
+    from packsim.experiment.run_mode import fast_mode
 
     raw = os.environ.get("PACKSIM_FAST")
     if raw is None:

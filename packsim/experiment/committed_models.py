@@ -36,7 +36,7 @@ from safetensors.torch import save_model as save_safetensors_model
 from packsim.core.device import get_device
 from packsim.core.errors import PacksimError
 from packsim.core.model import build_model
-from packsim.course.paths import repo_path
+from packsim.core.paths import repo_path
 from packsim.experiment.results import Results
 
 __all__ = ["COMMITTED_DIR", "COMMITTED_SETUPS", "committed_path", "committed_metadata",
@@ -58,7 +58,7 @@ def _check_setup(setup: str) -> None:
 
 def committed_path(setup: str, seed: int = 0, folder: str | Path | None = None) -> Path:
     """The committed ``setup`` model file: in ``folder``, or by default in :data:`COMMITTED_DIR`
-    (found with :func:`packsim.course.paths.repo_path`, whatever the working directory)."""
+    (found with :func:`packsim.core.paths.repo_path`, whatever the working directory)."""
     _check_setup(setup)
     name = f"{setup}-seed{seed}.safetensors"
     if folder is None:

@@ -10,17 +10,16 @@ the optimiser; only the setup differs. Two data designs:
   the correct setup's while it answers far fewer questions alone. The loss curve lies.
 
 Outputs ``DIR/results.json`` (:class:`~packsim.experiment.results.Results`), ``DIR/report.html``
-(:mod:`packsim.experiment.report`; skipped, with one printed line, where plotly is not installed:
+(:mod:`packsim.viz.report`; skipped, with one printed line, where plotly is not installed:
 the runs need no plotly) and, per run, the trained weights ``DIR/models/<setup>-seed<k>.pt``
 (:func:`load_model`), which the leakage explorer can show. ``packsim compare`` is its command
-line (:mod:`packsim.experiment.compare_command`).
+line (:mod:`packsim.compare_command`).
 
 Lessons: 06.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import multiprocessing
 import os
 import platform
@@ -39,13 +38,14 @@ from tqdm.auto import tqdm
 from packsim.core.attention_share import mean_outside_share
 from packsim.core.batch import PackedBatch
 from packsim.core.data import make_dataset
-from packsim.core.device import fast_mode, get_device, model_device
+from packsim.core.device import get_device, model_device
 from packsim.core.errors import PacksimError
 from packsim.core.model import attention_maps, build_model
 from packsim.core.setups import get_setup
 from packsim.experiment.evaluation import evaluate_isolated, evaluate_packed, held_out_metrics
 from packsim.experiment.facts import make_facts
 from packsim.experiment.results import Results, RunResult, StepRecord
+from packsim.experiment.run_mode import fast_mode
 from packsim.experiment.throughput import measure_throughput
 from packsim.experiment.training import TrainConfig, train
 
@@ -207,7 +207,7 @@ def environment(device) -> dict:
     """Versions, device and machine of a run (written into results.json)."""
     import transformers
 
-    from packsim import __version__
+    from packsim.core.version import __version__
 
     env = {
         "packsim": __version__,
@@ -239,7 +239,10 @@ def default_jobs(n_runs: int, device) -> int:
 def run_comparison(cfg: ExperimentConfig, device=None, out: str | Path | None = None,
                    callback: Callable[[StepRecord], None] | None = None, progress: bool = True,
                    jobs: int | None = None) -> Results:
-    """Run every setup x seed of ``cfg``; save results, report and models under ``out`` if given.
+    """Run every setup x seed of ``cfg``; save ``results.json`` and the models under ``out`` if given.
+
+    ``report.html`` is the command's (:mod:`packsim.compare_command`) or yours:
+    ``packsim.viz.report.write_report(results, path)``.
 
     ``jobs`` runs in parallel processes (default :func:`default_jobs`); ``callback`` still gets
     every record live, in this process. ``jobs=1`` trains in this process.
@@ -266,21 +269,7 @@ def run_comparison(cfg: ExperimentConfig, device=None, out: str | Path | None = 
     results.wall_s = time.perf_counter() - start
     if out is not None:
         results.save(out / "results.json")
-        if plotly_installed():
-            from packsim.experiment.report import write_report
-
-            write_report(results, out / "report.html")
-        else:
-            print(REPORT_SKIPPED, flush=True)
     return results
-
-
-REPORT_SKIPPED = "report.html skipped: plotly is not installed; pip install plotly to get it"
-
-
-def plotly_installed() -> bool:
-    """Whether report.html can be written: only the report needs plotly, never the runs."""
-    return importlib.util.find_spec("plotly") is not None
 
 
 def _run_and_save(cfg, name, seed, device, out, callback, progress) -> RunResult:

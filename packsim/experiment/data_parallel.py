@@ -49,9 +49,9 @@ from packsim.core.device import get_device, model_device
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX, token_losses
 from packsim.core.model import build_model
-from packsim.core.rank_balance import pack_costs, straggler_ratio
 from packsim.core.setups import get_setup
 from packsim.experiment.normalisation import backward_scales, weights
+from packsim.experiment.rank_balance import pack_costs, straggler_ratio
 from packsim.experiment.results import Results, RunResult, StepRecord
 from packsim.experiment.sharding import make_data, plan_step, select_rows, validate, world
 from packsim.experiment.training import TrainConfig, lr_at

@@ -7,7 +7,7 @@ Every rank builds the same example stream, so the global batch of step ``s`` is
   ranks, ``M`` micro-batches per rank); shard ``m*R + r`` is micro-batch ``m`` of rank ``r`` (the
   order accelerate's sharded dataloader uses), and each rank packs its own shards;
 - ``balance="round_robin" | "tokens" | "attention"``: the step is packed once (every rank computes the
-  same packing) and its packs are dealt to ranks by :func:`packsim.core.rank_balance.assign`; a
+  same packing) and its packs are dealt to ranks by :func:`packsim.experiment.rank_balance.assign`; a
   rank's packs are then cut into M micro-batches (``select_rows`` takes rows out of a batch).
 
 It returns the micro-batches ``[r][m]`` (``PackedBatch`` of (B, T) rows, or None when that
@@ -31,9 +31,9 @@ import torch
 from packsim.core.batch import PackedBatch, Segment
 from packsim.core.data import make_examples, make_long_tailed_examples
 from packsim.core.errors import PacksimError
-from packsim.core.rank_balance import METHODS, assign
 from packsim.core.setups import get_setup
 from packsim.experiment.normalisation import NORMALISERS
+from packsim.experiment.rank_balance import METHODS, assign
 from packsim.experiment.training import TrainConfig, make_batches
 
 __all__ = ["DATA", "BALANCE", "world", "make_data", "select_rows", "plan_step", "validate"]

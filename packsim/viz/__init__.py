@@ -20,42 +20,48 @@ widget                                 static figure               notebook
 
 Shared pieces: :mod:`packsim.viz.style` (colours, the offline plotly config, layout helpers) and
 :mod:`packsim.viz.widget` (the widget base class, figures in ``Output`` widgets). Importing this
-package sets the offline figure config (no vendor logo, no cloud upload button) on every plotly.io
-renderer, so a plain ``fig.show()`` in a notebook follows it too.
+package changes nothing global and loads no widget: each name loads its module on first use.
+:func:`use_figure_config` puts the offline figure config (no vendor logo, no cloud upload button)
+on every plotly.io renderer, so a plain ``fig.show()`` follows it too; each lesson calls it in its
+first cell.
 
 Lessons: 01, 02, 04.
 """
 
-from packsim.viz.labels import label_viewer, labels_figure
-from packsim.viz.leakage import leakage_explorer
-from packsim.viz.leakage_heatmap import leakage_figure
-from packsim.viz.mask_view import mask_explorer, mask_figure
-from packsim.viz.playground import packing_figure, packing_playground
-from packsim.viz.quiz_data import load_quizzes
-from packsim.viz.quizzes import quiz, quiz_figure
-from packsim.viz.style import use_figure_config
-from packsim.viz.tiles import tile_figure, tile_map
-from packsim.viz.training_curves import curves, curves_figure
-from packsim.viz.traps_view import trap_explorer, trap_figure
+import importlib
 
-use_figure_config()
+# public name -> the module that defines it (imported on first access, PEP 562)
+_HOMES = {
+    "curves": "packsim.viz.training",
+    "curves_figure": "packsim.viz.training",
+    "label_viewer": "packsim.viz.labels",
+    "labels_figure": "packsim.viz.labels",
+    "leakage_explorer": "packsim.viz.leakage",
+    "leakage_figure": "packsim.viz.leakage_heatmap",
+    "load_quizzes": "packsim.viz.quiz_data",
+    "mask_explorer": "packsim.viz.masks",
+    "mask_figure": "packsim.viz.masks",
+    "packing_figure": "packsim.viz.packing",
+    "packing_playground": "packsim.viz.packing",
+    "quiz": "packsim.viz.quizzes",
+    "quiz_figure": "packsim.viz.quizzes",
+    "tile_figure": "packsim.viz.tiles",
+    "tile_map": "packsim.viz.tiles",
+    "trap_explorer": "packsim.viz.traps",
+    "trap_figure": "packsim.viz.traps",
+    "use_figure_config": "packsim.viz.style",
+}
 
-__all__ = [
-    "curves",
-    "curves_figure",
-    "label_viewer",
-    "labels_figure",
-    "leakage_explorer",
-    "leakage_figure",
-    "load_quizzes",
-    "mask_explorer",
-    "mask_figure",
-    "packing_figure",
-    "packing_playground",
-    "quiz",
-    "quiz_figure",
-    "tile_figure",
-    "tile_map",
-    "trap_explorer",
-    "trap_figure",
-]
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name in _HOMES:
+        value = getattr(importlib.import_module(_HOMES[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'packsim.viz' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -2,7 +2,7 @@
 
 - Colours: :func:`example_colour` (one light colour per example, grey padding),
   :func:`setup_colour` (one line colour per setup, used by the widgets and by
-  :mod:`packsim.experiment.report`), ``LEAK_RED``, and ``TILE_SCALE`` with :func:`tile_colorbar`
+  :mod:`packsim.viz.report`), ``LEAK_RED``, and ``TILE_SCALE`` with :func:`tile_colorbar`
   for (query block, key block) maps coded skipped 0 / partial 1 / full 2.
 - ``FIGURE_CONFIG``: the plotly.js config of every figure. The course runs offline, so no figure
   shows the vendor logo or the modebar button that uploads the figure to a cloud service

@@ -57,7 +57,7 @@ def figure_bundle(fig: go.Figure) -> dict:
     The plotly JSON carries :data:`~packsim.viz.style.FIGURE_CONFIG` (no logo, no cloud button).
     Colab has no renderer for the plotly mime type: there (only) an HTML version is added that
     loads plotly.js from its CDN, as plotly's own ``colab`` renderer does. In a static HTML
-    build (``PACKSIM_STATIC=1``, :mod:`packsim.course.static_site`) an HTML version without
+    build (``PACKSIM_STATIC=1``, :mod:`packsim.course.tools.static_site`) an HTML version without
     plotly.js is added, which the page's widget manager draws with the plotly.js the page embeds.
     """
     bundle = pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict())

@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from packsim.course.notebook_tools import has_outputs
+from packsim.course.tools.notebook_tools import has_outputs
 
 NOTEBOOK = Path(__file__).resolve().parent / "widgets_e2e.ipynb"
 
@@ -53,7 +53,7 @@ def _shaded_keys(attention) -> int:
 def test_notebook_is_committed_without_outputs():
     nb = nbformat.read(NOTEBOOK, as_version=4)
     assert not has_outputs(nb), (
-        f"{NOTEBOOK} carries outputs; run `python -m packsim.course.notebook_tools strip {NOTEBOOK}`"
+        f"{NOTEBOOK} carries outputs; run `python -m packsim.course.tools.notebook_tools strip {NOTEBOOK}`"
     )
 
 

@@ -1,7 +1,7 @@
-"""The static HTML build (``make html``, packsim.course.static_site): a built page works with the network cut off.
+"""The static HTML build (``make html``, packsim.course.tools.static_site): a built page works with the network cut off.
 
 One small notebook with a plain plotly figure, a packsim widget (whose figure lives inside an
-ipywidgets ``Output``) and a plain ipywidgets slider is built with :func:`packsim.course.static_site.build_site`
+ipywidgets ``Output``) and a plain ipywidgets slider is built with :func:`packsim.course.tools.static_site.build_site`
 and opened in Chromium, where every request that is not a local file is aborted and recorded.
 """
 
@@ -15,7 +15,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from packsim.course.static_site import DEFAULT_NPM_DIR, build_site
+from packsim.course.tools.static_site import DEFAULT_NPM_DIR, build_site
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "browser"
 

@@ -23,14 +23,14 @@ module                           notebook                   checks
 ``lesson03_block_diagonal``      03_block_diagonal          cu_seqlens_from_lengths,
                                                             block_causal_mask
 ``lesson04_transformers_traps``  04_transformers_traps      position_ids_from_lengths
-``lesson05_completion_loss``     05_completion_only_loss    completion_labels, per_token_loss,
+``lesson05_completion_only_loss``     05_completion_only_loss    completion_labels, per_token_loss,
                                                             correct_row, response_start
-``lesson06_side_by_side``        06_train_side_by_side      em_gap, warning_sign, fix_share
-``lesson07_contamination``       07_detect_contamination    gradient_leak, name_the_fix,
+``lesson06_train_side_by_side``        06_train_side_by_side      em_gap, warning_sign, fix_share
+``lesson07_detect_contamination``       07_detect_contamination    gradient_leak, name_the_fix,
                                                             isolating_call, perturbation_leak
-``lesson08_varlen_internals``    08_flash_varlen_internals  count_tiles, work_ratio,
+``lesson08_flash_varlen_internals``    08_flash_varlen_internals  count_tiles, work_ratio,
                                                             classify_tiles
-``lesson09_interview``           09_interview_drills        review, q1_answer, diagnosis,
+``lesson09_interview_drills``           09_interview_drills        review, q1_answer, diagnosis,
                                                             followups
 ``lesson10_scaling_out``         10_scaling_out             global_loss, backward_scale
 ===============================  =========================  ======================================

@@ -1,7 +1,7 @@
 """Keep the course notebooks clean and runnable: find outputs, strip them, execute notebooks.
 
 The notebooks are committed without outputs, so diffs stay readable and nobody trusts a stale
-result. Three commands (``python -m packsim.course.notebook_tools ...``):
+result. Three commands (``python -m packsim.course.tools.notebook_tools ...``):
 
 - ``check-clean [PATH...]``: list every notebook (folders searched recursively) that has code-cell
   outputs or execution counts; exit 1 if there is any. ``make check`` runs it on ``notebooks``.
@@ -38,7 +38,7 @@ __all__ = [
     "strip_outputs",
 ]
 
-STRIP_HINT = "python -m packsim.course.notebook_tools strip notebooks"
+STRIP_HINT = "python -m packsim.course.tools.notebook_tools strip notebooks"
 
 
 class NotebookRunError(RuntimeError):
@@ -144,7 +144,7 @@ def execute(
     """Like :func:`execute_notebook`, but also return the executed notebook (outputs filled in).
 
     ``store_widget_state=True`` saves the widgets' state in the notebook's metadata, which the
-    static HTML build (:mod:`packsim.course.static_site`) needs to render widgets without a kernel.
+    static HTML build (:mod:`packsim.course.tools.static_site`) needs to render widgets without a kernel.
     """
     from nbclient import NotebookClient
 
@@ -228,7 +228,7 @@ def _print_table(rows: list[tuple[str, str, str]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m packsim.course.notebook_tools", description=__doc__.split("\n")[0]
+        prog="python -m packsim.course.tools.notebook_tools", description=__doc__.split("\n")[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("check-clean", help="fail if any notebook has outputs").add_argument(

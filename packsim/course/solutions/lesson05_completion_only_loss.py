@@ -1,4 +1,4 @@
-"""Reference solutions to the exercises of notebook 05_completion_only_loss (checks: packsim.course.exercises.lesson05_completion_loss)."""
+"""Reference solutions to the exercises of notebook 05_completion_only_loss (checks: packsim.course.exercises.lesson05_completion_only_loss)."""
 
 from __future__ import annotations
 

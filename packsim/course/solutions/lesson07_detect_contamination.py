@@ -1,4 +1,4 @@
-"""Reference solutions for notebook 07_detect_contamination (checks: packsim.course.exercises.lesson07_contamination)."""
+"""Reference solutions for notebook 07_detect_contamination (checks: packsim.course.exercises.lesson07_detect_contamination)."""
 
 from __future__ import annotations
 

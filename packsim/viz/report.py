@@ -39,7 +39,7 @@ FINAL_COLUMNS = (
 
 def curves_figure(results: Results, data: str | None = None) -> go.Figure:
     """The curves widget's static figure (:func:`packsim.viz.curves_figure`) for one data design."""
-    from packsim.viz.training_curves import curves_figure as viz_curves_figure
+    from packsim.viz.training import curves_figure as viz_curves_figure
 
     return viz_curves_figure([r for r in results.runs if data is None or r.data == data])
 
@@ -53,7 +53,7 @@ def copies_figure(results: Results, data: str | None = "facts") -> go.Figure | N
     from plotly.subplots import make_subplots
 
     from packsim.viz.style import layout, setup_colour
-    from packsim.viz.training_curves import seed_spread
+    from packsim.viz.training import seed_spread
 
     groups = results.by_setup(data)
     if not any("response_loss_repeat" in r.curves.get("train", {}) for rs in groups.values() for r in rs):

@@ -7,13 +7,13 @@ from statistics import fmean, median
 import pytest
 
 from packsim.course.exercises import show_solution, solution_source
-from packsim.course.exercises.lesson06_side_by_side import (
+from packsim.course.exercises.lesson06_train_side_by_side import (
     check_em_gap,
     check_fix_share,
     check_warning_sign,
     toy_results,
 )
-from packsim.course.solutions import lesson06_side_by_side as sol
+from packsim.course.solutions import lesson06_train_side_by_side as sol
 from packsim.experiment.results import Results
 
 

@@ -1,4 +1,4 @@
-"""Reference answers for notebook 09_interview_drills (checks: packsim.course.exercises.lesson09_interview)."""
+"""Reference answers for notebook 09_interview_drills (checks: packsim.course.exercises.lesson09_interview_drills)."""
 
 # The three bugs of REVIEW_SNIPPET: EOS label -100 (line 5), int64 cu_seqlens (line 7),
 # max_seqlen = the whole pack instead of the longest example (line 8).

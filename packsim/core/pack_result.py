@@ -24,14 +24,27 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass
 from itertools import pairwise, repeat
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from packsim.core.packing import Entry, Piece
+__all__ = ["Entry", "PackArrays", "Piece"]
 
-__all__ = ["PackArrays"]
+
+class Piece(NamedTuple):
+    """Tokens ``[start, stop)`` of example ``index`` (a part of it, or all of it).
+
+    Notebook 01 meets pieces where an example is cut: by ``"wrapped"`` packing or by the
+    ``"truncate"`` and ``"split"`` overflow policies.
+    """
+
+    index: int
+    start: int
+    stop: int
+
+
+Entry = int | Piece
+"""One entry of a pack: an example index (whole example) or a :class:`Piece` (part of one)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,8 +98,6 @@ class PackArrays:
         stop)`` tuple), not by calling ``Piece(...)`` (a Python function) once each: about half
         the time per piece.
         """
-        from packsim.core.packing import Piece  # packing builds on this module, not the reverse
-
         collecting = gc.isenabled()
         gc.disable()
         try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from packsim.course.exercises.lesson09_interview import (
+from packsim.course.exercises.lesson09_interview_drills import (
     BUGS,
     CAUSES,
     FOLLOWUPS,
@@ -14,7 +14,7 @@ from packsim.course.exercises.lesson09_interview import (
     check_q1_answer,
     check_review,
 )
-from packsim.course.solutions import lesson09_interview as sol
+from packsim.course.solutions import lesson09_interview_drills as sol
 
 
 def _text(fb) -> str:

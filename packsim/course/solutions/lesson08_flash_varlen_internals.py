@@ -1,4 +1,4 @@
-"""Reference solutions for notebook 08_flash_varlen_internals (checks: packsim.course.exercises.lesson08_varlen_internals)."""
+"""Reference solutions for notebook 08_flash_varlen_internals (checks: packsim.course.exercises.lesson08_flash_varlen_internals)."""
 
 from __future__ import annotations
 

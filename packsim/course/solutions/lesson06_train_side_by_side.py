@@ -1,4 +1,4 @@
-"""Reference solutions for notebook 06_train_side_by_side (checks: packsim.course.exercises.lesson06_side_by_side)."""
+"""Reference solutions for notebook 06_train_side_by_side (checks: packsim.course.exercises.lesson06_train_side_by_side)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from packsim.auditing.trap_cases import (
 from packsim.auditing.traps import alone_change, impl_reason
 from packsim.core.errors import PacksimError
 from packsim.viz import trap_explorer, trap_figure
-from packsim.viz.traps_view import trap_rule
+from packsim.viz.traps import trap_rule
 from packsim.viz.widget import shown_figure
 
 

@@ -1,4 +1,4 @@
-"""Checks for the exercises of notebook 06_train_side_by_side (solutions: packsim.course.solutions.lesson06_side_by_side).
+"""Checks for the exercises of notebook 06_train_side_by_side (solutions: packsim.course.solutions.lesson06_train_side_by_side).
 
 - :func:`check_em_gap`: ``em_gap(results) -> float``, correct minus buggy isolated exact match,
   each the mean over seeds;

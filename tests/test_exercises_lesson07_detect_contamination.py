@@ -8,7 +8,7 @@ import torch
 from packsim.core.loss import token_losses
 from packsim.core.model import build_model, forward
 from packsim.course.exercises import show_solution, solution_source
-from packsim.course.exercises.lesson07_contamination import (
+from packsim.course.exercises.lesson07_detect_contamination import (
     FIXES,
     check_gradient_leak,
     check_isolating_call,
@@ -17,7 +17,7 @@ from packsim.course.exercises.lesson07_contamination import (
     mystery_reports,
     probe_batch,
 )
-from packsim.course.solutions import lesson07_contamination as sol
+from packsim.course.solutions import lesson07_detect_contamination as sol
 
 
 def test_gradient_leak_is_zero_when_isolated_and_positive_when_not():

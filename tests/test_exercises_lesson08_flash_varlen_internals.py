@@ -6,12 +6,12 @@ import math
 
 import torch
 
-from packsim.course.exercises.lesson08_varlen_internals import (
+from packsim.course.exercises.lesson08_flash_varlen_internals import (
     check_classify_tiles,
     check_count_tiles,
     check_work_ratio,
 )
-from packsim.course.solutions import lesson08_varlen_internals as sol
+from packsim.course.solutions import lesson08_flash_varlen_internals as sol
 
 
 def _stub(*_args):

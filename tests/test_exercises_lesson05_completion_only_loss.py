@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from packsim.core.loss import IGNORE_INDEX, Role
-from packsim.course.exercises.lesson05_completion_loss import (
+from packsim.course.exercises.lesson05_completion_only_loss import (
     CORRECT_LETTER,
     TEMPLATE,
     boundary_cases,
@@ -19,7 +19,7 @@ from packsim.course.exercises.lesson05_completion_loss import (
     row_layout,
     show_candidates,
 )
-from packsim.course.solutions import lesson05_completion_loss as sol
+from packsim.course.solutions import lesson05_completion_only_loss as sol
 
 
 def _text(fb) -> str:

@@ -20,7 +20,7 @@ from packsim.core.errors import PacksimError
 
 __all__ = ["REPO_ROOT", "repo_path"]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]  # packsim/course/paths.py -> the repository
+REPO_ROOT = Path(__file__).resolve().parents[2]  # packsim/core/paths.py -> the repository
 
 
 def repo_path(relative: str | Path) -> Path:

@@ -1,4 +1,4 @@
-"""Checks for the exercises of notebook 07_detect_contamination (solutions: packsim.course.solutions.lesson07_contamination).
+"""Checks for the exercises of notebook 07_detect_contamination (solutions: packsim.course.solutions.lesson07_detect_contamination).
 
 - :func:`check_gradient_leak`: ``gradient_leak(model, batch) -> float``, a gradient-isolation
   probe: the largest |d loss_j / d embedding| on tokens of examples other than j;

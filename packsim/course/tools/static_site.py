@@ -1,6 +1,6 @@
 """Build the executed course as static HTML that works offline: ``make html`` -> ``site/``.
 
-``python -m packsim.course.static_site [NOTEBOOK_OR_FOLDER ...] [--out site] [--timeout S]`` executes every
+``python -m packsim.course.tools.static_site [NOTEBOOK_OR_FOLDER ...] [--out site] [--timeout S]`` executes every
 notebook (``PACKSIM_FAST`` passed through, so ``PACKSIM_FAST=1 make html`` builds the fast
 course) and writes one page per notebook plus ``index.html`` with each lesson's build time.
 
@@ -49,7 +49,7 @@ import plotly
 from plotly.offline import get_plotlyjs
 
 from packsim.core.errors import PacksimError
-from packsim.course.notebook_tools import NotebookRunError, execute, find_notebooks
+from packsim.course.tools.notebook_tools import NotebookRunError, execute, find_notebooks
 
 __all__ = ["NPM_PACKAGES", "build_page", "build_site", "slim_outputs", "install_widget_assets", "main"]
 
@@ -238,7 +238,7 @@ def build_site(
     npm_dir: Path = DEFAULT_NPM_DIR,
 ) -> list[tuple[Path, float, str]]:
     """Build every notebook under ``paths`` into ``out``; return (page, seconds, title) rows."""
-    from packsim.core.device import fast_mode
+    from packsim.experiment.run_mode import fast_mode
 
     site = Path(out)
     site.mkdir(parents=True, exist_ok=True)
@@ -253,7 +253,7 @@ def build_site(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m packsim.course.static_site", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m packsim.course.tools.static_site", description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="*", default=["notebooks"])
     parser.add_argument("--out", default="site", help="output folder (default: site)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per notebook")

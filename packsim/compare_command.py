@@ -3,8 +3,8 @@
 Every option is checked before any training starts (numbers, setups, device, output folder); bad
 input raises :class:`PacksimError`, which :mod:`packsim.cli` prints as one line. Then
 :func:`~packsim.experiment.comparison.run_comparison` trains setups x seeds and writes
-``DIR/results.json``, ``DIR/report.html`` (where plotly is installed; else one line says it was
-skipped) and the models; the summary table (mean over seeds per setup) prints last. No part of
+``DIR/results.json`` and the models; this command adds ``DIR/report.html`` (where plotly is installed; else one line says it was
+skipped); the summary table (mean over seeds per setup) prints last. No part of
 the command needs plotly.
 
 Lessons: none directly (lesson 06 runs the comparison from Python).
@@ -13,17 +13,20 @@ Lessons: none directly (lesson 06 runs the comparison from Python).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 
 from packsim.core.device import get_device
 from packsim.core.errors import PacksimError
-from packsim.experiment.comparison import (
-    DESIGNS,
-    experiment_config,
-    plotly_installed,
-    run_comparison,
-)
+from packsim.experiment.comparison import DESIGNS, experiment_config, run_comparison
 
 __all__ = ["add_arguments", "run"]
+
+REPORT_SKIPPED = "report.html skipped: plotly is not installed; pip install plotly to get it"
+
+
+def plotly_installed() -> bool:
+    """Whether report.html can be written: only the report needs plotly, never the runs."""
+    return importlib.util.find_spec("plotly") is not None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``packsim compare``: check every option (setups, numbers, device, output folder), then train."""
-    from packsim.cli import check_at_least, writable_dir
+    from packsim.core.cli_args import check_at_least, writable_dir
 
     check_at_least(args, {"--seeds": 1, "--steps": 1, "--examples-per-step": 1, "--n-test": 1,
                           "--throughput-steps": 0, "--entities": 1, "--copies": 1, "--jobs": 1})
@@ -76,9 +79,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"packsim compare: {cfg.data} data, {cfg.mode} mode, setups {cfg.setups}, seeds {cfg.seeds}, "
           f"{cfg.train.steps} steps -> {out}", flush=True)
     results = run_comparison(cfg, device=device, out=out, progress=not args.quiet, jobs=args.jobs)
-    from packsim.experiment.report import summary_table
+    wrote = [out / "results.json"]
+    if plotly_installed():
+        from packsim.viz.report import write_report
+
+        wrote.append(write_report(results, out / "report.html"))
+    else:
+        print(REPORT_SKIPPED, flush=True)
+    from packsim.viz.report import summary_table
 
     print(summary_table(results))
-    wrote = [out / "results.json"] + ([out / "report.html"] if plotly_installed() else [])
     print(f"wrote {' and '.join(map(str, wrote))} in {results.wall_s:.0f} s")
     return 0
