@@ -38,6 +38,7 @@ def _check_invariants(examples, b: PackedBatch):
     assert b.cu_seqlens.dtype == torch.int32 and int(b.cu_seqlens[-1]) == b.n_real_tokens
     lens = (b.cu_seqlens[1:] - b.cu_seqlens[:-1]).tolist()
     assert lens == [s.stop - s.start for s in b.segments] and b.max_seqlen == max(lens)
+    assert b.row_lengths() == [[s.stop - s.start for s in b.segments if s.row == r] for r in range(B)]
     flat_ids = b.seq_ids.reshape(-1)[b.real_mask.reshape(-1)]
     seg_of_token = seq_ids_from_cu_seqlens(b.cu_seqlens)
     assert (flat_ids == torch.tensor([b.segments[k].example for k in seg_of_token.tolist()])).all()

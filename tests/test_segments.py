@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -11,6 +12,7 @@ from packsim.core.errors import PacksimError
 from packsim.core.segments import (
     check_cu_seqlens,
     check_seq_ids,
+    cu_seqlens_from_lengths,
     cu_seqlens_from_position_ids,
     cu_seqlens_from_seq_ids,
     example_positions,
@@ -33,6 +35,14 @@ def test_seq_ids_from_cu_seqlens():
     assert seq_ids_from_cu_seqlens(_cu(0, 3)).dtype == torch.long
     with pytest.raises(PacksimError, match="smaller than"):
         seq_ids_from_cu_seqlens(_cu(0, 3, 5), total=4)
+
+
+def test_cu_seqlens_from_lengths():
+    for lengths in ([3, 2, 1], (3, 2, 1), torch.tensor([3, 2, 1]), np.array([3, 2, 1])):
+        cu = cu_seqlens_from_lengths(lengths)
+        assert cu.dtype == torch.int32 and cu.tolist() == [0, 3, 5, 6]
+    assert cu_seqlens_from_lengths([]).tolist() == [0]
+    assert check_cu_seqlens(cu_seqlens_from_lengths([7]), 7) == [0, 7]
 
 
 def test_cu_seqlens_from_seq_ids():

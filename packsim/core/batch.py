@@ -29,6 +29,7 @@ from packsim.core.loss import IGNORE_INDEX, Role, make_labels, response_mask
 from packsim.core.pack_stats import packing_stats
 from packsim.core.packing import Piece, pack_pieces
 from packsim.core.segments import (
+    cu_seqlens_from_lengths,
     cu_seqlens_from_position_ids,
     example_positions,
     seq_ids_from_cu_seqlens,
@@ -180,8 +181,7 @@ class PackedBatch:
                 t += n
             reset_pos[r, t:] = torch.arange(T - t)  # padding run: its own positions 0..n_pad-1
         seg_lens = torch.tensor([s.stop - s.start for s in segments])
-        cu = torch.zeros(len(segments) + 1, dtype=torch.int32)
-        cu[1:] = torch.cumsum(seg_lens, 0)
+        cu = cu_seqlens_from_lengths(seg_lens)  # (S+1,)
         return cls(
             input_ids=ids,
             labels=make_labels(ids, roles, setup.loss),
@@ -249,6 +249,13 @@ class PackedBatch:
     @property
     def n_real_tokens(self) -> int:
         return int(self.real_mask.sum())
+
+    def row_lengths(self) -> list[list[int]]:
+        """Segment lengths of each row: B lists, each in row order (one per example piece)."""
+        rows: list[list[int]] = [[] for _ in range(self.shape[0])]
+        for s in self.segments:
+            rows[s.row].append(s.stop - s.start)
+        return rows
 
     def stats(self):
         """Packing statistics (fill ratio, lower bound, padding waste) of this batch's rows."""

@@ -11,7 +11,7 @@ where the examples are:
   ``[0, 1, 2, 0, 1, 0]``; a new example starts wherever the position does not continue by +1.
 
 This module converts between them (:func:`seq_ids_from_cu_seqlens`, :func:`cu_seqlens_from_seq_ids`,
-:func:`cu_seqlens_from_position_ids`), finds where runs start (:func:`run_starts`) and each token's
+:func:`cu_seqlens_from_position_ids`, :func:`cu_seqlens_from_lengths`), finds where runs start (:func:`run_starts`) and each token's
 position inside its run (:func:`example_positions`). Reading the boundaries of any batch (a
 PackedBatch or a collator dict) is :mod:`packsim.core.boundaries`; how much attention crosses them
 is measured in :mod:`packsim.core.attention_share`.
@@ -31,6 +31,7 @@ __all__ = [
     "seq_ids_from_cu_seqlens",
     "cu_seqlens_from_seq_ids",
     "cu_seqlens_from_position_ids",
+    "cu_seqlens_from_lengths",
     "run_starts",
     "run_cu_seqlens",
     "example_positions",
@@ -175,6 +176,18 @@ def seq_ids_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int | None = None) 
     ids = torch.repeat_interleave(torch.arange(len(offsets) - 1, device=cu_seqlens.device), lengths)
     pad = torch.full((total - end,), -1, dtype=torch.long, device=cu_seqlens.device)
     return torch.cat([ids, pad])  # (N,)
+
+
+def cu_seqlens_from_lengths(lengths) -> torch.Tensor:
+    """Offsets of sequences of these lengths: (S,) -> (S+1,) int32, a 0 then the running total.
+
+    ``[3, 2, 1]`` -> ``[0, 3, 5, 6]``. Takes a list, tuple, numpy array or tensor (on its device);
+    the lengths are not checked (:func:`check_cu_seqlens` checks the result where it matters).
+    """
+    lengths = torch.as_tensor(lengths).reshape(-1)  # (S,)
+    cu = torch.zeros(lengths.numel() + 1, dtype=torch.int32, device=lengths.device)  # (S+1,)
+    cu[1:] = lengths.cumsum(0)
+    return cu
 
 
 def cu_seqlens_from_seq_ids(seq_ids: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,7 @@ import torch
 from packsim.core.batch import PackedBatch, Segment
 from packsim.core.data import make_examples, make_long_tailed_examples
 from packsim.core.errors import PacksimError
+from packsim.core.segments import cu_seqlens_from_lengths
 from packsim.core.setups import get_setup
 from packsim.experiment.normalisation import NORMALISERS
 from packsim.experiment.rank_balance import METHODS, assign
@@ -64,14 +65,6 @@ def _shards(n: int, world_size: int, grad_accum: int) -> list[list[np.ndarray]]:
     return [[parts[m * world_size + r] for m in range(grad_accum)] for r in range(world_size)]
 
 
-def _row_lengths(batch: PackedBatch) -> list[list[int]]:
-    """Segment lengths of each row (pack) of a batch."""
-    rows: list[list[int]] = [[] for _ in range(batch.shape[0])]
-    for s in batch.segments:
-        rows[s.row].append(s.stop - s.start)
-    return rows
-
-
 def select_rows(batch: PackedBatch, rows: list[int]) -> PackedBatch:
     """The rows ``rows`` of a batch as a batch of their own (segments and cu_seqlens rebuilt)."""
     idx = torch.tensor(rows, dtype=torch.long)
@@ -79,8 +72,7 @@ def select_rows(batch: PackedBatch, rows: list[int]) -> PackedBatch:
     segs = sorted((Segment(new_row[s.row], s.start, s.stop, s.example) for s in batch.segments if s.row in new_row),
                   key=lambda s: (s.row, s.start))
     lens = torch.tensor([s.stop - s.start for s in segs])
-    cu = torch.zeros(len(segs) + 1, dtype=torch.int32)
-    cu[1:] = torch.cumsum(lens, 0)
+    cu = cu_seqlens_from_lengths(lens)  # (S+1,)
     names = ("input_ids", "labels", "position_ids", "seq_ids", "roles", "example_positions")
     return replace(batch, **{k: getattr(batch, k)[idx] for k in names}, cu_seqlens=cu,
                    max_seqlen=int(lens.max()), segments=segs)
@@ -100,10 +92,10 @@ def plan_step(step_examples: list, cfg: TrainConfig, setup, world_size: int, gra
         micro = [[PackedBatch.from_examples([step_examples[i] for i in idx], cfg.capacity, setup, cfg.strategy)
                   if len(idx) else None for idx in shards] for shards in _shards(len(step_examples), world_size,
                                                                                   grad_accum)]
-        packs = [[p for b in mbs if b is not None for p in _row_lengths(b)] for mbs in micro]
+        packs = [[p for b in mbs if b is not None for p in b.row_lengths()] for mbs in micro]
         return micro, packs
     full = make_batches(step_examples, cfg.capacity, setup, len(step_examples), cfg.strategy)[0]
-    all_packs = _row_lengths(full)
+    all_packs = full.row_lengths()
     ranks = assign(all_packs, world_size, balance)  # raises if a rank would have no pack
     micro = [[select_rows(full, [int(i) for i in part]) if len(part) else None
               for part in np.array_split(np.asarray(mine), grad_accum)] for mine in ranks]
