@@ -5,8 +5,10 @@ from packsim.core.errors import PacksimError
 from packsim.core.loss import (
     IGNORE_INDEX,
     Role,
+    accumulated_loss,
     count_targets,
     make_labels,
+    micro_batch_weights,
     packed_cross_entropy,
     response_mask,
     token_losses,
@@ -71,3 +73,19 @@ def test_bad_loss_inputs_are_explained():
         packed_cross_entropy(torch.randn(1, 3, 5), torch.full((1, 3), IGNORE_INDEX))
     with pytest.raises(PacksimError, match="disagree on"):
         packed_cross_entropy(torch.randn(1, 3, 5), torch.zeros(1, 4, dtype=torch.long))
+
+
+def test_token_mean_and_mean_of_means_over_micro_batches():
+    """Ground truth written out by hand: 3 micro-batches with 4, 1 and 0 counted targets."""
+    sums, counts = torch.tensor([8.0, 3.0, 0.0]), torch.tensor([4, 1, 0])
+    assert float(accumulated_loss(sums, counts)) == pytest.approx((8 + 3) / (4 + 1))
+    assert float(accumulated_loss(sums, counts, "mean_of_means")) == pytest.approx((8 / 4 + 3 / 1) / 3)
+    w = micro_batch_weights(counts, "mean_of_means")
+    assert w.tolist() == pytest.approx([1 / 12, 1 / 3, 0.0])  # the empty one weighs 0, never 0/0
+    rows = micro_batch_weights(torch.tensor([[2, 2], [1, 3]]))  # (..., M): a token mean per row
+    assert rows.flatten().tolist() == pytest.approx([0.25, 0.25, 0.25, 0.25])
+    assert float(accumulated_loss(torch.zeros(2), torch.zeros(2, dtype=torch.long))) == 0.0
+    with pytest.raises(PacksimError, match="unknown reduction 'median'"):
+        micro_batch_weights(counts, "median")
+    with pytest.raises(PacksimError, match="same shape"):
+        accumulated_loss(torch.zeros(2), counts)

@@ -28,6 +28,7 @@ def test_mean_of_means_weighs_a_short_micro_batch_more(micro_batches):
     assert torch.allclose(short, torch.full_like(short, 1 / (2 * 2)), rtol=1e-4)  # 1 / (K n_1)
     assert torch.allclose(long, torch.full_like(long, 1 / (2 * 19)), rtol=1e-4)
     bad = check_loss_normalisation(tiny(), micro_batches, mean_of_means)
+    assert bad.name == "equal_token_weights"  # not the trainer audit's loss_over_accumulation
     assert bad.failed and "max/min 9.500" in bad.evidence and "[2, 19] counted tokens" in bad.evidence
     assert "num_items_in_batch" in bad.fix
 

@@ -15,7 +15,7 @@ from packsim.auditing.museum import (
 )
 
 LINK = re.compile(r"^https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+$")
-CHECKS = {"counted_labels", "loss_over_accumulation"}
+CHECKS = {"counted_labels", "equal_token_weights"}
 
 
 def test_the_museum_holds_at_least_eight_documented_bugs():
@@ -48,7 +48,7 @@ def test_museum_table_renders_for_docs():
     table = museum_table(["boundary_label", "mean_of_micro_batch_means"])
     md = table.to_markdown()
     assert md.splitlines()[0] == "| bug | link | caught by | fixed version passes |"
-    assert "audit: loss_coverage" in md and "museum check: loss_over_accumulation" in md
+    assert "audit: loss_coverage" in md and "museum check: equal_token_weights" in md
     assert "https://github.com/meta-pytorch/torchtune/issues/1177" in md and "| yes |" in md
     assert "<table>" in table._repr_html_() and "One example's last token" in str(table)
     with pytest.raises(PacksimError, match="unknown exhibit"):

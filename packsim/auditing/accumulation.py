@@ -17,10 +17,9 @@ import copy
 from contextlib import contextmanager
 
 import torch
-import torch.nn.functional as F
 
 from packsim.auditing.report import Finding
-from packsim.core.loss import IGNORE_INDEX
+from packsim.core.loss import accumulated_loss, count_targets, token_losses
 
 _REL_TOL = {torch.float32: 1e-4, torch.float64: 1e-8}  # else (half precision, autocast): 1e-2
 
@@ -46,14 +45,6 @@ def _is_scaled(trainer, num_items) -> bool:
                 or getattr(trainer, "compute_loss_func", None) is not None)
 
 
-def _token_nll(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float, int]:
-    """Sum of next-token losses over counted labels, and their count: logits (B, T, V), labels (B, T)."""
-    target = labels[:, 1:]  # (B, T-1): position t predicts token t + 1
-    keep = target != IGNORE_INDEX
-    nll = F.cross_entropy(logits[:, :-1][keep].float(), target[keep], reduction="sum")
-    return float(nll), int(keep.sum())
-
-
 def loss_over_accumulation(trainer, raw_batches: list, forward, autocast) -> Finding:
     """Run ``trainer.compute_loss`` over one accumulation step of ``raw_batches`` and compare.
 
@@ -64,7 +55,7 @@ def loss_over_accumulation(trainer, raw_batches: list, forward, autocast) -> Fin
     micro = raw_batches[:G]
     samples, num_items = trainer.get_batch_samples(iter(micro), len(micro), trainer.args.device)
     scaled = _is_scaled(trainer, num_items)
-    got, nll, count, counts, dtype = 0.0, 0.0, 0, [], torch.float32
+    got, sums, counts, dtype = 0.0, [], [], torch.float32
     with _kept_state(trainer), torch.no_grad():
         for batch in samples:
             inputs = trainer._prepare_inputs(batch)
@@ -73,10 +64,9 @@ def loss_over_accumulation(trainer, raw_batches: list, forward, autocast) -> Fin
                 logits = forward(inputs)
             dtype = logits.dtype
             got += float(loss) / (1 if scaled else G)
-            s, c = _token_nll(logits, inputs["labels"])
-            nll, count = nll + s, count + c
-            counts.append(c)
-    want = nll / max(count, 1)
+            sums.append(float(token_losses(logits, inputs["labels"]).sum()))
+            counts.append(count_targets(inputs["labels"]))
+    want = float(accumulated_loss(sums, counts))  # the mean over all counted labels
     rel = abs(got - want) / max(abs(want), 1e-12)
     tol = _REL_TOL.get(dtype, 1e-2)
     short = f" (only {len(micro)} micro-batch(es) in the data)" if len(micro) < G else ""

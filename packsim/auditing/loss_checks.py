@@ -4,9 +4,11 @@ token when losses are accumulated over micro-batches (gradient accumulation).
 - :func:`check_counted_labels`: labels (B, T) with no label counted -> the loss is 0/0;
 - :func:`token_weights`: logits (1, N_k, V) per micro-batch through the pipeline's
   ``accumulate(logits_list, labels_list)``; the weight of each counted token, read exactly from the
-  gradient; :func:`check_loss_normalisation` wants them all equal (1/N, N = the step's count);
+  gradient; :func:`check_loss_normalisation` (finding ``equal_token_weights``) wants them all
+  equal (1/N, N = the step's count);
 - :func:`mean_of_means` (the reduction before transformers' fix) and :func:`global_token_mean`
-  (``num_items_in_batch``), both through transformers' own ``ForCausalLMLoss``.
+  (``num_items_in_batch``): transformers' own ``ForCausalLMLoss`` sums, weighed by
+  :func:`packsim.core.loss.accumulated_loss`.
 
 Each check returns a :class:`~packsim.auditing.report.Finding`, so it can join an
 :class:`~packsim.auditing.report.AuditReport` (``report.findings``). The museum
@@ -24,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from packsim.auditing.report import Finding
-from packsim.core.loss import IGNORE_INDEX
+from packsim.core.loss import IGNORE_INDEX, accumulated_loss, count_targets
 
 __all__ = ["check_counted_labels", "check_loss_normalisation", "global_token_mean", "mean_of_means",
            "token_weights"]
@@ -32,8 +34,7 @@ __all__ = ["check_counted_labels", "check_loss_normalisation", "global_token_mea
 
 def check_counted_labels(batch: dict) -> Finding:
     """Fail when no label of the batch is counted (t >= 1 in a row, != -100): the loss is 0/0."""
-    labels = torch.as_tensor(batch["labels"])
-    counted = int((labels[..., 1:] != IGNORE_INDEX).sum())
+    counted = count_targets(torch.as_tensor(batch["labels"]))
     if counted:
         return Finding("counted_labels", "pass", f"{counted} labels counted")
     return Finding("counted_labels", "fail",
@@ -74,22 +75,27 @@ def check_loss_normalisation(model, micro_batches: list[dict], accumulate: Calla
                 f"{float(w.max()):.4f} (max/min {spread:.3f}; 1/N = {1 / len(w):.4f}) over "
                 f"micro-batches with {[len(x) for x in per_batch]} counted tokens")
     if spread > 1 + 1e-4:
-        return Finding("loss_over_accumulation", "fail", evidence,
+        return Finding("equal_token_weights", "fail", evidence,
                        "sum the token losses of every micro-batch and divide by the step's counted "
                        "tokens (num_items_in_batch), not by each micro-batch's own count.")
-    return Finding("loss_over_accumulation", "pass", evidence)
+    return Finding("equal_token_weights", "pass", evidence)
 
 
 def mean_of_means(logits: list, labels: list) -> torch.Tensor:
-    """The pre-fix reduction: each micro-batch's mean token loss, averaged over the K steps."""
-    from transformers.loss.loss_utils import ForCausalLMLoss
-
-    return sum(ForCausalLMLoss(x, y, x.shape[-1]) for x, y in zip(logits, labels, strict=True)) / len(logits)
+    """The pre-fix reduction: each micro-batch's mean token loss, averaged over the K micro-batches."""
+    return _accumulate(logits, labels, "mean_of_means")
 
 
 def global_token_mean(logits: list, labels: list) -> torch.Tensor:
     """The fix: every micro-batch's summed loss divided by the step's counted tokens (num_items_in_batch)."""
+    return _accumulate(logits, labels, "token_mean")
+
+
+def _accumulate(logits: list, labels: list, reduction: str) -> torch.Tensor:
+    """Each micro-batch's summed loss by transformers' own ``ForCausalLMLoss`` (``num_items_in_batch=1``
+    makes it a sum), weighed by :func:`packsim.core.loss.accumulated_loss`."""
     from transformers.loss.loss_utils import ForCausalLMLoss
 
-    n = sum(int((y[..., 1:] != IGNORE_INDEX).sum()) for y in labels)
-    return sum(ForCausalLMLoss(x, y, x.shape[-1], num_items_in_batch=n) for x, y in zip(logits, labels, strict=True))
+    sums = torch.stack([ForCausalLMLoss(x, y, x.shape[-1], num_items_in_batch=1)
+                        for x, y in zip(logits, labels, strict=True)])  # (K,)
+    return accumulated_loss(sums, [count_targets(y) for y in labels], reduction)

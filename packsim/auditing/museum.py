@@ -125,7 +125,7 @@ def examine(exhibit: Exhibit | str, fixed: bool = False) -> AuditReport:
     """Audit the buggy (or fixed) pipeline of ``exhibit``; the museum's checks join ``report.findings``.
 
     ``report.failed`` then names the failed probes and checks (``counted_labels`` for dict batches,
-    ``loss_over_accumulation`` where the exhibit accumulates micro-batches).
+    ``equal_token_weights`` where the exhibit accumulates micro-batches).
     """
     ex = EXHIBITS[exhibit] if isinstance(exhibit, str) else exhibit
     case = ex.build(not fixed)
@@ -334,8 +334,8 @@ EXHIBITS = {e.name: e for e in [
             "micro-batch's loss was a mean over its own tokens and the means were averaged, so a "
             "token in a short micro-batch weighed more: (x1/n1 + x2/n2)/2 != (x1+x2)/(n1+n2). Packing "
             "makes counts vary more. Fix: sum the token losses and divide by the step's counted "
-            "tokens (num_items_in_batch). Caught by the museum's loss_over_accumulation check.",
-            _accumulation, frozenset({"loss_over_accumulation"}), "max/min"),
+            "tokens (num_items_in_batch). Caught by the museum's equal_token_weights check.",
+            _accumulation, frozenset({"equal_token_weights"}), "max/min"),
 ]}
 
 

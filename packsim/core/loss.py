@@ -40,6 +40,9 @@ __all__ = [
     "count_targets",
     "packed_cross_entropy",
     "token_losses",
+    "REDUCTIONS",
+    "micro_batch_weights",
+    "accumulated_loss",
 ]
 
 IGNORE_INDEX = -100
@@ -85,7 +88,7 @@ def make_labels(input_ids: torch.Tensor, roles: torch.Tensor, loss: str) -> torc
 
 def count_targets(labels: torch.Tensor) -> int:
     """Number of counted targets in (B, T) labels after the one-token shift."""
-    return int((labels[:, 1:] != IGNORE_INDEX).sum())
+    return int((labels[..., 1:] != IGNORE_INDEX).sum())
 
 
 def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -122,3 +125,47 @@ def packed_cross_entropy(
             "examples have response tokens, or skip this batch."
         )
     return token_losses(logits, labels).sum() / n
+
+
+# ------------------------------------------------------------------ over micro-batches: token mean or mean of means
+
+REDUCTIONS = ("token_mean", "mean_of_means")
+
+
+def micro_batch_weights(counts, reduction: str = "token_mean") -> torch.Tensor:
+    """Weight of each micro-batch's *summed* token loss: counts (..., M) -> (..., M) float64.
+
+    ``counts[..., m]`` is micro-batch m's number of counted targets. ``token_mean`` gives
+    ``1 / counts.sum(-1)``: every counted token weighs the same wherever it landed (what one big
+    batch, or ``num_items_in_batch``, computes). ``mean_of_means`` gives ``1 / (M * counts[..., m])``:
+    each micro-batch's own mean, averaged, which over-weights the tokens of sparse micro-batches.
+    A micro-batch with no counted target weighs exactly 0 (never 0/0).
+    """
+    if reduction not in REDUCTIONS:
+        raise PacksimError(f"unknown reduction {reduction!r}: use one of {list(REDUCTIONS)}.")
+    n = torch.as_tensor(counts).to(torch.float64)  # (..., M)
+    if reduction == "token_mean":
+        w = _safe_inverse(n.sum(dim=-1, keepdim=True)).expand_as(n)  # (..., 1) -> (..., M)
+    else:
+        w = _safe_inverse(n) / n.shape[-1]
+    return torch.where(n > 0, w, torch.zeros_like(n))
+
+
+def accumulated_loss(sums, counts, reduction: str = "token_mean") -> torch.Tensor:
+    """The loss over micro-batches: summed token losses (..., M) and their counts (..., M) -> (...).
+
+    ``(micro_batch_weights(counts, reduction) * sums).sum(-1)``, in ``sums``' dtype when it is a
+    float tensor (gradients flow through ``sums``); 0 when nothing is counted.
+    """
+    sums = torch.as_tensor(sums)
+    sums = sums if sums.is_floating_point() else sums.to(torch.float64)
+    w = micro_batch_weights(counts, reduction)
+    if w.shape != sums.shape:
+        raise PacksimError(f"sums {tuple(sums.shape)} and counts {tuple(w.shape)} must have the same shape: "
+                           "one summed loss and one count per micro-batch.")
+    return (w.to(sums.dtype) * sums).sum(dim=-1)
+
+
+def _safe_inverse(x: torch.Tensor) -> torch.Tensor:
+    """1 / x where x > 0, else 0."""
+    return torch.where(x > 0, 1.0 / x.clamp(min=1), torch.zeros_like(x))

@@ -38,6 +38,7 @@ from __future__ import annotations
 import torch
 
 from packsim.core.errors import PacksimError
+from packsim.core.loss import micro_batch_weights
 
 __all__ = ["NORMALISERS", "weights", "objective", "backward_scales"]
 
@@ -57,26 +58,20 @@ def _check(counts, kind: str) -> torch.Tensor:
     return counts.to(torch.float64)
 
 
-def _safe_inverse(x: torch.Tensor) -> torch.Tensor:
-    """1 / x where x > 0, else 0: an empty micro-batch (or rank, or step) weighs nothing."""
-    return torch.where(x > 0, 1.0 / x.clamp(min=1), torch.zeros_like(x))
-
-
 def weights(counts, kind: str = "global") -> torch.Tensor:
     """Weight of each micro-batch's summed token loss: counts (R, M) -> (R, M) float64.
 
     ``global``: ``1 / counts.sum()``; ``local``: ``1 / (R * counts[r].sum())``;
     ``mean``: ``1 / (R * M * counts[r, m])``. 0 wherever the count it divides by is 0.
+    All three are :func:`packsim.core.loss.micro_batch_weights` over the right group of cells.
     """
     n = _check(counts, kind)  # (R, M)
     R, M = n.shape
-    if kind == "global":
-        w = _safe_inverse(n.sum()).expand(R, M)
-    elif kind == "local":
-        w = (_safe_inverse(n.sum(dim=1, keepdim=True)) / R).expand(R, M)  # (R, 1) -> (R, M)
-    else:
-        w = _safe_inverse(n) / (R * M)
-    return torch.where(n > 0, w, torch.zeros_like(n))  # an empty micro-batch weighs exactly 0
+    if kind == "global":  # one token mean over all R*M micro-batches
+        return micro_batch_weights(n.reshape(1, R * M), "token_mean").view(R, M)
+    if kind == "local":  # a token mean per rank, then DDP's average over R
+        return micro_batch_weights(n, "token_mean") / R
+    return micro_batch_weights(n.reshape(1, R * M), "mean_of_means").view(R, M)  # every micro-batch's own mean
 
 
 def objective(sums, counts, kind: str = "global") -> torch.Tensor:
