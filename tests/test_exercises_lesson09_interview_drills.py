@@ -34,7 +34,7 @@ def test_review_snippet_shows_the_bugs_the_key_names():
     lines = REVIEW_SNIPPET.splitlines()
     assert "[-100]" in lines[4] and lines[4].rstrip().endswith("[-100]")  # line 5: EOS masked
     assert lines[6].strip() == "cu_seqlens = torch.tensor(starts)"  # line 7: int64
-    assert lines[7].strip() == "max_seqlen = len(ids)"  # line 8: total, not longest
+    assert lines[7].strip().startswith("max_seqlen = len(ids) // len(examples)")  # line 8: the mean: too small
 
 
 def test_review_missed_bug_points_to_line():
@@ -46,6 +46,18 @@ def test_review_missed_bug_points_to_line():
 def test_review_false_alarm_explained():
     fb = check_review(sol.review | {"cu_seqlens_no_zero"})
     assert not fb.passed and "false alarm" in _text(fb) and "starts begins as [0]" in _text(fb)
+
+
+def test_review_too_large_max_seqlen_is_not_the_bug():
+    # the snippet's max_seqlen is too small; a too-large one is performance-only, and the feedback says so
+    fb = check_review(sol.review | {"max_seqlen_total"})
+    assert not fb.passed and "never wrong" in _text(fb)
+
+
+def test_review_snippet_max_seqlen_is_below_the_longest_example():
+    # ground truth computed here: the snippet's rule (the mean) against the longest of unequal lengths
+    lengths = [5, 9, 30]
+    assert sum(lengths) // len(lengths) < max(lengths)
 
 
 def test_review_unknown_id_lists_choices():

@@ -40,7 +40,8 @@ BUGS = {
     "positions_continue": "position ids keep counting across the pack",
     "cu_seqlens_no_zero": "cu_seqlens lacks the leading 0",
     "cu_seqlens_int64": "cu_seqlens is int64; varlen kernels need int32",
-    "max_seqlen_total": "max_seqlen is the total number of tokens, not the longest example",
+    "max_seqlen_too_small": "max_seqlen is smaller than the longest example",
+    "max_seqlen_total": "max_seqlen is the total number of tokens (too large: extra blocks, no wrong output)",
     "not_causal": "causal=False in a decoder",
     "mean_of_means": "per-pack mean losses averaged over packs (a mean of means)",
     "use_cache_on": "use_cache=True in a hand-written training loop",
@@ -55,7 +56,7 @@ def collate(examples):
         labels += [-100] * len(ex.prompt) + ex.response + [-100]
         starts.append(len(ids))
     cu_seqlens = torch.tensor(starts)
-    max_seqlen = len(ids)
+    max_seqlen = len(ids) // len(examples)  # the mean example length
     return torch.tensor(ids), torch.tensor(labels), cu_seqlens, max_seqlen
 
 ids, labels, cu, max_len = collate(batch)
@@ -76,10 +77,14 @@ _REVIEW_KEY = {
         "line 7: torch.tensor(starts) is int64; flash_attn_varlen_func checks for int32. Use "
         "torch.tensor(starts, dtype=torch.int32).",
     ),
-    "max_seqlen_total": (
-        "line 8: which length does the kernel want?",
-        "line 8: max_seqlen = len(ids) is the whole pack. It should be the longest example, "
-        "max(b - a for a, b in zip(starts, starts[1:])); it sizes the kernel's grid.",
+    "max_seqlen_too_small": (
+        "line 8: which length does the kernel want, and is the mean ever enough?",
+        "line 8: the mean example length is below the longest example's whenever the lengths differ. "
+        "max_seqlen sizes the kernel's grid (ceil(max_seqlen / tile) query tiles per example), so the "
+        "tiles of the longest example past it are never launched: their outputs stay uninitialised "
+        "memory (flash-attn allocates the output with torch::empty_like) and, in the backward, the "
+        "dK/dV of its later key tiles too. Nothing raises. Use the longest example, "
+        "max(b - a for a, b in zip(starts, starts[1:])).",
     ),
 }
 
@@ -101,6 +106,10 @@ _REVIEW_FINE = {
         "(and RoPE positions could then be reset by the model code)."
     ),
     "use_cache_on": "there is no transformers model call here, so no cache flag is involved.",
+    "max_seqlen_total": (
+        "max_seqlen is the mean example length here, not the total; and a total (too large) would only "
+        "launch extra blocks that exit at once: slower, never wrong."
+    ),
     "attention_mask_given": "no attention_mask is passed; cu_seqlens marks the examples.",
 }
 
@@ -255,7 +264,9 @@ _SYMPTOM_KEY = {
         "attention",
         "in this course's 2x2 ablation the low isolated exact match follows the mask: it is low "
         "for buggy and loss-fix-only, and back at the padded level as soon as the mask is fixed. "
-        "The model learned to lean on neighbours it does not have alone.",
+        "Why the mask costs accuracy alone (the model relying on neighbours it does not have alone) "
+        "is a hypothesis the ablation does not test; lesson 07's forensics measures a related habit "
+        "in the weights.",
     ),
     "s2": (
         "loss",
@@ -294,10 +305,10 @@ def check_diagnosis(diagnosis) -> Feedback:
     wrong = [s for s in SYMPTOMS if answer[s] != _SYMPTOM_KEY[s][0]]
     if not wrong:
         return ok(f"all {len(SYMPTOMS)} symptoms traced to the right bug.")
-    s = wrong[0]
-    return fail(
-        f"{len(wrong)} of {len(SYMPTOMS)} wrong ({', '.join(wrong)}). {s}: you said "
-        f"{answer[s]!r}, it is {_SYMPTOM_KEY[s][0]!r}: {_SYMPTOM_KEY[s][1]}",
+    return fail(  # every wrong symptom explained, not only the first
+        f"{len(wrong)} of {len(SYMPTOMS)} wrong ({', '.join(wrong)}). "
+        + " ".join(f"{s}: you said {answer[s]!r}, it is {_SYMPTOM_KEY[s][0]!r}: {_SYMPTOM_KEY[s][1]}"
+                   for s in wrong),
         "ask of each symptom: does it need information to flow between examples (attention), or "
         "is it about which tokens are counted as targets (loss)?",
     )
@@ -339,8 +350,10 @@ FOLLOWUPS = {
     "f6": ("Which max_seqlen is the dangerous mistake in flash_attn_varlen_func?",
            ("too large", "too small"), "too small",
            "the grid has ceil(max_seqlen / tile) query tiles per example: too small and the tiles past it "
-           "are never launched, so those outputs are never written (silently). Too large only launches "
-           "empty tiles that exit at once."),
+           "are never launched, so those outputs are left as uninitialised memory (mha_varlen_fwd "
+           "allocates them with torch::empty_like), silently; the backward's grid skips the key tiles "
+           "past it too, so their dK/dV stay uninitialised. Too large only launches empty tiles that "
+           "exit at once."),
     "f9": ("Hidden size d = 4096, examples of L = 512 tokens. Roughly what share of a layer's forward "
            "FLOPs is the causal attention (scores and weighted sum)?",
            ("about 1%", "about 10%", "about 50%"), "about 1%",
