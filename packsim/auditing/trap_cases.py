@@ -23,7 +23,7 @@ import torch
 
 from packsim.core.errors import PacksimError
 from packsim.core.masks import block_diagonal_mask, to_additive_4d
-from packsim.core.segments import example_positions
+from packsim.core.segments import cu_seqlens_from_lengths, example_positions
 
 __all__ = ["CONDITIONS", "CONDITION_OPTIONS", "FAMILIES", "HUB_KERNEL", "IMPLS", "MASKS", "POSITIONS",
            "build_family", "condition_batch", "condition_of", "packed_batch"]
@@ -136,7 +136,7 @@ def condition_batch(condition: str, seed: int = 0) -> tuple[dict, dict, torch.Te
         raise PacksimError(f"unknown condition {condition!r}: use one of {list(CONDITIONS)}.")
     batch, kwargs, seq = packed_batch(**CONDITION_OPTIONS[condition], seed=seed)
     if condition == "cu_seq_lens":
-        cu = torch.tensor([0, *torch.tensor(ROWS[0]).cumsum(0).tolist()], dtype=torch.int32)
+        cu = cu_seqlens_from_lengths(ROWS[0])  # (S+1,)
         batch.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(ROWS[0]),
                      max_length_k=max(ROWS[0]))
     return batch, kwargs, seq

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from packsim.core.errors import PacksimError
-from packsim.core.segments import check_cu_seqlens, run_starts
+from packsim.core.segments import check_cu_seqlens, cu_seqlens_from_lengths, run_starts
 
 __all__ = ["Boundaries", "find_boundaries"]
 
@@ -101,8 +101,7 @@ def find_boundaries(batch, shape: tuple[int, int] | None = None, missing: str = 
     if not bool(real.all()):  # padding took ids: renumber 0..S-1 in token order
         seq[real] = torch.unique(seq[real], return_inverse=True)[1]
     lengths = torch.bincount(seq[real])  # (S,)
-    cu = torch.zeros(lengths.numel() + 1, dtype=torch.int32, device=seq.device)
-    cu[1:] = lengths.cumsum(0)
+    cu = cu_seqlens_from_lengths(lengths)  # (S+1,)
     return Boundaries(seq, cu, source)
 
 

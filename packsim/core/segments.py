@@ -11,21 +11,25 @@ where the examples are:
   ``[0, 1, 2, 0, 1, 0]``; a new example starts wherever the position does not continue by +1.
 
 This module converts between them (:func:`seq_ids_from_cu_seqlens`, :func:`cu_seqlens_from_seq_ids`,
-:func:`cu_seqlens_from_position_ids`, :func:`cu_seqlens_from_lengths`), finds where runs start (:func:`run_starts`) and each token's
-position inside its run (:func:`example_positions`). Reading the boundaries of any batch (a
-PackedBatch or a collator dict) is :mod:`packsim.core.boundaries`; how much attention crosses them
-is measured in :mod:`packsim.core.attention_share`.
+:func:`cu_seqlens_from_position_ids`, :func:`cu_seqlens_from_lengths`), finds where runs start
+(:func:`run_starts`) and each token's position inside its run (:func:`example_positions`).
+Reading the boundaries of any batch (a PackedBatch or a collator dict) is
+:mod:`packsim.core.boundaries`; how much attention crosses them is measured in
+:mod:`packsim.core.attention_share`.
 
 Lessons: 08, 09.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from packsim.core.errors import PacksimError
 
 __all__ = [
+    "Segment",
     "check_cu_seqlens",
     "check_seq_ids",
     "seq_ids_from_cu_seqlens",
@@ -36,6 +40,16 @@ __all__ = [
     "run_cu_seqlens",
     "example_positions",
 ]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Where one example (or a piece of it) sits: row, [start, stop) in that row, example index."""
+
+    row: int
+    start: int
+    stop: int
+    example: int
 
 
 # ----------------------------------------------------------------------------- validation

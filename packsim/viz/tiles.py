@@ -28,7 +28,7 @@ from plotly.subplots import make_subplots
 
 from packsim.core.batch import PackedBatch
 from packsim.core.errors import PacksimError
-from packsim.core.segments import check_cu_seqlens
+from packsim.core.segments import check_cu_seqlens, cu_seqlens_from_lengths
 from packsim.core.tiles import AttentionWork, attention_work, tile_grid, varlen_tiles
 from packsim.viz.style import LEAK_RED, TILE_SCALE, add_boundaries, layout, tile_colorbar
 from packsim.viz.widget import PacksimWidget, check_row, escape, show_figure, style_html
@@ -45,7 +45,7 @@ def as_cu_seqlens(pack, row: int = 0) -> torch.Tensor:
     """cu_seqlens (S+1,) int32 of a pack: lengths, cu_seqlens, or one row of a PackedBatch."""
     if isinstance(pack, PackedBatch):
         row = check_row(pack, row)
-        lengths = [s.stop - s.start for s in pack.segments if s.row == row]
+        lengths = pack.row_lengths()[row]
     elif isinstance(pack, torch.Tensor) and pack.dtype == torch.int32:
         check_cu_seqlens(pack, int(pack[-1]) if pack.numel() else 0)
         return pack
@@ -59,9 +59,7 @@ def as_cu_seqlens(pack, row: int = 0) -> torch.Tensor:
             ) from err
     if not lengths or min(lengths) < 1:
         raise PacksimError(f"sequence lengths must be positive ints, at least one; got {lengths}.")
-    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-    cu[1:] = torch.cumsum(torch.tensor(lengths), 0)
-    return cu
+    return cu_seqlens_from_lengths(lengths)
 
 
 def _check_tile(tile, N: int) -> int:

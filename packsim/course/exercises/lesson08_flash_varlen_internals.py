@@ -22,7 +22,7 @@ import numbers
 import torch
 
 from packsim.core.masks import block_sparsity, flex_block_mask
-from packsim.core.segments import seq_ids_from_cu_seqlens
+from packsim.core.segments import cu_seqlens_from_lengths, seq_ids_from_cu_seqlens
 from packsim.core.tiles import attention_work
 from packsim.course.exercises import Feedback, check, fail, ok
 
@@ -45,13 +45,6 @@ CLASSIFY_CASES = [
     ([100, 60], 64),  # a boundary inside a tile and a ragged last tile
     ([129, 127, 256, 40], 64),
 ]
-
-
-def _cu(lengths) -> torch.Tensor:
-    """(S+1,) int32 offsets of a list of lengths."""
-    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-    cu[1:] = torch.cumsum(torch.tensor(lengths), 0)
-    return cu
 
 
 def _tri(n: int) -> int:
@@ -78,7 +71,7 @@ def _count_mistakes(lengths: list[int], tile: int, got: int) -> str | None:
     """Name the typical mistake that produces ``got`` for this case (None: not a known one)."""
     N = sum(lengths)
     n_pack = math.ceil(N / tile)
-    work = attention_work(_cu(lengths), causal=True, tile=tile)
+    work = attention_work(cu_seqlens_from_lengths(lengths), causal=True, tile=tile)
     known = [
         (
             sum(math.ceil(L / tile) ** 2 for L in lengths),
@@ -125,7 +118,7 @@ def check_count_tiles(count_tiles) -> Feedback:
         got = _as_int(count_tiles(list(lengths), tile), f"count_tiles({lengths}, {tile})")
         if isinstance(got, Feedback):
             return got
-        want = attention_work(_cu(lengths), causal=True, tile=tile).varlen_tiles
+        want = attention_work(cu_seqlens_from_lengths(lengths), causal=True, tile=tile).varlen_tiles
         if got != want:
             why = _count_mistakes(lengths, tile, got)
             return fail(
@@ -134,11 +127,11 @@ def check_count_tiles(count_tiles) -> Feedback:
                 "per sequence: n = ceil(L / tile) query tiles; query tile i computes key tiles "
                 "0..i (causal), so n(n+1)/2 tiles; add them up over the sequences.",
             )
+    lengths, tile = COUNT_CASES[0]
+    n_tiles = attention_work(cu_seqlens_from_lengths(lengths), tile=tile).varlen_tiles
     return ok(
-        f"right on all {len(COUNT_CASES)} packs: e.g. {COUNT_CASES[0][0]} in tiles of "
-        f"{COUNT_CASES[0][1]} needs "
-        f"{attention_work(_cu(COUNT_CASES[0][0]), tile=COUNT_CASES[0][1]).varlen_tiles} tiles, "
-        "each inside one sequence."
+        f"right on all {len(COUNT_CASES)} packs: e.g. {lengths} in tiles of {tile} needs "
+        f"{n_tiles} tiles, each inside one sequence."
     )
 
 
@@ -157,9 +150,9 @@ def check_work_ratio(work_ratio) -> Feedback:
                 f"work_ratio({lengths}) returned {got!r}; expected a float.",
                 "return sum(L * L for L in lengths) / N**2 as a Python float.",
             )
-        w = attention_work(_cu(lengths), causal=False)
+        w = attention_work(cu_seqlens_from_lengths(lengths), causal=False)
         want = w.varlen_pairs / w.dense_pairs
-        causal = attention_work(_cu(lengths), causal=True)
+        causal = attention_work(cu_seqlens_from_lengths(lengths), causal=True)
         also_right = causal.varlen_pairs / causal.pack_pairs  # causal vs causal: fine too
         if math.isclose(got, want, rel_tol=1e-6) or math.isclose(got, also_right, rel_tol=1e-6):
             continue
@@ -193,7 +186,7 @@ def check_work_ratio(work_ratio) -> Feedback:
             "a varlen kernel scores L_i x L_i pairs per sequence; dense scores N x N with "
             "N = sum(lengths). Return sum(L**2) / N**2.",
         )
-    w = attention_work(_cu(RATIO_CASES[2]), causal=False)
+    w = attention_work(cu_seqlens_from_lengths(RATIO_CASES[2]), causal=False)
     return ok(
         f"right on all {len(RATIO_CASES)} mixes. Note the pattern: S equal sequences give 1/S "
         f"({RATIO_CASES[2][0]} x {len(RATIO_CASES[2])} -> {w.varlen_pairs / w.dense_pairs:.4f}), "
@@ -206,7 +199,7 @@ def check_work_ratio(work_ratio) -> Feedback:
 
 def _flex_grid(lengths: list[int], tile: int) -> torch.Tensor:
     """The oracle: torch's own FlexAttention BlockMask for the pack, as (n, n) int8 codes."""
-    ids = seq_ids_from_cu_seqlens(_cu(lengths))  # (N,)
+    ids = seq_ids_from_cu_seqlens(cu_seqlens_from_lengths(lengths))  # (N,)
     return block_sparsity(flex_block_mask(ids, causal=True, block_size=tile)).grid[0, 0]
 
 
