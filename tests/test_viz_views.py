@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import plotly.io as pio
 import pytest
@@ -41,6 +43,7 @@ from packsim.viz.style import (
     figure_config,
     layout,
     text_lines,
+    use_figure_config,
 )
 from packsim.viz.tiles import as_cu_seqlens
 from packsim.viz.widget import example_name, figure_bundle, shown_figure, token_glyphs
@@ -76,11 +79,27 @@ def test_plotly_widgets_show_a_figure_bundle(make, css):
     assert shown_figure(w.out)["config"] == figure_config()  # offline: no logo, no cloud button
 
 
+def test_importing_viz_and_drawing_a_figure_change_no_plotly_renderer():
+    """No global side effect on import: plotly's renderers change only on use_figure_config()."""
+    code = ("import plotly.io as pio\n"
+            "before = {n: dict(pio.renderers[n].config or {}) for n in pio.renderers if hasattr(pio.renderers[n], 'config')}\n"
+            "import packsim, packsim.viz\n"
+            "from packsim.viz import packing_figure, mask_figure\n"
+            "packing_figure([10, 20, 30], 64)\n"
+            "after = {n: dict(pio.renderers[n].config or {}) for n in before}\n"
+            "assert before == after, (before, after)\n"
+            "packsim.viz.use_figure_config()\n"
+            "assert pio.renderers['notebook'].config['displaylogo'] is False\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def test_offline_figure_config_everywhere(monkeypatch):
     assert FIGURE_CONFIG["displaylogo"] is False and FIGURE_CONFIG["showSendToCloud"] is False
     assert "sendChartToCloud" in FIGURE_CONFIG["modeBarButtonsToRemove"]
     fig = packing_figure([10, 20, 30], 64)
-    # a plain fig.show(): importing packsim.viz configured every plotly.io renderer
+    use_figure_config()  # what each lesson's first cell calls
+    # a plain fig.show() now follows the offline config on every plotly.io renderer
     for name in ("plotly_mimetype", "notebook", "notebook_connected", "colab", "browser", "iframe"):
         config = pio.renderers[name].config
         assert all(config.get(k) == v for k, v in figure_config().items()), (name, config)
