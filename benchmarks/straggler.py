@@ -5,17 +5,17 @@ useful work is the ``mean``: the straggler ratio ``max / mean`` (1.0: nobody wai
 slowdown from imbalance. On the long-tailed mix (``packsim.core.data.long_tailed_lengths``:
 lognormal, median 90, sigma 0.9, clipped to [8, capacity]), ``--per-rank`` examples per rank per step,
 rows of ``--capacity`` tokens (BFD), four ways to give ranks their work
-(``packsim.experiment.sharding.plan_step``):
+(``packsim.experiment.step_plan.plan_step``):
 
 - ``shard``: each rank packs its own contiguous 1/R of the step's examples (``packsim train``'s
   default, what a sharded sampler + per-rank packing collator does);
 - ``round_robin``: the step is packed once and pack ``i`` goes to rank ``i % R``;
 - ``tokens`` / ``attention``: the step is packed once and packs go, most expensive first, to the least
-  loaded rank (``packsim.experiment.rank_balance.assign``), by tokens or by attention work (sum of L^2).
+  loaded rank (``packsim.experiment.rank_balance.assign``), by tokens or by attention work (causal pairs, sum of L(L+1)/2).
 
 Two measures of each rank's load:
 
-1. model-free, every step, R = 2, 4, 8: tokens and attention work (sum of squared example lengths);
+1. model-free, every step, R = 2, 4, 8: tokens and attention work (causal score pairs, sum of L(L+1)/2);
 2. measured, R = 2, a few steps: every pack's forward + backward on the tiny model
    (``build_model("tiny")``, ``correct`` setup, packsim's varlen attention), timed alone in this
    process (one thread, fastest of ``--repeats``); a rank's time is the sum of its packs' times,
@@ -89,7 +89,7 @@ def measured(steps: int, per_rank: int, capacity: int, seed: int, threads: int, 
     from packsim.core.loss import token_losses
     from packsim.core.model import build_model, forward
     from packsim.experiment.rank_balance import assign, pack_costs, straggler_ratio
-    from packsim.experiment.sharding import plan_step, select_rows
+    from packsim.experiment.step_plan import plan_step, select_rows
     from packsim.experiment.training import TrainConfig, make_batches
 
     torch.set_num_threads(threads)

@@ -17,9 +17,16 @@ from packsim.experiment.rank_balance import assign, pack_costs, rank_loads, stra
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _keys_seen(L: int) -> int:
+    """Causal score pairs of one example, counted query by query: query p sees keys 0..p."""
+    return sum(len(range(p + 1)) for p in range(L))
+
+
 def test_costs():
-    costs = pack_costs([[3, 4], [7], [1, 1, 1]])
-    assert costs["tokens"].tolist() == [7, 7, 3] and costs["attention"].tolist() == [25, 49, 3]
+    packs = [[3, 4], [7], [1, 1, 1]]
+    costs = pack_costs(packs)
+    assert costs["tokens"].tolist() == [7, 7, 3]
+    assert costs["attention"].tolist() == [sum(_keys_seen(L) for L in p) for p in packs] == [16, 28, 3]
 
 
 def test_round_robin_and_longest_first():
@@ -32,11 +39,12 @@ def test_round_robin_and_longest_first():
 
 
 def test_attention_cost_separates_one_long_example_from_many_short_ones():
-    packs = [[64], [16, 16, 16, 16], [64], [16, 16, 16, 16]]  # same tokens, 4x attention on the long ones
+    packs = [[64], [16, 16, 16, 16], [64], [16, 16, 16, 16]]  # same tokens, ~4x attention on the long ones
     rr = assign(packs, 2, "round_robin")  # both long packs on rank 0
     att = assign(packs, 2, "attention")
     cost = pack_costs(packs)["attention"]
-    assert straggler_ratio(rank_loads(rr, cost)) == pytest.approx(2 * 8192 / (8192 + 2048))
+    long, short = 2 * _keys_seen(64), 2 * 4 * _keys_seen(16)  # rank 0, rank 1 under round robin
+    assert straggler_ratio(rank_loads(rr, cost)) == pytest.approx(2 * long / (long + short))
     assert straggler_ratio(rank_loads(att, cost)) == 1.0
     assert straggler_ratio(rank_loads(rr, pack_costs(packs)["tokens"])) == 1.0  # tokens can't tell
 

@@ -22,6 +22,7 @@ from packsim.core.tiles import (
     SKIPPED,
     TILE_KINDS,
     attention_work,
+    score_pairs,
     tile_grid,
     varlen_tiles,
 )
@@ -118,6 +119,16 @@ def test_varlen_tiles_stay_inside_one_sequence_and_match_the_count(seed, causal)
 
 
 # ----------------------------------------------------------------------------- attention_work
+
+
+def test_score_pairs_counts_the_mask():
+    for L in (1, 2, 7, 64):
+        assert score_pairs(L) == int(torch.ones(L, L).tril().sum())  # causal: the lower triangle
+        assert score_pairs(L, causal=False) == L * L
+    lengths = np.array([3, 4, 100])
+    assert score_pairs(lengths).tolist() == [int(torch.ones(L, L).tril().sum()) for L in lengths]
+    # a causal query run [a, b) of a sequence: rows a..b-1 of the lower triangle
+    assert score_pairs(9) - score_pairs(4) == int(torch.ones(9, 9).tril()[4:9].sum())
 
 
 def test_attention_work_pairs():

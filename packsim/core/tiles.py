@@ -12,8 +12,12 @@ work on ``tile x tile`` blocks of the (N, N) score matrix. Two ways to lay the t
 - a flash-style varlen kernel: tiles start at each sequence's own offset, so no tile straddles
   two sequences (:func:`varlen_tiles` lists them).
 
-:func:`attention_work` counts score pairs (dense mask N^2, a causal kernel over the whole pack,
-varlen sum L_i^2) and, with ``tile=...``, the tiles of both layouts.
+:func:`score_pairs` is the one count of attention work in packsim: a causal query at position
+``p`` of its sequence scores ``p + 1`` keys, so a sequence of ``L`` tokens costs ``L(L+1)/2``
+pairs (``L^2`` without the causal mask). :func:`attention_work` counts score pairs (dense mask
+N^2, a causal kernel over the whole pack, varlen sum over the sequences) and, with ``tile=...``,
+the tiles of both layouts; rank balancing and context parallelism (lesson 10) count with
+:func:`score_pairs` too.
 
 Lessons: 03, 08, 09.
 """
@@ -38,6 +42,7 @@ __all__ = [
     "varlen_tiles",
     "AttentionWork",
     "attention_work",
+    "score_pairs",
 ]
 
 SKIPPED, PARTIAL, FULL = 0, 1, 2
@@ -141,6 +146,16 @@ class AttentionWork:
         return self.dense_pairs / self.varlen_pairs
 
 
+def score_pairs(length, causal: bool = True):
+    """(query, key) score pairs attention computes over a sequence of ``length`` tokens.
+
+    ``L(L+1)/2`` causal (query ``p`` sees keys ``0..p``), ``L^2`` without the mask. ``length`` is
+    an int or an integer array / tensor (elementwise, same shape). The keys a causal query run
+    ``[a, b)`` of a sequence scores are ``score_pairs(b) - score_pairs(a)``.
+    """
+    return length * (length + 1) // 2 if causal else length * length
+
+
 def attention_work(
     cu_seqlens: torch.Tensor, causal: bool = True, tile: int | None = None
 ) -> AttentionWork:
@@ -156,14 +171,13 @@ def attention_work(
         raise PacksimError(f"tile must be a positive int (e.g. 128) or None, got {tile!r}.")
     lengths = [b - a for a, b in pairwise(offs)]
     N = offs[-1]
-    tri = (lambda L: L * (L + 1) // 2) if causal else (lambda L: L * L)
     work = dict(
         tokens=N,
         num_seqs=len(lengths),
         causal=causal,
         dense_pairs=N * N,
-        pack_pairs=tri(N),
-        varlen_pairs=sum(tri(L) for L in lengths),
+        pack_pairs=score_pairs(N, causal),
+        varlen_pairs=sum(score_pairs(L, causal) for L in lengths),
     )
     if tile is None:
         return AttentionWork(**work)
@@ -175,5 +189,5 @@ def attention_work(
         tiles_full=int((grid == FULL).sum()),
         tiles_partial=int((grid == PARTIAL).sum()),
         tiles_skipped=int((grid == SKIPPED).sum()),
-        varlen_tiles=sum(tri(math.ceil(L / tile)) for L in lengths),
+        varlen_tiles=sum(score_pairs(math.ceil(L / tile), causal) for L in lengths),  # tile pairs
     )

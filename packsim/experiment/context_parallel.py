@@ -13,7 +13,8 @@ packed documents the attention stays block-diagonal, so the split has to follow 
   last rank's queries sit late in their documents and attend to many more keys: a straggler.
 
 A split is a list per rank of ``(document, start, stop)`` pieces. :func:`causal_work` counts
-attention work per rank: a query at position ``p`` of its document attends to ``p + 1`` keys.
+attention work per rank: a query at position ``p`` of its document attends to ``p + 1`` keys
+(:func:`packsim.core.tiles.score_pairs`).
 :func:`dropped_tokens` counts what a kernel that assumes multiples of ``2 * cp`` (chunks of
 ``L // (2 * cp)`` tokens) would leave out of an unpadded document. Lengths are 1-D int sequences.
 
@@ -27,6 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from packsim.core.errors import PacksimError
+from packsim.core.tiles import score_pairs
 
 __all__ = ["pad_lengths", "zigzag_split", "contiguous_split", "causal_work", "dropped_tokens"]
 
@@ -82,7 +84,7 @@ def contiguous_split(lengths: Sequence[int], cp_size: int) -> list[list[Piece]]:
 
 def causal_work(split: list[list[Piece]]) -> np.ndarray:
     """Attention work per rank (cp,) int64: sum over its queries of the keys they attend to (p + 1)."""
-    return np.array([sum((b * (b + 1) - a * (a + 1)) // 2 for _, a, b in rank) for rank in split], dtype=np.int64)
+    return np.array([sum(score_pairs(b) - score_pairs(a) for _, a, b in rank) for rank in split], dtype=np.int64)
 
 
 def dropped_tokens(lengths: Sequence[int], cp_size: int) -> int:

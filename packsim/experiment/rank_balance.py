@@ -2,11 +2,12 @@
 
 In data-parallel training every rank waits for the slowest one at the gradient all-reduce, so
 a step takes as long as its most loaded rank. A pack is a list of segment lengths (one per
-example piece, e.g. ``[s.stop - s.start for s in batch.segments if s.row == i]``). Two costs:
+example piece, e.g. ``batch.row_lengths()[i]``). Two costs:
 
 - ``tokens``: ``sum(lengths)``: what the MLPs, norms and projections cost (linear in tokens);
-- ``attention``: ``sum(L ** 2 for L in lengths)``: what block-diagonal attention costs (each
-  example attends to itself only, so the work is quadratic per example, not per pack).
+- ``attention``: ``sum(L(L+1)/2 for L in lengths)``, the causal score pairs of
+  :func:`packsim.core.tiles.score_pairs`: what block-diagonal attention costs (each example
+  attends to itself only, so the work is quadratic per example, not per pack).
 
 Packs of the same capacity hold about the same tokens, but not the same attention work: a pack
 with one long example costs far more attention than a pack of many short ones.
@@ -28,6 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from packsim.core.errors import PacksimError
+from packsim.core.tiles import score_pairs
 
 __all__ = ["COSTS", "METHODS", "pack_costs", "assign", "rank_loads", "straggler_ratio"]
 
@@ -44,7 +46,7 @@ def pack_costs(packs: Sequence[Sequence[int]]) -> dict[str, np.ndarray]:
             raise PacksimError(f"pack {i} has lengths {lengths.tolist()}: every pack needs at least one "
                                "segment and every segment a positive length.")
         out["tokens"][i] = lengths.sum()
-        out["attention"][i] = (lengths**2).sum()
+        out["attention"][i] = score_pairs(lengths).sum()
     return out
 
 
