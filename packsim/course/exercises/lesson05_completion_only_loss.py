@@ -78,7 +78,8 @@ _MISTAKE_HINTS = {
     "prompt": "the prompt is the model's input, not something it should learn to write: set "
     "its labels to -100.",
     "boundary": "a boundary token is an example's first token: counting it trains the previous "
-    "example's last token to predict an unrelated example. Set it to -100.",
+    "example's EOS to predict it (here <bos>, since every packsim example starts with one; with a "
+    "tokenizer that adds no BOS, such as Qwen's, the next example's first prompt token). Set it to -100.",
     "padding": "padding is not data: set its labels to -100.",
     "response": "the response is what fine-tuning is for: keep its labels.",
     "EOS": "keep the EOS label: it is how the model learns to stop answering.",
@@ -223,7 +224,8 @@ class LabelCandidates:
 _ROW_VERDICTS = {
     "A": "row A drops the EOS labels: the model would never learn to stop.",
     "B": "row B counts the boundary token (the second example's <bos>): the first example's "
-    "EOS is trained to predict an unrelated example.",
+    "EOS is trained to predict the <bos> that follows it in the pack (with a tokenizer that adds no "
+    "BOS, such as Qwen's, it would be the next example's first prompt token).",
     "C": None,  # the right one
     "D": "row D is shifted by one: labels[t] holds input_ids[t + 1]. transformers shifts the "
     "labels itself, so this trains every token to predict two ahead.",
@@ -384,4 +386,6 @@ def check_response_start(fn) -> Feedback:
               "tokens stop agreeing with the prompt's own tokens (TRL's SFTTrainer does the same "
               "with trl.data_utils.common_prefix_length, and warns). A straddling token like '=8' is "
               "still trained after a context the model never sees at inference (the prompt alone "
-              "ends with '='): fix 1, concatenating separately tokenized ids, avoids the question.")
+              "ends with '='): fix 1, concatenating separately tokenized ids, avoids the question. "
+              "Comparing ids is still a heuristic: a merge that reaches back past the boundary makes them "
+              "differ one token early; the next cell shows it, and the offsets rule that survives it.")

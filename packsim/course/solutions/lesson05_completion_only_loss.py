@@ -36,6 +36,12 @@ def response_start(full_ids: list[int], prompt_ids: list[int]) -> int:
     response character: where ``full_ids`` stops agreeing with ``prompt_ids`` (the prompt alone).
 
     Never searches for the template's ids: a merge across the boundary changes them.
+
+    A heuristic: it assumes every token before the boundary is tokenized the same way alone and
+    joined. A BPE merge that reaches back from the boundary (prompt "ab=" alone ``a | b=``, joined
+    "ab=8" ``a | b | =8``) makes the ids differ one token early, on a prompt token. The robust rule
+    needs character offsets: the first token whose span ends past ``len(prompt_text)`` (lesson 05
+    shows the case; the lesson's ``bpe`` has no such merge, so the check passes this reference).
     """
     n = 0
     while n < min(len(full_ids), len(prompt_ids)) and full_ids[n] == prompt_ids[n]:
