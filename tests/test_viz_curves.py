@@ -86,8 +86,32 @@ def test_each_reported_loss_sits_beside_its_own_response_only_loss(results):
         key = "response_loss" if t.line.dash == "dot" else "reported_loss"
         assert f"{t.legendgroup} {key}" in t.hovertemplate
     panel2 = [t for t in fig.data if t.xaxis == "x2" and t.name]
-    assert [t.line.dash for t in panel2] == [None, None]
+    # In the eval panels the dash is the setup's own (a cue besides colour), as is the marker.
+    from packsim.viz.style import setup_dash, setup_symbol
+
+    assert [t.line.dash for t in panel2] == [setup_dash(t.legendgroup) for t in panel2]
+    assert len({t.line.dash for t in panel2}) == 2 and len({t.marker.symbol for t in panel2}) == 2
+    assert all(t.marker.symbol == setup_symbol(t.legendgroup) for t in fig.data if t.name)
     assert all("isolated_response_loss" in t.hovertemplate for t in panel2)
+
+
+def test_panels_without_data_say_what_they_wait_for():
+    """Before the first eval, the eval panels hold a note instead of empty axes with titles."""
+    def notes(fig):
+        return {a.xref: a.text for a in fig.layout.annotations if "waiting" in (a.text or "")}
+
+    empty = curves_figure([])
+    assert notes(empty) == {"x domain": "<i>waiting for the first training step</i>",
+                            "x2 domain": "<i>waiting for the first evaluation</i>",
+                            "x3 domain": "<i>waiting for the first evaluation</i>"}
+    view = curves(every=1)
+    view.callback(StepRecord("train", "buggy", 0, 1, {"reported_loss": 1.0, "response_loss": 2.0}))
+    assert set(notes(view.figure())) == {"x2 domain", "x3 domain"}
+    assert "waiting for the first evaluation" in view.status.value
+    view.callback(StepRecord("eval", "buggy", 0, 1, {"isolated_response_loss": 1.5,
+                                                      "isolated_exact_match": 0.25}))
+    assert notes(view.figure()) == {} and "waiting" not in view.status.value
+    assert "isolated exact match 0.25" in view.status.value
 
 
 def test_live_callback_throttles_train_and_always_draws_eval():

@@ -19,7 +19,7 @@ from packsim.core.data import make_examples
 from packsim.core.loss import IGNORE_INDEX, Role
 from packsim.core.segments import run_starts
 from packsim.core.setups import get_setup
-from packsim.viz.style import example_colour, layout
+from packsim.viz.style import COUNTED_FILL, IGNORED_FILL, example_colour, layout
 from packsim.viz.widget import (
     PacksimWidget,
     as_batch,
@@ -33,7 +33,10 @@ from packsim.viz.widget import (
 
 __all__ = ["LabelViewer", "label_viewer", "labels_figure", "label_reason", "counted_targets"]
 
-COUNTED, IGNORED = "#74c476", "#e0e0e0"
+# Heatmap cells of the static figure (plotly picks dark or light text per cell); the widget's
+# HTML uses the translucent COUNTED_FILL / IGNORED_FILL instead, which read on either theme,
+# and an ignored token is also struck through (not told by colour alone).
+COUNTED, IGNORED = "#56b4e9", "#e0e0e0"
 
 _REASONS = {
     (Role.PAD, True): "padding, counted: the model is trained to predict padding (loss='all')",
@@ -71,10 +74,9 @@ def _row_html(glyphs, seq, roles, counted) -> str:
         reason = label_reason(int(roles[k]), counted[k])
         where = example_name(ex, seq)
         style = (
-            f"background:{COUNTED if counted[k] else IGNORED};"
+            f"background:{COUNTED_FILL if counted[k] else IGNORED_FILL};"
             f"border-top-color:{example_colour(ex)};"
-            + ("" if counted[k] else "color:#888;text-decoration:line-through;")
-        )
+        )  # an ignored token is also struck through and muted (packsim-ignored, in widget.py)
         cls = "packsim-label-token" + (" packsim-ex-start" if start else "")
         cls += " packsim-counted" if counted[k] else " packsim-ignored"
         spans.append(
@@ -105,9 +107,10 @@ def _setup_html(batch, row: int, setup) -> str:
 
 
 _LEGEND = (
-    f"<span style='background:{COUNTED};padding:0 4px'>counted</span> "
-    f"<span style='background:{IGNORED};padding:0 4px;color:#888;text-decoration:line-through'>"
-    "ignored (-100)</span> &nbsp;Hover a token for the reason; the coloured top edge marks its "
+    f"<span class='packsim-label-token packsim-counted' style='background:{COUNTED_FILL};"
+    "padding:0 4px'>counted</span> "
+    f"<span class='packsim-label-token packsim-ignored' style='background:{IGNORED_FILL};"
+    "padding:0 4px'>ignored (-100)</span> &nbsp;Hover a token for the reason; the coloured top edge marks its "
     "example, a thick left border the start of an example."
 )
 
@@ -182,7 +185,7 @@ def _figure(batch, row: int, setups) -> go.Figure:
     fig.update_yaxes(autorange="reversed")
     return layout(
         fig,
-        f"Which tokens of row {row} the loss counts (green) or ignores (grey)",
+        f"Which tokens of row {row} the loss counts (blue) or ignores (grey)",
         140 + 70 * len(z),
         xaxis_title="token",
     )

@@ -1,10 +1,11 @@
 """Leakage explorer (notebooks 02, 06, 07): click a token, see where its attention goes.
 
 The same pack is shown in one panel per setup (``buggy`` and ``correct`` by default). Clicking a
-token chip selects it as the *query* in every panel; each panel then shades every key token by
+token chip (or moving the ``query token`` slider from the keyboard) selects it as the *query* in
+every panel; each panel then shades every key token by
 the attention weight the query gives it (layer and head selectable, or averaged) and prints the
 share of that attention landing outside the query's own example. Keys of another example that
-get any weight are underlined in red with their weight: under ``buggy`` every example after the
+get any weight are underlined in vermillion with their weight: under ``buggy`` every example after the
 first in a row reads its neighbours; under ``correct`` the share is exactly 0.
 
 Attention comes from :func:`packsim.core.model.attention_maps` (``(L, B, H, T, T)``) under each
@@ -34,7 +35,7 @@ from packsim.viz.leakage_data import (
     setup_maps,
 )
 from packsim.viz.leakage_heatmap import attention_heatmaps
-from packsim.viz.style import LEAK_RED, example_colour
+from packsim.viz.style import CHIP_TEXT, LEAK_RED, NO_LEAK, example_colour
 from packsim.viz.widget import (
     PacksimWidget,
     as_batch,
@@ -90,14 +91,16 @@ def attention_html(glyphs, seq_row, weights, query: int | None) -> str:
             f"{escape(glyphs[k])}{sup}</span>"
         )
     if query is None:
-        caption = "Click a token above to see where its attention goes."
+        caption = ("Click a token above (or move the 'query token' slider with the arrow keys) "
+                   "to see where its attention goes.")
     else:
         caption = (
             "Shading: attention weight of the outlined query token. "
-            f'<span style="color:{LEAK_RED}">Red underline: weight on another example.</span>'
+            f'<span style="color:{LEAK_RED};font-weight:bold">Underlined, with its weight: '
+            "attention on another example.</span>"
         )
     return (
-        f'<div style="font-size:12px;color:#555">{caption}</div>'
+        f'<div class="packsim-muted" style="font-size:12px">{caption}</div>'
         f'<div style="line-height:2.1;font-size:13px">{"".join(spans)}</div>'
     )
 
@@ -107,12 +110,13 @@ def share_html(share: float | None, query: int | None, desc: str) -> str:
     if query is None:
         return "outside its example: (click a token)"
     note = " (padding: its output is never used)" if "(padding)" in desc else ""
-    colour = LEAK_RED if share > 0 else "#2ca02c"
+    colour = LEAK_RED if share > 0 else NO_LEAK
+    mark = "&#10007; leak" if share > 0 else "&#10003; isolated"  # the verdict in words too
     text = "&lt;0.05%" if 0 < share < 0.0005 else f"{share:.1%}"  # a leak never reads as 0.0%
     return (
         f'<span style="color:{colour};font-weight:bold;font-size:15px">'
-        f"outside its example: {text}</span>"
-        f'<span style="color:#555"> &nbsp;query: {escape(desc)}{note}</span>'
+        f"outside its example: {text}</span> <b>{mark}</b>"
+        f'<span class="packsim-muted"> &nbsp;query: {escape(desc)}{note}</span>'
     )
 
 
@@ -155,6 +159,7 @@ class _Panel:
                 ),
             )
             chip.style.button_color = example_colour(e)
+            chip.style.text_color = CHIP_TEXT  # dark on the light chip, whatever the theme
             chip.add_class("packsim-token")
             if starts[k]:
                 chip.add_class("packsim-ex-start")
@@ -207,6 +212,14 @@ class LeakageExplorer(PacksimWidget):
             for what, n in (("layer", L), ("head", H))
         )  # fmt: skip
         self.row_picker = row_dropdown(batch, self.row)
+        # The keyboard way to pick the query (Tab to it, then the arrow keys): same as a click.
+        self.query_slider = widgets.IntSlider(
+            value=0, min=0, max=batch.shape[1] - 1, description="query token",
+            continuous_update=True, layout=widgets.Layout(width="360px"),
+        )  # fmt: skip
+        self.query_slider.add_class("packsim-query-slider")
+        self._syncing = False
+        self.query_slider.observe(self._slider_moved, names="value")
         self.layer.observe(lambda _c: self._render_all(self.query), names="value")
         self.head.observe(lambda _c: self._render_all(self.query), names="value")
         self.row_picker.observe(lambda c: self.set_row(c["new"]), names="value")
@@ -216,7 +229,7 @@ class LeakageExplorer(PacksimWidget):
             [
                 style_html(),
                 self.header,
-                widgets.HBox([self.row_picker, self.layer, self.head]),
+                widgets.HBox([self.row_picker, self.layer, self.head, self.query_slider]),
                 widgets.HBox([p.box for p in self.panels.values()]),
             ]
         )
@@ -252,7 +265,17 @@ class LeakageExplorer(PacksimWidget):
         if query == self.query:
             return  # repeated click: nothing changes, send nothing
         previous, self.query = self.query, query
+        if query is not None and self.query_slider.value != query:
+            self._syncing = True
+            try:
+                self.query_slider.value = query
+            finally:
+                self._syncing = False
         self._render_all(previous)
+
+    def _slider_moved(self, change) -> None:
+        if not self._syncing:
+            self.select(int(change["new"]))
 
     def set_row(self, row: int, force: bool = False) -> None:
         """Show row ``row`` of the batch (chips rebuilt, selection cleared)."""
@@ -276,7 +299,8 @@ class LeakageExplorer(PacksimWidget):
             f"{int((seq < 0).sum())} padding; {model_text}. Each colour is one example; a thick "
             "left border marks where an example starts. Examples are numbered by their index in "
             "the batch (hover a token: e.g. 'example 3 of the batch (2nd in this row)'). Click "
-            "any token: every panel shows where that token looks under its setup."
+            "any token (or use the 'query token' slider: Tab to it, then the arrow keys): every "
+            "panel shows where that token looks under its setup."
         )
         for panel in self.panels.values():
             panel.build_chips()

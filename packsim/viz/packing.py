@@ -20,7 +20,7 @@ from packsim.core.data import long_tailed_lengths, uniform_lengths
 from packsim.core.errors import PacksimError
 from packsim.core.pack_stats import packing_stats
 from packsim.core.packing import STRATEGIES, Piece, pack
-from packsim.viz.style import example_colour, layout
+from packsim.viz.style import LEAK_RED, example_colour, layout
 from packsim.viz.widget import PacksimWidget, escape, show_figure, style_html
 
 __all__ = ["PackingPlayground", "packing_playground", "packing_figure", "draw_lengths"]
@@ -101,7 +101,7 @@ def packing_figure(lengths, capacity: int, strategy: str = "bfd") -> go.Figure:
         )
     fig.add_hline(
         y=capacity,
-        line=dict(color="#d62728", dash="dash"),
+        line=dict(color=LEAK_RED, dash="dash"),
         annotation_text=f"capacity {capacity}",
         annotation_position="top left",
     )

@@ -15,10 +15,13 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from packsim.viz.quiz_data import Grade, QuizData, get_quiz, grade
-from packsim.viz.style import layout
+from packsim.viz.style import LEAK_RED, NO_LEAK, layout
 from packsim.viz.widget import PacksimWidget, close_tree, escape, style_html
 
 __all__ = ["QuizWidget", "quiz", "quiz_figure", "result_html"]
+
+_UNMARKED = "not marked: click (or Enter) to mark this word as wrong"
+_MARKED = "marked as wrong: click (or Enter) to unmark"
 
 
 def result_html(quiz: QuizData, g: Grade) -> str:
@@ -28,7 +31,7 @@ def result_html(quiz: QuizData, g: Grade) -> str:
     for i, b in enumerate(quiz.bugs):
         ok = i in g.found
         mark = "&#10003; found" if ok else "&#10007; missed"
-        colour = "#2ca02c" if ok else "#e6550d"
+        colour = NO_LEAK if ok else LEAK_RED  # Okabe-Ito; the mark says it in words too
         label = " / ".join(escape(w) for w in b.words)
         items.append(
             f"<li><span style='color:{colour};font-weight:bold'>{mark}</span> "
@@ -38,7 +41,7 @@ def result_html(quiz: QuizData, g: Grade) -> str:
         text = words[p].text
         why = quiz.why_fine(text)
         items.append(
-            f"<li><span style='color:#d62728;font-weight:bold'>&#10007; marked by "
+            f"<li><span style='color:{LEAK_RED};font-weight:bold'>&#10007; marked by "
             f"mistake</span> <code>{escape(text)}</code>: {escape(why)}</li>"
         )
     extra = f", {len(g.wrong)} marked by mistake" if g.wrong else ""
@@ -105,7 +108,7 @@ class QuizWidget(PacksimWidget):
         for w in q.words:
             b = widgets.Button(
                 description=w.text,
-                tooltip="click to mark / unmark",
+                tooltip=_UNMARKED,
                 layout=widgets.Layout(width="auto", height="28px", margin="1px", padding="0 4px"),
             )
             if code:
@@ -128,7 +131,7 @@ class QuizWidget(PacksimWidget):
         self.intro.value = (
             f"<b>{escape(q.title)}</b><br>{escape(q.intro or 'Mark every word that is wrong.')}"
             f" <i>({len(q.bugs)} to find; click a word to mark it, again to unmark, "
-            "then submit.)</i>"
+            "then submit. From the keyboard: Tab to a word, Enter or Space marks it.)</i>"
         )
         self.result.value = ""
 
@@ -142,13 +145,16 @@ class QuizWidget(PacksimWidget):
         if index in self.marked:
             self.marked.discard(index)
             b.remove_class("packsim-marked")
+            b.tooltip = _UNMARKED
         else:
             self.marked.add(index)
             b.add_class("packsim-marked")
+            b.tooltip = _MARKED  # the state in words (the title a screen reader reads), not only the outline
 
     def clear_marks(self) -> None:
         for i in sorted(self.marked):
             self.buttons[i].remove_class("packsim-marked")
+            self.buttons[i].tooltip = _UNMARKED
         self.marked = set()
         self._set_result_classes({})
         self.result.value = ""
@@ -193,6 +199,9 @@ def quiz_figure(name_or_index=None, path=None) -> go.Figure:
     return _figure(quizzes[index])
 
 
+_HEAD, _DARK = "#dddddd", dict(color="#111111")  # a table header cell: its fill and its text, set together
+
+
 def _figure(q: QuizData) -> go.Figure:
     words = q.words
     lines = q.passage.rstrip("\n").split("\n")
@@ -207,7 +216,7 @@ def _figure(q: QuizData) -> go.Figure:
     fig.add_trace(
         go.Table(
             columnwidth=[0.3, 6],
-            header=dict(values=["line", "passage"], align="left", fill_color="#ddd"),
+            header=dict(values=["line", "passage"], align="left", fill_color=_HEAD, font=_DARK),
             cells=dict(
                 values=[list(range(1, len(lines) + 1)), [escape(x) for x in lines]],
                 align="left",
@@ -220,7 +229,7 @@ def _figure(q: QuizData) -> go.Figure:
     fig.add_trace(
         go.Table(
             columnwidth=[1.2, 0.5, 4],
-            header=dict(values=["wrong word", "line", "why"], align="left", fill_color="#ddd"),
+            header=dict(values=["wrong word", "line", "why"], align="left", fill_color=_HEAD, font=_DARK),
             cells=dict(
                 values=[[" / ".join(b.words) for b in q.bugs], where, [b.why for b in q.bugs]],
                 align="left",

@@ -1,9 +1,13 @@
 """How packsim's figures look: colours, the offline plotly config, and the shared layout helpers.
 
-- Colours: :func:`example_colour` (one light colour per example, grey padding),
-  :func:`setup_colour` (one line colour per setup, used by the widgets and by
-  :mod:`packsim.viz.report`), ``LEAK_RED``, and ``TILE_SCALE`` with :func:`tile_colorbar`
-  for (query block, key block) maps coded skipped 0 / partial 1 / full 2.
+- Colours: :func:`example_colour` (one light colour per example, grey padding, dark
+  ``CHIP_TEXT`` on them), :func:`setup_colour` with :func:`setup_dash` and :func:`setup_symbol`
+  (one Okabe-Ito colour, dash and marker per setup, used by the widgets and by
+  :mod:`packsim.viz.report`: buggy vs correct never by colour alone), ``LEAK_RED`` / ``NO_LEAK``,
+  the theme-following text colours and translucent fills of the widgets' HTML (``TEXT``,
+  ``TEXT_MUTED``, ``COUNTED_FILL``, ...: JupyterLab's CSS variables, so the widgets read under
+  its dark theme too), and ``TILE_SCALE`` with :func:`tile_colorbar` for (query block, key
+  block) maps coded skipped 0 / partial 1 / full 2.
 - ``FIGURE_CONFIG``: the plotly.js config of every figure. The course runs offline, so no figure
   shows the vendor logo or the modebar button that uploads the figure to a cloud service
   (plotly.js 4, the one plotly ships, shows that button unless ``showSendToCloud`` is false:
@@ -35,13 +39,26 @@ __all__ = [
     "EXAMPLE_COLOURS",
     "PAD_COLOUR",
     "SETUP_COLOURS",
+    "SETUP_DASHES",
+    "SETUP_SYMBOLS",
+    "OKABE_ITO",
     "LEAK_RED",
+    "NO_LEAK",
+    "CHIP_TEXT",
+    "TEXT",
+    "TEXT_MUTED",
+    "BORDER",
+    "COUNTED_FILL",
+    "IGNORED_FILL",
+    "MARK_FILL",
     "TILE_SCALE",
     "FIGURE_CONFIG",
     "figure_config",
     "DESIGN_WIDTH",
     "example_colour",
     "setup_colour",
+    "setup_dash",
+    "setup_symbol",
     "tile_colorbar",
     "use_figure_config",
     "layout",
@@ -51,22 +68,49 @@ __all__ = [
 
 # ----------------------------------------------------------------------------- colours
 
-# Light colours for examples (text stays readable on them); padding is grey.
+# Light colours for examples; text drawn on them is always CHIP_TEXT, set with them, so a chip
+# reads the same under JupyterLab's light and dark themes. Padding is grey.
 EXAMPLE_COLOURS = (
     "#8dd3c7", "#ffffb3", "#bebada", "#fdb462", "#80b1d3", "#b3de69",
     "#fccde5", "#ccebc5", "#ffed6f", "#bc80bd", "#a6cee3", "#fb8072",
 )  # fmt: skip
 PAD_COLOUR = "#f0f0f0"
+CHIP_TEXT = "#111111"  # text on an EXAMPLE_COLOURS / PAD_COLOUR chip (contrast >= 6:1 on each)
+
+# Okabe & Ito's colour-blind-safe palette (https://jfly.uni-koeln.de/color/): buggy vs correct is
+# vermillion vs blue, which stay apart under red-green colour blindness (tests/test_viz_style.py
+# simulates deuteranopia), and every setup also has its own dash and marker, so no line is told
+# apart by colour alone.
+OKABE_ITO = MappingProxyType({
+    "orange": "#e69f00", "sky_blue": "#56b4e9", "bluish_green": "#009e73", "yellow": "#f0e442",
+    "blue": "#0072b2", "vermillion": "#d55e00", "reddish_purple": "#cc79a7", "grey": "#999999",
+})  # fmt: skip
 SETUP_COLOURS = {
-    "buggy": "#d62728",
-    "correct": "#2ca02c",
-    "padded": "#7f7f7f",
-    "mask_fix": "#1f77b4",
-    "loss_fix": "#ff7f0e",
-    "positions_only": "#9467bd",
+    "buggy": OKABE_ITO["vermillion"],
+    "correct": OKABE_ITO["blue"],
+    "padded": OKABE_ITO["grey"],
+    "mask_fix": OKABE_ITO["sky_blue"],
+    "loss_fix": OKABE_ITO["orange"],
+    "positions_only": OKABE_ITO["reddish_purple"],
 }
-_OTHER_SETUP_COLOURS = ("#8c564b", "#e377c2", "#17becf", "#bcbd22", "#393b79", "#637939")
-LEAK_RED = "#d62728"
+SETUP_DASHES = {"buggy": "dash", "correct": "solid", "padded": "dot", "mask_fix": "dashdot",
+                "loss_fix": "longdash", "positions_only": "longdashdot"}  # fmt: skip
+SETUP_SYMBOLS = {"buggy": "x", "correct": "circle", "padded": "square", "mask_fix": "diamond",
+                 "loss_fix": "triangle-up", "positions_only": "star"}  # fmt: skip
+_OTHER_SETUP_COLOURS = (OKABE_ITO["bluish_green"], OKABE_ITO["yellow"], "#8c564b", "#393b79")
+_OTHER_DASHES = ("solid", "dot", "dash", "dashdot")
+_OTHER_SYMBOLS = ("cross", "pentagon", "hexagon", "triangle-down")
+LEAK_RED = OKABE_ITO["vermillion"]  # a leak (attention or weight on another example)
+NO_LEAK = OKABE_ITO["blue"]  # isolated / correct
+# Text and backgrounds of widget HTML come from JupyterLab's theme (light or dark), with the
+# light theme's value as the fallback outside JupyterLab.
+TEXT = "var(--jp-ui-font-color1, rgba(0,0,0,0.87))"
+TEXT_MUTED = "var(--jp-ui-font-color2, rgba(0,0,0,0.54))"
+BORDER = "var(--jp-ui-font-color1, #222)"  # outlines that must stand out (selected token)
+# Translucent fills read on either theme: the theme's background shows through.
+COUNTED_FILL = "rgba(0,114,178,0.35)"  # Okabe-Ito blue
+IGNORED_FILL = "rgba(128,128,128,0.15)"
+MARK_FILL = "rgba(230,159,0,0.45)"  # a marked quiz word (Okabe-Ito orange)
 
 # Heatmap colours of a (query block, key block) grid: skipped | partial | full (mask and tile views).
 TILE_SCALE = [
@@ -84,12 +128,26 @@ def example_colour(example: int) -> str:
     return PAD_COLOUR if example < 0 else EXAMPLE_COLOURS[example % len(EXAMPLE_COLOURS)]
 
 
+def _setup_style(name: str, order: Sequence[str], fixed: dict, other: tuple):
+    if name in fixed:
+        return fixed[name]
+    i = list(order).index(name) if name in order else zlib.crc32(name.encode())
+    return other[i % len(other)]
+
+
 def setup_colour(name: str, order: Sequence[str] = ()) -> str:
     """Line colour of a setup: fixed for the presets, else by position in ``order``."""
-    if name in SETUP_COLOURS:
-        return SETUP_COLOURS[name]
-    i = list(order).index(name) if name in order else zlib.crc32(name.encode())
-    return _OTHER_SETUP_COLOURS[i % len(_OTHER_SETUP_COLOURS)]
+    return _setup_style(name, order, SETUP_COLOURS, _OTHER_SETUP_COLOURS)
+
+
+def setup_dash(name: str, order: Sequence[str] = ()) -> str:
+    """Line dash of a setup (the second cue besides colour): ``buggy`` dashed, ``correct`` solid."""
+    return _setup_style(name, order, SETUP_DASHES, _OTHER_DASHES)
+
+
+def setup_symbol(name: str, order: Sequence[str] = ()) -> str:
+    """Marker symbol of a setup (a third cue): ``buggy`` x, ``correct`` circle."""
+    return _setup_style(name, order, SETUP_SYMBOLS, _OTHER_SYMBOLS)
 
 
 def tile_colorbar(length: float, x: float) -> dict:

@@ -246,7 +246,7 @@ class TileMap(PacksimWidget):
             cu = self.cu_seqlens()
             tile = _check_tile(self.tile.value, int(cu[-1]))
         except PacksimError as err:
-            self.message.value = f"<span style='color:#d62728'>{escape(err)}</span>"
+            self.message.value = f"<span style='color:{LEAK_RED};font-weight:bold'>{escape(err)}</span>"
             return
         self.message.value = ""
         show_figure(self.out, _figure(cu, tile, self.causal.value))

@@ -31,7 +31,7 @@ from plotly.subplots import make_subplots
 
 from packsim.core.errors import PacksimError
 from packsim.experiment.results import Results, RunResult, StepRecord
-from packsim.viz.style import layout, setup_colour
+from packsim.viz.style import layout, setup_colour, setup_dash, setup_symbol
 from packsim.viz.widget import PacksimWidget, escape, show_figure, style_html
 
 __all__ = ["Curves", "curves", "curves_figure", "PANELS"]
@@ -102,8 +102,10 @@ def _figure(runs: list[RunResult], title: str = "") -> go.Figure:
     for r in runs:
         by_setup.setdefault(r.setup, []).append(r)
     order = list(by_setup)
+    drawn: set[int] = set()  # panels with a line
     for setup, group in by_setup.items():
         colour = setup_colour(setup, order)
+        symbol = setup_symbol(setup, order)
         n = len({r.seed for r in group})
         name = setup if n == 1 else f"{setup} (mean of {n} seeds, band: min-max)"
         legend_done = False
@@ -134,16 +136,28 @@ def _figure(runs: list[RunResult], title: str = "") -> go.Figure:
                     name=name,
                     legendgroup=setup,
                     showlegend=not legend_done,
-                    mode="lines" if kind == "train" else "lines+markers",
-                    line=dict(
-                        color=colour, width=1.2 if dotted else 2, dash="dot" if dotted else None
-                    ),
+                    mode="lines+markers",
+                    # Setups differ by colour (Okabe-Ito) and marker; in panel 1 solid / dotted
+                    # is reported vs response-only, in the eval panels the dash is the setup's.
+                    line=dict(color=colour, width=1.2 if dotted else 2,
+                              dash="dot" if dotted else "solid" if kind == "train"
+                              else setup_dash(setup, order)),
+                    marker=dict(symbol=symbol, size=7, color=colour,
+                                maxdisplayed=12 if kind == "train" else 0),
                     hovertemplate=f"{setup} {key}<br>step %{{x}}: %{{y:.4g}}<extra></extra>",
                 ),
                 row=1,
                 col=col,
             )
             legend_done = True
+            drawn.add(col)
+    for col in sorted({c for _, _, c, _ in PANELS} - drawn):  # no empty panel without a word
+        waiting = "waiting for the first evaluation" if col > 1 else "waiting for the first training step"
+        axis = "" if col == 1 else col
+        fig.add_annotation(text=f"<i>{waiting}</i>", showarrow=False, x=0.5, y=0.5,
+                           xref=f"x{axis} domain", yref=f"y{axis} domain", font=dict(size=13))
+        fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False, row=1, col=col)
+        fig.update_yaxes(showticklabels=False, showgrid=False, zeroline=False, row=1, col=col)
     for col in (1, 2, 3):
         fig.update_xaxes(title_text="step", row=1, col=col)
     fig.update_yaxes(range=[0, 1.02], row=1, col=3)
@@ -194,7 +208,7 @@ class Curves(PacksimWidget):
             layout=widgets.Layout(width="220px"),
         )
         self.data_note = widgets.HTML(
-            f"<span style='color:#777;font-size:12px'>{escape(why)}</span>" if single else ""
+            f"<span class='packsim-muted' style='font-size:12px'>{escape(why)}</span>" if single else ""
         )
         self.data.observe(lambda _c: self.redraw(), names="value")
         self.out = widgets.Output(layout=widgets.Layout(min_height="470px"))
@@ -270,6 +284,8 @@ class Curves(PacksimWidget):
             rep, em = r.last("train", "reported_loss"), r.last("eval", "isolated_exact_match")
             rep_s = "-" if rep is None else f"{rep:.3f}"
             em_s = "-" if em is None else f"{em:.2f}"
+            evals = r.last("eval", "step")
+            em_s = em_s if evals is not None else "waiting for the first evaluation"
             parts.append(
                 f"<b>{escape(r.setup)}</b> seed {r.seed}: step {step_s}, reported loss "
                 f"{rep_s}, isolated exact match {em_s}"

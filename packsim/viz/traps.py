@@ -30,7 +30,7 @@ from packsim.auditing.trap_cases import (
 )
 from packsim.auditing.traps import FLASH_IMPLS, alone_change, for_impl, impl_reason, impl_tol
 from packsim.core.errors import PacksimError
-from packsim.viz.style import LEAK_RED, SETUP_COLOURS, layout
+from packsim.viz.style import LEAK_RED, SETUP_COLOURS, TEXT_MUTED, layout
 from packsim.viz.widget import PacksimWidget, escape, show_figure, style_html
 
 __all__ = ["TrapExplorer", "trap_explorer", "trap_figure", "trap_rule", "measure_options",
@@ -158,7 +158,7 @@ class TrapExplorer(PacksimWidget):
         if not self.unavailable:
             return ""
         text = "; ".join(f"{i} disabled: {r}" for i, r in self.unavailable.items())
-        colour = LEAK_RED if highlight else "#666"
+        colour = LEAK_RED if highlight else TEXT_MUTED
         return f'<span style="color:{colour}">{escape(text)}</span>'
 
     def _on_impl(self, change) -> None:
