@@ -98,3 +98,75 @@ def test_reference_solution_passes_and_stub_is_not_done_yet(lesson, name, check_
 def test_every_check_is_used_by_a_notebook(lesson, name, check_fn):
     sources = [p.read_text() for p in (ROOT / "notebooks").glob("*.ipynb")]
     assert any(f"check_{name}(" in s and f"exercises.{lesson} import" in s for s in sources)
+
+
+# ---- where a verdict shows: scripts, markup, several wrong items (issue 23) --------------------
+
+
+def test_a_check_called_from_a_script_prints_its_verdict(tmp_path):
+    """A script's ``check_x(answer)`` on a line of its own prints the verdict (IPython and the
+    ``>>>`` prompt show the returned value themselves, so nothing is printed there)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "answer.py"
+    script.write_text(
+        "from packsim.course.exercises.lesson00_start_here import check_padding_share\n"
+        "check_padding_share(lambda batch: 0.0)\n"
+        "check_padding_share(...)\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith("[")]
+    assert len(lines) == 2 and "wrong:" in lines[0] and "not done yet:" in lines[1], done.stdout
+
+
+def test_no_print_inside_ipython(monkeypatch, capsys):
+    import IPython
+
+    monkeypatch.setattr(IPython, "get_ipython", lambda: object())
+    assert not _check_double(lambda x: x)
+    assert capsys.readouterr().out == ""
+
+
+def test_emphasis_marks_are_rendered_in_html_and_dropped_in_text():
+    fb = Feedback(False, "the share of *real* tokens, not **all** of `x * y`", "use *k*", "ex")
+    text, html = str(fb), fb._repr_html_()
+    assert "*real*" not in text and "**all**" not in text and "use k" in text
+    assert "`x * y`" in text  # code keeps its backquotes and its asterisk
+    assert "<em>real</em>" in html and "<b>all</b>" in html and "<code>x * y</code>" in html
+    assert "<em>k</em>" in html and "*" not in html.replace("x * y", "")
+
+
+@pytest.mark.parametrize(("lesson", "name", "check_fn"), COURSE_CHECKS, ids=IDS)
+def test_no_literal_asterisks_in_reference_feedback(lesson, name, check_fn):
+    solution = getattr(importlib.import_module(f"packsim.course.solutions.{lesson}"), name)
+    for fb in (check_fn(solution), check_fn(...)):
+        assert "*" not in plain_text_without_code(str(fb)), fb
+
+
+def plain_text_without_code(text: str) -> str:
+    import re
+
+    return re.sub(r"`[^`]*`", "", text)
+
+
+def test_every_wrong_item_is_explained():
+    """Two wrong items in a dict answer: the message explains both, not only the first."""
+    from packsim.course.exercises.lesson07_detect_contamination import check_name_the_fix
+    from packsim.course.exercises.lesson09_interview_drills import SYMPTOMS, check_diagnosis
+    from packsim.course.solutions import lesson07_detect_contamination as s07
+    from packsim.course.solutions import lesson09_interview_drills as s09
+
+    swapped = dict(s07.name_the_fix)
+    a, b = sorted(swapped)[:2]
+    right_a, right_b = swapped[a], swapped[b]
+    swapped[a], swapped[b] = (right_b, right_a) if right_a != right_b else ("x", "y")
+    fb = check_name_the_fix(swapped)
+    assert not fb and f"Report {a}:" in fb.message and f"Report {b}:" in fb.message, fb
+
+    other = {"attention": "loss", "loss": "neither", "neither": "attention"}
+    wrong = {**s09.diagnosis, "s1": other[s09.diagnosis["s1"]], "s6": other[s09.diagnosis["s6"]]}
+    fb = check_diagnosis(wrong)
+    assert not fb and "s1: you said" in fb.message and "s6: you said" in fb.message, fb
+    assert len(SYMPTOMS) >= 2

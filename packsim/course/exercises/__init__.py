@@ -1,8 +1,9 @@
 """Auto-checked exercises for the course notebooks: one module per lesson, one check per exercise.
 
 A check takes what the learner wrote (a function or a value) and returns a :class:`Feedback`:
-``passed`` plus a message that says what is right or, when it is not, *what* is wrong on which
-input and a hint for the fix -- never a bare ``False``. A check never raises because of the
+``passed`` plus a message that says what is right or, when it is not, what is wrong on which
+input and a hint for the fix -- never a bare ``False``; when several items of an answer are
+wrong, the message explains each of them. A check never raises because of the
 learner's code: an unfinished stub (``...`` or ``raise NotImplementedError``) reads "not done
 yet", and any other exception is reported with its type and message. So a notebook whose
 exercises are still empty runs top to bottom (CI executes every notebook that way).
@@ -35,6 +36,11 @@ module                           notebook                   checks
 ``lesson10_scaling_out``         10_scaling_out             global_loss, backward_scale
 ===============================  =========================  ======================================
 
+Where a verdict shows: in a notebook (IPython) it is a coloured box whose ``*emphasis*`` and
+```code``` marks are rendered; called from a plain script the check prints it as text (marks
+removed), so ``check_x(answer)`` on a line of its own is never silent; in the Python prompt it
+echoes as the same text.
+
 Each check is ``check_<name>`` in the module; its reference solution is ``<name>`` in
 ``packsim.course.solutions.<module>``. ``tests/test_exercises.py`` finds them all and runs both.
 
@@ -48,12 +54,14 @@ import html
 import importlib
 import inspect
 import pkgutil
+import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from packsim.core.errors import PacksimError
 
-__all__ = ["Feedback", "check", "fail", "ok", "show_solution", "solution_source"]
+__all__ = ["Feedback", "check", "fail", "marks_to_html", "ok", "plain_text", "show_solution", "solution_source"]
 
 
 @dataclass(frozen=True)
@@ -81,24 +89,56 @@ class Feedback:
 
     def __str__(self) -> str:
         head = f"[{self.exercise}] " if self.exercise else ""
-        text = f"{head}{self.status}: {self.message}"
-        return f"{text}\n  hint: {self.hint}" if self.hint and not self.passed else text
+        text = f"{head}{self.status}: {plain_text(self.message)}"
+        hint = plain_text(self.hint)
+        return f"{text}\n  hint: {hint}" if hint and not self.passed else text
 
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        colour = "#2ca02c" if self.passed else ("#d62728" if self.attempted else "#7f7f7f")
+        # Colours readable on JupyterLab's light and dark themes (Okabe-Ito blue / vermillion,
+        # the theme's own secondary text colour), and the mark says the status without colour.
+        colour = ("#0072b2" if self.passed
+                  else "#d55e00" if self.attempted else "var(--jp-ui-font-color2, #757575)")  # fmt: skip
         mark = "&#10004;" if self.passed else ("&#10008;" if self.attempted else "&#9998;")
         head = f"<b>{html.escape(self.exercise)}</b>: " if self.exercise else ""
-        hint = (
-            f"<br><i>hint:</i> {html.escape(self.hint)}" if self.hint and not self.passed else ""
-        )
+        hint = f"<br><i>hint:</i> {marks_to_html(self.hint)}" if self.hint and not self.passed else ""
         return (
             f'<div class="packsim-feedback packsim-feedback-{self.status.replace(" ", "-")}" '
             f'style="border-left:5px solid {colour};padding:4px 10px;margin:4px 0">'
-            f'<span style="color:{colour}">{mark} {self.status}</span> {head}'
-            f"{html.escape(self.message)}{hint}</div>"
+            f'<span style="color:{colour};font-weight:bold">{mark} {self.status}</span> {head}'
+            f"{marks_to_html(self.message)}{hint}</div>"
         )
+
+
+# ``*word*`` / ``**word**`` emphasis and ```code``` marks that feedback texts may use.
+_STRONG = re.compile(r"\*\*(?=\S)(.+?)(?<=\S)\*\*")
+_EM = re.compile(r"(?<![\w*])\*(?=[^\s*])(.+?)(?<=[^\s*])\*(?![\w*])")
+_CODE = re.compile(r"`([^`]+)`")
+
+
+def plain_text(text: str) -> str:
+    """``text`` without ``*emphasis*`` marks (for a terminal; ```code``` marks stay, they read well)."""
+    return _EM.sub(r"\1", _STRONG.sub(r"\1", text))
+
+
+def marks_to_html(text: str) -> str:
+    """``text`` escaped for HTML, with ``**strong**``, ``*emphasis*`` and ```code``` rendered."""
+    out = _CODE.sub(r"<code>\1</code>", html.escape(text))
+    return _EM.sub(r"<em>\1</em>", _STRONG.sub(r"<b>\1</b>", out))
+
+
+def _in_ipython() -> bool:
+    """True inside IPython (a notebook kernel or the IPython shell), which displays a verdict."""
+    ipython = sys.modules.get("IPython")
+    return ipython is not None and ipython.get_ipython() is not None
+
+
+def _announce(feedback: Feedback) -> None:
+    """Print ``feedback`` when nothing else would show it: a script, not IPython or the ``>>>``
+    prompt (both echo the returned verdict themselves)."""
+    if not _in_ipython() and not hasattr(sys, "ps1"):
+        print(feedback, flush=True)
 
 
 def ok(message: str) -> Feedback:
@@ -120,12 +160,18 @@ def check(exercise: str) -> Callable:
 
     Turns an unfinished answer (``...``, ``None``, or code that raises ``NotImplementedError``)
     into "not done yet", and any other exception raised while running the learner's code into a
-    failing verdict that names it. ``exercise`` labels the verdict.
+    failing verdict that names it. ``exercise`` labels the verdict. Outside IPython and the
+    Python prompt (a script) the verdict is also printed (:func:`_announce`).
     """
 
     def wrap(fn: Callable[..., Feedback]) -> Callable[..., Feedback]:
         @functools.wraps(fn)
         def run(answer=..., *args, **kwargs) -> Feedback:
+            feedback = _verdict(answer, *args, **kwargs)
+            _announce(feedback)
+            return feedback
+
+        def _verdict(answer, *args, **kwargs) -> Feedback:
             def label(fb: Feedback, **changes) -> Feedback:
                 return Feedback(**{**fb.__dict__, "exercise": exercise, **changes})
 
