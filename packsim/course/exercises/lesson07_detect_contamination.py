@@ -175,8 +175,6 @@ def check_name_the_fix(name_the_fix) -> Feedback:
     wrong = [k for k in sorted(_ANSWER) if name_the_fix[k] != _ANSWER[k]]
     if not wrong:
         return ok("every report read right: the failed probes say WHAT is wrong, the likely cause says WHY.")
-    k = wrong[0]
-    got = name_the_fix[k]
     hints = {
         ("A", "block_diagonal_mask"): "the batch already carries the boundaries (position_ids restart); "
                                       "the forward threw them away.",
@@ -187,8 +185,14 @@ def check_name_the_fix(name_the_fix) -> Feedback:
         ("B", "block_diagonal_mask"): "B's perturbation and gradient probes pass: attention is isolated.",
         ("D", "mask_prompt_labels"): "D's loss_coverage passes: the labels are fine.",
     }
-    hint = hints.get((k, got), "read the FAIL rows and the 'likely cause' lines of that report.")
-    return fail(f"{len(wrong)} of 5 wrong; report {k}: {got!r} is not the fix ({_WHY[k]}).", hint)
+    # Every wrong report explained, each with its own hint where there is one.
+    why = " ".join(
+        f"Report {k}: {name_the_fix[k]!r} is not the fix ({_WHY[k]})."
+        + (f" {hints[k, name_the_fix[k]]}" if (k, name_the_fix[k]) in hints else "")
+        for k in wrong
+    )
+    return fail(f"{len(wrong)} of 5 wrong. {why}",
+                "read the FAIL rows and the 'likely cause' lines of each report named.")
 
 
 # --- exercise 3: the forward call that isolates ------------------------------------------------
