@@ -10,6 +10,7 @@ The stable API (every name in ``__all__``, loaded on first use so ``import packs
 - :class:`PackingCollator` -- packed, completion-only batches for the transformers ``Trainer``;
 - :func:`train`, :class:`TrainConfig`, :func:`evaluate_isolated`, :class:`Results` -- the experiment;
 - :func:`audit`, :func:`audit_trainer`, :class:`AuditReport` -- detect contamination in a packed pipeline;
+  :class:`AuditCallback` -- the same audit when ``trainer.train()`` starts, stopping a leaking run;
 - :func:`get_device`, :func:`fast_mode`, :class:`PacksimError`, ``__version__``;
 - ``packsim.viz`` (widgets and figures: plotly, ipywidgets) and ``packsim.testing``
   (:func:`~packsim.testing.assert_isolated`) are subpackages, imported by name.
@@ -42,6 +43,7 @@ _HOMES = {
     "audit": "packsim.auditing.auditor",
     "AuditReport": "packsim.auditing.report",
     "audit_trainer": "packsim.auditing.trainer",
+    "AuditCallback": "packsim.auditing.callback",
 }
 
 __all__ = sorted(_HOMES) + ["__version__"]

@@ -21,26 +21,59 @@ from __future__ import annotations
 
 from packsim.auditing.auditor import audit
 from packsim.auditing.report import AuditReport
+from packsim.core.errors import PacksimError
 
-__all__ = ["assert_isolated"]
+__all__ = ["LOSS_CHECKS", "assert_isolated"]
+
+# The report's names that judge the loss rather than isolation (left out by check_loss=False).
+LOSS_CHECKS = ("loss_coverage", "completion_only_loss", "loss_over_accumulation", "loss_across_devices",
+               "truncated_examples", "truncation", "counted_labels", "equal_token_weights")
 
 
-def assert_isolated(model, batch, response_mask=None, **forward_kwargs) -> AuditReport:
-    """Audit ``model`` on ``batch`` and raise ``AssertionError`` (with the report's table) on a failure.
+def assert_isolated(model, batch, response_mask=None, *, check_loss: bool = True, **forward_kwargs) -> AuditReport:
+    """Audit ``model`` on ``batch``; raise ``AssertionError`` carrying the report unless it passes.
+
+    What it checks (:func:`packsim.audit`'s probes, through the model's real forward):
+
+    - isolation: changing one example's tokens changes no other example's logits (perturbation),
+      and no example's loss has a gradient through another's embeddings (gradient); where the
+      forward returns attention probabilities, none lands outside the query's example;
+    - the loss (``check_loss=True``, the default): which labels are counted (no prompt with a
+      ``response_mask``, no padding, no label across a boundary, every response token and EOS,
+      at least one label) and that each counted label is the token it should predict;
+    - positions: position ids restart per example where this model's positions matter.
+
+    It raises ``AssertionError`` with the report's table when any of these fails, when the batch
+    carries no example boundaries the audit can use (so nothing could be compared), and when
+    isolation could not be measured (e.g. one example: "not measured" is not a pass).
 
     Args:
         model: the causal LM the pipeline trains (anything :func:`packsim.audit` accepts).
         batch: a ``PackedBatch`` or the collator's dict, exactly as the training step gets it.
         response_mask: optional bool (B, T), True on response tokens and EOS (lets the loss
             probe tell prompt from response in a dict batch).
+        check_loss: False leaves the loss checks (:data:`LOSS_CHECKS`) out of the assertion: only
+            isolation and positions decide (the returned report still shows the loss rows).
         **forward_kwargs: passed to every forward as the pipeline passes them (``use_cache=False``),
             and the audit's own options (``tol``, ``seed``, ``max_examples``).
 
-    Returns the :class:`~packsim.auditing.report.AuditReport` when no probe failed (skipped probes
-    are not failures: ``report.skipped`` lists them).
+    Returns the :class:`~packsim.auditing.report.AuditReport` when the assertion holds (skipped
+    probes other than isolation are not failures: ``report.skipped`` lists them). A batch that is
+    not a batch at all (wrong type, mismatched shapes) is a :class:`PacksimError`, not an assertion.
     """
-    report = audit(model, batch, response_mask, **forward_kwargs)
-    if not report.ok:
-        raise AssertionError("packsim.audit failed: examples are not isolated or the loss counts "
-                             "the wrong tokens.\n" + report.table())
+    try:
+        report = audit(model, batch, response_mask, **forward_kwargs)
+    except PacksimError as err:
+        if "no example boundaries" not in str(err):
+            raise
+        raise AssertionError(f"packsim.audit could not check isolation: {err}") from None
+    failed = [n for n in report.failed if check_loss or n not in LOSS_CHECKS]
+    if failed:
+        what = ", ".join(failed)
+        raise AssertionError(f"packsim.audit failed ({what}): examples are not isolated"
+                             + (" or the loss counts the wrong tokens" if check_loss else "")
+                             + ".\n" + report.table())
+    if not report.isolation_measured:
+        raise AssertionError("packsim.audit could not measure isolation (not measured is not a pass).\n"
+                             + report.table())
     return report

@@ -33,3 +33,36 @@ def save_tiny_checkpoint(path: Path) -> Path:
     build_model("tiny", attn_implementation="sdpa", seed=0).save_pretrained(path)
     build_tokenizer().save_pretrained(path)
     return path
+
+
+def leak_through_forward(trainer) -> float:
+    """Ground truth without packsim: the largest logit change of one example when another's tokens change.
+
+    On the trainer's first training batch, through the call its ``compute_loss`` makes (without
+    labels; SFTTrainer adds use_cache=False); examples start at each BOS (the local tokenizer
+    starts every example with one), in eval mode so dropout cannot move anything.
+    """
+    from packsim.core.tokenizer import BOS_ID
+
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    ids = batch["input_ids"]
+    rest = {k: v for k, v in batch.items() if k not in ("input_ids", "labels")}
+    if type(trainer).__name__ == "SFTTrainer" or "SFTTrainer" in {c.__name__ for c in type(trainer).__mro__}:
+        rest["use_cache"] = False
+    starts = ids == BOS_ID
+    starts[:, 0] = True
+    seq = starts.reshape(-1).cumsum(0).reshape(ids.shape) - 1  # (B, T): example index per token
+    real = batch["attention_mask"].bool() if "attention_mask" in batch else torch.ones_like(starts)
+    model = trainer.model
+    was_training = model.training
+    model.eval()
+    worst = 0.0
+    with torch.no_grad():
+        base = model(input_ids=ids, **rest).logits
+        for k in range(int(seq.max()) + 1):
+            changed = torch.where(seq == k, (ids + 5) % model.config.vocab_size, ids)
+            diff = (model(input_ids=changed, **rest).logits - base).abs().amax(-1)  # (B, T)
+            others = (seq != k) & real
+            worst = max(worst, float(diff[others].max()) if bool(others.any()) else 0.0)
+    model.train(was_training)
+    return worst

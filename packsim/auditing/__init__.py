@@ -19,6 +19,9 @@ module           idea
 ``accumulation`` the trainer's loss over one accumulation step vs the mean over counted labels
 ``features``     :func:`response_mask_from_features`: prompt/completion split of collator rows
 ``preflight``    ``packsim audit --model DIR --data FILE``: the pre-flight gate
+``factory``      ``packsim audit --trainer FILE.py:FUNC``: import the user's trainer factory, call it
+``callback``     :class:`AuditCallback`: the audit at ``on_train_begin``, stopping a run on a fault
+``truncation``   examples cut by truncation (records past max_length, examples counting no label)
 ===============  ===================================================================
 
 Importing the package loads none of them: each public name loads its module on first use.
@@ -35,6 +38,8 @@ _HOMES = {
     "Finding": "packsim.auditing.report",
     "ProbeResult": "packsim.auditing.report",
     "audit_trainer": "packsim.auditing.trainer",
+    "AuditCallback": "packsim.auditing.callback",
+    "AuditFailed": "packsim.auditing.callback",
     "response_mask_from_features": "packsim.auditing.features",
     "EXHIBITS": "packsim.auditing.museum",
     "museum_table": "packsim.auditing.museum",

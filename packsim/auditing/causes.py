@@ -97,6 +97,8 @@ def _loss_causes(loss: ProbeResult) -> list[str]:
         "every": "every token inside the examples is counted, so prompts are in the loss: mask them "
                  "with -100 (for plain language modelling without prompts, pass "
                  "response_mask=all True).",
+        "no_label": "no label in the batch is counted, so the step trains nothing: keep at least one "
+                    "response token per example (raise max_length, drop prompt-only records).",
     }
     return [fixes[key] for key in loss.details.get("problems", [])]
 

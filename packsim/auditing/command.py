@@ -1,9 +1,16 @@
 """``packsim audit``: the contamination audit on the built-in tiny pipeline under each setup.
 
-With ``--model DIR --data FILE.jsonl --collator NAME [--attn IMPL] [--strict]`` it is a pre-flight
-gate instead: it audits the pipeline that checkpoint, data and collator would train
-(:mod:`packsim.auditing.preflight`), prints the report, and with ``--strict`` exits 1 when the
-audit fails, so a CI job or a launch script can stop before training.
+As a gate it audits the pipeline a run would train and prints the report:
+
+- ``--model DIR --data FILE.jsonl --collator NAME [--attn IMPL]``: the pipeline that checkpoint,
+  data and collator would train (:mod:`packsim.auditing.preflight`);
+- ``--trainer path/to/train.py:make_trainer`` (or ``module:function``): the Trainer / SFTTrainer the
+  user's own factory returns, with their config, collator, dtype and attention implementation
+  (:mod:`packsim.auditing.factory`).
+
+Exit codes (:data:`EXIT_CODES`), so a CI job or a launch script can stop before training: 0 the
+audit passed, 1 it found a fault, 2 bad input or setup (one line on stderr, never a traceback),
+3 nothing could be measured (e.g. one example per batch: isolation untested, not a pass).
 
 Lessons: none directly.
 """
@@ -13,10 +20,23 @@ from __future__ import annotations
 from packsim.auditing.auditor import audit
 from packsim.core.batch import PackedBatch
 
+EXIT_CODES = {0: "the audit passed", 1: "the audit found a fault (a leak, a wrong label, a bad setting)",
+              2: "bad input or setup (unreadable or non-UTF-8 data, not a checkpoint, a tokenizer that "
+                 "does not fit the model, a factory that does not load): one line on stderr",
+              3: "nothing could be measured (e.g. every batch holds one example): not a pass"}
+EPILOG = ("exit codes of the gate (--model or --trainer):\n"
+          + "".join(f"  {code}  {text}\n" for code, text in EXIT_CODES.items())
+          + "without --model or --trainer the demo prints its tables and exits 0.")
+
 
 def add_arguments(parser) -> None:
     """``packsim audit`` options: which setups, the seed, and the size of the demo batch."""
+    import argparse
+
     from packsim.core.setups import SETUPS
+
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
     parser.add_argument("--setups", default=",".join(SETUPS),
                         help=f"comma-separated presets to audit (default: {','.join(SETUPS)})")
@@ -30,10 +50,17 @@ def add_arguments(parser) -> None:
                      help="packsim, flattening, trl-bfd, trl-wrapped or trl-padding-free")
     pre.add_argument("--attn", metavar="IMPL", help="attention implementation (default: sdpa); "
                      "eager, sdpa, flex_attention, flash_attention_2/3 where available")
-    pre.add_argument("--strict", action="store_true", help="exit 1 when the audit fails")
+    pre.add_argument("--strict", action="store_true",
+                     help="kept for older scripts: the exit code always follows the verdict (below)")
     pre.add_argument("--batches", type=int, default=1, help="training batches to audit (default 1)")
     pre.add_argument("--batch-size", type=int, default=4, help="per-device batch size (default 4)")
     pre.add_argument("--max-length", type=int, default=256, help="TRL packing length (default 256)")
+    own = parser.add_argument_group("gate your own trainer")
+    own.add_argument("--trainer", metavar="FILE.py:FUNC",
+                     help="path/to/train.py:make_trainer or package.module:make_trainer, a function "
+                          "taking no arguments that returns the Trainer / SFTTrainer you train with; "
+                          "its config, collator, dtype and attention are audited as they are "
+                          "(with --batches)")
 
 
 def run(args) -> int:
@@ -43,6 +70,8 @@ def run(args) -> int:
     from packsim.core.model import build_model
     from packsim.core.setups import get_setup
 
+    if getattr(args, "trainer", None):
+        return _own_trainer(args)
     if _wants_preflight(args):
         return _preflight(args)
     names = [s.strip() for s in args.setups.split(",") if s.strip()]
@@ -78,8 +107,53 @@ def _wants_preflight(args) -> bool:
                             ("--strict", args.strict)) if v]
     if args.model is None and given:
         raise PacksimError(f"{', '.join(given)} need(s) --model DIR: the pre-flight gate is "
-                           "packsim audit --model DIR --data FILE.jsonl --collator NAME [--strict].")
+                           "packsim audit --model DIR --data FILE.jsonl --collator NAME, or packsim audit --trainer "
+                           "FILE.py:FUNC.")
     return args.model is not None
+
+
+def _quiet() -> None:
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()  # the gate prints one report, not TRL's preparation bars
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()  # nor "Loading weights" bars on stderr
+
+
+def exit_code(report) -> int:
+    """0 pass, 1 fault, 3 not measured (:data:`EXIT_CODES`; 2 is raised as PacksimError before)."""
+    return {"pass": 0, "fail": 1, "not measured": 3}[report.status]
+
+
+def _gate_line(report) -> str:
+    if report.status == "fail":
+        return f"FAIL: {', '.join(report.failed)}"
+    return "NOT MEASURED: isolation untested, not a pass" if report.status == "not measured" else "PASS"
+
+
+def _own_trainer(args) -> int:
+    from packsim.auditing.factory import load_trainer
+    from packsim.auditing.trainer import audit_trainer
+    from packsim.core.errors import PacksimError
+
+    given = [f for f, v in (("--model", args.model), ("--data", args.data), ("--collator", args.collator),
+                            ("--attn", args.attn)) if v]
+    if given:
+        raise PacksimError(f"--trainer builds the whole pipeline, so {', '.join(given)} cannot go with it: set "
+                           "them in your factory.")
+    if args.batches < 1:
+        raise PacksimError(f"--batches {args.batches}: must be at least 1.")
+    _quiet()
+    trainer = load_trainer(args.trainer)
+    try:
+        report = audit_trainer(trainer, batches=args.batches)
+    except PacksimError as err:
+        raise PacksimError(f"--trainer {args.trainer}: {err}") from None
+    print(f"=== audit of the trainer from {args.trainer}: {type(trainer).__name__}")
+    print(report.table())
+    print(f"gate {_gate_line(report)}")
+    return exit_code(report)
 
 
 def _preflight(args) -> int:
@@ -92,16 +166,11 @@ def _preflight(args) -> int:
                         ("--max-length", args.max_length)):
         if value < 1:
             raise PacksimError(f"{flag} {value}: must be at least 1.")
-    import datasets
-    import transformers
-
-    datasets.disable_progress_bars()  # the gate prints one report, not TRL's preparation bars
-    transformers.logging.set_verbosity_error()
+    _quiet()
     report = preflight(args.model, args.data, args.collator, attn=args.attn, batches=args.batches,
                        batch_size=args.batch_size, max_length=args.max_length)
     print(f"=== pre-flight: model {args.model}, data {args.data}, collator {args.collator}, "
           f"attn {args.attn or 'sdpa'}")
     print(report.table())
-    gate = "PASS" if report.ok else "FAIL"
-    print(f"pre-flight {gate}" + ("" if report.ok else f": {', '.join(report.failed)}"))
-    return 1 if args.strict and not report.ok else 0
+    print(f"pre-flight {_gate_line(report)}")
+    return exit_code(report)

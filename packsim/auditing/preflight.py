@@ -50,14 +50,29 @@ def available_attn() -> list[str]:
     return out
 
 
+def _read_text(path: Path) -> str:
+    """The file as UTF-8 text; unreadable or non-UTF-8 bytes raise PacksimError naming the place."""
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise PacksimError(f"--data {path}: cannot read it ({err.strerror or type(err).__name__}): pass a "
+                           "readable JSON Lines file.") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        raise PacksimError(f"--data {path} is not UTF-8 text (byte 0x{raw[err.start]:02x} on line {line}): "
+                           "save it as UTF-8 (e.g. iconv -f latin1 -t utf-8).") from None
+
+
 def load_records(path: str | Path) -> list[dict]:
-    """The prompt/completion records of a JSONL file; a bad line raises PacksimError naming it."""
+    """The prompt/completion records of a JSONL file; a bad line or bad bytes raise PacksimError naming it."""
     path = Path(path)
     if not path.is_file():
         raise PacksimError(f"--data {path}: no such file: pass a JSON Lines file with one "
                            '{"prompt": ..., "completion": ...} object per line.')
     records = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for n, line in enumerate(_read_text(path).splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -80,6 +95,14 @@ def load_records(path: str | Path) -> list[dict]:
     return records
 
 
+# Files from which AutoTokenizer builds a real vocabulary (any one is enough).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+                   "sentencepiece.bpe.model", "tokenizer.tiktoken")
+
+
+_SAVE_TOKENIZER = "save the model's own tokenizer files next to it (tokenizer.save_pretrained(DIR))"
+
+
 def load_checkpoint(model_dir: str | Path, attn: str):
     """(model, tokenizer) from a local from_pretrained directory, with ``attn`` attention."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -91,14 +114,56 @@ def load_checkpoint(model_dir: str | Path, attn: str):
     if not (path / "config.json").is_file():
         raise PacksimError(f"--model {path} has no config.json: pass the directory save_pretrained wrote "
                            "(model.save_pretrained(DIR) and tokenizer.save_pretrained(DIR)).")
+    no_files = "" if any((path / name).is_file() for name in TOKENIZER_FILES) else (
+        f"it has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}): save the tokenizer the model was "
+        "trained with next to it (tokenizer.save_pretrained(DIR))")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as err:  # noqa: BLE001 -- any load failure is bad input: one line, exit 2
+        raise PacksimError(f"--model {path}: the tokenizer could not be loaded ({type(err).__name__}: "
+                           f"{(str(err).splitlines() or [''])[0][:160]}); "
+                           f"{no_files or 'check the tokenizer files'}.") from None
+    if len(tokenizer) < 2:  # transformers' fallback from config.json alone: a vocabulary of 1
+        raise PacksimError(f"--model {path}: its tokenizer has a vocabulary of {len(tokenizer)}, so every record "
+                           f"would be 0 tokens; {no_files or _SAVE_TOKENIZER}.")
+    try:
         model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=attn)
-    except (OSError, ValueError, ImportError) as err:
-        raise PacksimError(f"--model {path} could not be loaded ({type(err).__name__}: "
-                           f"{str(err).splitlines()[0][:200]}): it needs config.json, the weights and the "
-                           "tokenizer files.") from None
+    except Exception as err:  # noqa: BLE001
+        raise PacksimError(f"--model {path}: the model could not be loaded ({type(err).__name__}: "
+                           f"{(str(err).splitlines() or [''])[0][:200]}): it needs config.json and the "
+                           "weights save_pretrained wrote.") from None
     return model, tokenizer
+
+
+def check_tokenizer(model, tokenizer, records: list[dict], where: str = "the checkpoint") -> None:
+    """Refuse (PacksimError) a tokenizer that does not fit the model's input embedding.
+
+    Three ways: an empty vocabulary (fewer than 2 tokens: transformers' fallback without files),
+    more tokens than the embedding has rows (len(tokenizer) > rows: ids past the table), or a
+    record whose token ids reach past the table.
+    """
+    rows = model.get_input_embeddings().weight.shape[0]
+    n = len(tokenizer)
+    if n < 2:
+        raise PacksimError(f"the tokenizer of {where} has a vocabulary of {n}: it is empty, so every record "
+                           "would be 0 tokens; save the model's own tokenizer files (tokenizer.save_pretrained).")
+    if n > rows:
+        raise PacksimError(f"the tokenizer of {where} has {n} tokens but the model's embedding has {rows} rows: "
+                           f"ids {rows}..{n - 1} cannot be looked up; use the tokenizer the model was trained "
+                           "with, or model.resize_token_embeddings(len(tokenizer)) and save again.")
+    for name in ("eos", "pad", "bos"):
+        value = getattr(tokenizer, f"{name}_token_id", None)
+        if isinstance(value, int) and value >= rows:
+            raise PacksimError(f"the tokenizer of {where} has {name}_token_id {value}, past the model's {rows} "
+                               "embedding rows: use the tokenizer the model was trained with.")
+    for k, r in enumerate(records):
+        ids = tokenizer(r["prompt"] + r["completion"])["input_ids"]
+        if not ids:
+            raise PacksimError(f"the tokenizer of {where} turns record {k + 1} into 0 tokens: use the tokenizer "
+                               "the model was trained with.")
+        if max(ids) >= rows:
+            raise PacksimError(f"record {k + 1} holds token id {max(ids)}, past the model's {rows} embedding rows: "
+                               "the tokenizer does not belong to this model.")
 
 
 def _split(tokenizer, record: dict) -> tuple[list[int], list[int]]:
@@ -168,6 +233,7 @@ def preflight(model_dir, data, collator: str, attn: str | None = None, batches: 
     from packsim.auditing.findings import BatchView, flash_rows, is_flash
     from packsim.auditing.report import Finding
     from packsim.auditing.trainer import audit_trainer
+    from packsim.auditing.truncation import truncated_records
 
     if collator not in COLLATORS:
         raise PacksimError(f"unknown collator {collator!r}: use one of {', '.join(COLLATORS)}.")
@@ -179,9 +245,16 @@ def preflight(model_dir, data, collator: str, attn: str | None = None, batches: 
     run_attn = planned if planned in available else "sdpa"
     records = load_records(data)
     model, tokenizer = load_checkpoint(model_dir, run_attn)
+    check_tokenizer(model, tokenizer, records, f"--model {model_dir}")
     with tempfile.TemporaryDirectory(prefix="packsim-preflight-") as out:
         trainer = build_trainer(model, tokenizer, records, collator, out, batch_size, max_length)
         report = audit_trainer(trainer, batches=batches)
+        if collator == "trl-bfd":  # BFD truncates each example to max_length: say how many it cuts
+            split = [_split(tokenizer, r) for r in records]
+            found = truncated_records([(len(a), len(a) + len(b)) for a, b in split], max_length)
+            report.findings.append(found)
+            if found.failed:
+                report.causes.insert(0, f"{found.name}: {found.fix}")
         if run_attn != planned:
             fields = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
             from packsim.core.boundaries import find_boundaries

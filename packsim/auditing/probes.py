@@ -200,6 +200,10 @@ def _coverage_problems(counts: dict) -> list[tuple[str, int, str]]:
     if n and c == n:
         problems.append(("every", n, f"all {n} tokens inside the examples are counted (only "
                                      "boundaries are ignored), so any prompt is in the loss"))
+    total = sum(n for _, n in counts.values())
+    if total and not any(c for c, _ in counts.values()):
+        problems.append(("no_label", total, "no label is counted: the loss is 0/0 (NaN, or a silent 0.0 "
+                                            "where a trainer guards it) and the batch trains nothing"))
     return problems
 
 

@@ -47,11 +47,17 @@ class WorstPair:
     gradient_ratio: float | None
 
     def __str__(self) -> str:
-        i, j = self.perturbed, self.affected
-        grad = ("" if self.gradient_ratio is None else
-                f" (gradient ratio {self.gradient_ratio:.3g}: |d loss_{j} / d emb_{i}| is "
-                f"{self.gradient_ratio:.3g}x |d loss_{j} / d emb_{j}|)")
+        i, j, r = self.perturbed, self.affected, self.gradient_ratio
+        grad = ("" if r is None else
+                f" (gradient ratio {_times(r)}: example {i}'s tokens move example {j}'s loss {_times(r)} times "
+                f"as much as example {j}'s own tokens do, where isolated examples give 0, so every step "
+                f"on example {j} also trains on example {i})")
         return f"changing example {i} moves example {j}'s logits by {self.logit_change:.3g}{grad}"
+
+
+def _times(r: float) -> str:
+    """A ratio as a person reads it: 1,190 rather than 1.19e+03; 0.0012 stays 0.0012."""
+    return f"{r:,.0f}" if r >= 100 else f"{r:.2g}"
 
 
 FINDING_STATUSES = ("pass", "fail", "skipped")
@@ -146,11 +152,42 @@ class AuditReport:
         return not self.failed
 
     @property
+    def isolation_measured(self) -> bool:
+        """True when the perturbation or the gradient probe ran (False: e.g. one example per batch)."""
+        return any(self.probes[n].status != "skipped" for n in ("perturbation", "gradient") if n in self.probes)
+
+    @property
+    def status(self) -> str:
+        """``"fail"`` (a probe or finding failed), ``"not measured"`` (nothing failed but isolation
+        could not be measured: not a pass) or ``"pass"``; ``packsim audit`` exits 1, 3 or 0."""
+        if self.failed:
+            return "fail"
+        return "pass" if self.isolation_measured else "not measured"
+
+    def _loss_claim(self) -> str:
+        """What the verdict may say about the loss: only what the loss_coverage probe measured."""
+        loss = self.probes.get("loss_coverage")
+        if loss is None or loss.status == "skipped":
+            return f"; the loss was not checked ({loss.summary if loss else 'no loss probe'})."
+        unknown = loss.details.get("counts", {}).get("unknown", (0, 0))[1]
+        if unknown:
+            return ("; which labels are prompt and which response was not measured (no prompt/response split "
+                    "reached the audit: pass response_mask, or keep completion_mask in the batch), so the loss "
+                    "was checked for padding and boundary labels only.")
+        return " and the loss counts only responses."
+
+    @property
     def verdict(self) -> str:
-        """One line: PASS/FAIL, what failed, the worst pair and the first likely cause, what was skipped."""
+        """One line: PASS/FAIL/NOT MEASURED, what failed, the worst pair and the first likely cause, skips."""
         n = len(self.example_ids)
-        if self.ok:
-            line = f"PASS: {n} examples isolated and the loss counts only responses."
+        if self.ok and not self.isolation_measured:
+            why = ("the audited batch holds one example, so no other example can leak into it: audit batches "
+                   "of 2+ examples, e.g. a larger per_device_train_batch_size or packing" if n < 2 else
+                   self.probes["perturbation"].summary if "perturbation" in self.probes else "no probe ran")
+            line = (f"NOT MEASURED: whether the {n} example(s) stay isolated could not be measured ({why}); "
+                    "nothing failed, but this is not a pass.")
+        elif self.ok:
+            line = f"PASS: {n} examples isolated{self._loss_claim()}"
         else:
             parts = [f"FAIL ({', '.join(self.failed)}):"]
             if self.probes["perturbation"].failed and self.worst_pair is not None:

@@ -40,6 +40,7 @@ from packsim.auditing.findings import (
 )
 from packsim.auditing.pipeline import Out, Pipeline, dict_roles, logits_of
 from packsim.auditing.report import AuditReport, Finding
+from packsim.auditing.truncation import examples_without_loss
 from packsim.core.boundaries import ROWS_SOURCE, find_boundaries
 from packsim.core.errors import PacksimError
 from packsim.core.loss import Role
@@ -274,7 +275,7 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 16, tol: flo
     findings = static_findings(trainer, view, impl)
     findings += [cache(view, base_out.cache, use_cache, where),
                  completion_only_loss(trainer, note, _inside_counts(p), report.probes["loss_coverage"]),
-                 accumulation, loss_across_devices(trainer, counts_items)]
+                 accumulation, loss_across_devices(trainer, counts_items), examples_without_loss(p.labels, p.seq)]
     if batches > 1:
         verdicts = [f"batch {k}: {'PASS' if r.ok else 'FAIL (' + ', '.join(r.failed) + ')'}"
                     for k, (r, *_rest) in enumerate(results)]
@@ -285,4 +286,16 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 16, tol: flo
                                 "see the failing batch's probes and findings"))
     fixes = [f"{f.name}: {f.fix}" for f in findings if f.failed and f.fix and f.name != "batches"]
     return replace(report, findings=findings, causes=fixes + report.causes,
+                   forward=report.forward + _tolerance_note(report, base_out, trainer, tol),
                    seconds=time.perf_counter() - start)
+
+
+def _tolerance_note(report: AuditReport, base_out, trainer, given) -> str:
+    """Which float tolerance judged "unchanged", and the dtype it follows (the logits the trainer trains on)."""
+    tol = report.probes["perturbation"].threshold
+    if given is not None:
+        return f"; tolerance {tol:.0e}, as passed (tol=)"
+    dtype = str(base_out.logits.dtype).replace("torch.", "")
+    mixed = trainer.accelerator.mixed_precision
+    return (f"; tolerance {tol:.0e}, from the {dtype} logits this forward returns"
+            + (f" under mixed precision {mixed!r}" if mixed not in (None, "no") else ""))

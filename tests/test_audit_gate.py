@@ -1,0 +1,295 @@
+"""The gate's exit codes (0 pass, 1 fault, 2 bad input or setup, 3 nothing measured) and ``--trainer``.
+
+Every bad input ends in one line on stderr and exit 2, never a traceback; each case is built here:
+non-UTF-8 data, an unreadable file, a directory that is not a checkpoint, checkpoints whose
+tokenizer does not fit the model (no tokenizer files, so transformers builds a vocabulary of 1 for
+Qwen3 and GPT-2; more tokens than embedding rows), factories that do not load. The ground truth of
+each verdict is computed in the test: the records' token lengths for truncation, the batch's
+examples for "not measured", the leak through the model's own forward for ``--trainer``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("trl")  # a dev dependency: CI installs it
+
+from pipelines import PAIRS, leak_through_forward, one_thread, save_tiny_checkpoint  # noqa: E402, F401
+
+from packsim.auditing.command import EXIT_CODES  # noqa: E402
+from packsim.cli import main  # noqa: E402
+from packsim.core.tokenizer import build_tokenizer  # noqa: E402
+
+
+def _jsonl(path, pairs):
+    path.write_text("\n".join(json.dumps({"prompt": p, "completion": c}) for p, c in pairs) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gate")
+    save_tiny_checkpoint(root / "ckpt")
+    _jsonl(root / "data.jsonl", PAIRS)
+    return root
+
+
+def gate(*args) -> int:
+    try:
+        return main(["audit", *map(str, args)])
+    except SystemExit as exit_info:
+        return exit_info.code
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("packsim audit: error: "), err
+    assert "Traceback" not in err[0]
+    return err[0]
+
+
+# ----------------------------------------------------------------------------- exit 2: bad input
+
+
+def test_non_utf8_data_is_exit_2_with_the_line(root, capsys):
+    bad = root / "latin1.jsonl"
+    bad.write_bytes(json.dumps({"prompt": "abc=", "completion": "cba"}).encode() + b"\n"
+                    + '{"prompt": "caf\xe9=", "completion": "x"}'.encode("latin-1") + b"\n")
+    assert gate("--model", root / "ckpt", "--data", bad, "--collator", "packsim") == 2
+    line = one_error_line(capsys)
+    assert "is not UTF-8 text (byte 0xe9 on line 2)" in line and "save it as UTF-8" in line
+
+
+def test_unreadable_data_is_exit_2(root, capsys, monkeypatch):
+    import pathlib
+
+    def denied(self):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(pathlib.Path, "read_bytes", denied)  # root reads any mode: deny it here
+    assert gate("--model", root / "ckpt", "--data", root / "data.jsonl", "--collator", "packsim") == 2
+    assert "cannot read it (Permission denied)" in one_error_line(capsys)
+
+
+def _family_without_tokenizer(path, family: str):
+    from transformers import AutoModelForCausalLM, GPT2Config, Qwen3Config
+
+    config = {"qwen3": lambda: Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                           num_attention_heads=2, num_key_value_heads=1, head_dim=16),
+              "gpt2": lambda: GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2, bos_token_id=0,
+                                         eos_token_id=0)}[family]()
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gpt2"])
+def test_a_checkpoint_without_tokenizer_files_is_exit_2(root, capsys, family):
+    from transformers import AutoTokenizer
+
+    ckpt = _family_without_tokenizer(root / f"{family}-no-tokenizer", family)
+    assert len(AutoTokenizer.from_pretrained(ckpt)) == 1  # ground truth: transformers' empty fallback
+    capsys.readouterr()
+    assert gate("--model", ckpt, "--data", root / "data.jsonl", "--collator", "packsim") == 2
+    line = one_error_line(capsys)
+    assert "its tokenizer has a vocabulary of 1" in line and "no tokenizer files" in line
+
+
+def test_a_llama_checkpoint_without_tokenizer_files_is_exit_2(root, capsys):
+    from packsim.core.model import build_model
+
+    ckpt = root / "llama-no-tokenizer"
+    build_model("tiny", attn_implementation="sdpa", seed=0).save_pretrained(ckpt)
+    capsys.readouterr()
+    assert gate("--model", ckpt, "--data", root / "data.jsonl", "--collator", "packsim") == 2
+    line = one_error_line(capsys)
+    assert "the tokenizer could not be loaded" in line and "no tokenizer files" in line
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_exit_2(root, capsys):
+    from packsim.core.model import build_model
+
+    ckpt = root / "small-embedding"
+    tokenizer = build_tokenizer()
+    rows = len(tokenizer) - 11
+    build_model("tiny", vocab_size=rows, attn_implementation="sdpa", seed=0).save_pretrained(ckpt)
+    tokenizer.save_pretrained(ckpt)
+    capsys.readouterr()
+    assert gate("--model", ckpt, "--data", root / "data.jsonl", "--collator", "packsim") == 2
+    assert f"{len(tokenizer)} tokens but the model's embedding has {rows} rows" in one_error_line(capsys)
+
+
+def test_directories_that_are_not_checkpoints_are_exit_2(root, capsys):
+    empty = root / "empty-dir"
+    empty.mkdir()
+    assert gate("--model", empty, "--data", root / "data.jsonl", "--collator", "packsim") == 2
+    assert "has no config.json" in one_error_line(capsys)
+    no_weights = root / "no-weights"
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text((root / "ckpt" / "config.json").read_text())
+    build_tokenizer().save_pretrained(no_weights)
+    capsys.readouterr()
+    assert gate("--model", no_weights, "--data", root / "data.jsonl", "--collator", "packsim") == 2
+    assert "the model could not be loaded" in one_error_line(capsys)
+    garbage = root / "garbage-config"
+    garbage.mkdir()
+    (garbage / "config.json").write_text("{not json")
+    build_tokenizer().save_pretrained(garbage)
+    capsys.readouterr()
+    assert gate("--model", garbage, "--data", root / "data.jsonl", "--collator", "packsim") == 2
+    one_error_line(capsys)
+
+
+# ----------------------------------------------------------------------------- exit 0 / 1 / 3
+
+
+def test_pass_is_0_fault_is_1_even_without_strict(root, capsys):
+    assert gate("--model", root / "ckpt", "--data", root / "data.jsonl", "--collator", "packsim") == 0
+    assert capsys.readouterr().out.rstrip().endswith("pre-flight PASS")
+    assert gate("--model", root / "ckpt", "--data", root / "data.jsonl", "--collator", "trl-wrapped",
+                "--max-length", "16") == 1
+    assert "pre-flight FAIL: perturbation" in capsys.readouterr().out
+
+
+def test_one_example_per_batch_is_not_measured_exit_3(root, capsys):
+    # batch size 1 under PackingCollator: each batch is one row holding one example (ground truth:
+    # one record per batch), so no other example can leak into it
+    assert gate("--model", root / "ckpt", "--data", root / "data.jsonl", "--collator", "packsim",
+                "--batch-size", "1") == 3
+    out = capsys.readouterr().out
+    assert out.startswith("=== pre-flight") and "NOT MEASURED:" in out and "PASS" not in out.splitlines()[1]
+    assert out.rstrip().endswith("pre-flight NOT MEASURED: isolation untested, not a pass")
+
+
+def test_records_longer_than_max_length_are_a_truncation_finding(root, capsys):
+    from packsim.auditing.preflight import _split
+
+    long = [(p * 3, c * 3) for p, c in PAIRS]
+    data = _jsonl(root / "long.jsonl", long)
+    tokenizer = build_tokenizer()
+    max_length = 24
+    lengths = [(len(a), len(a) + len(b)) for a, b in (_split(tokenizer, {"prompt": p, "completion": c})
+                                                      for p, c in long)]
+    cut = sum(n > max_length for _, n in lengths)  # ground truth from the records' own tokens
+    prompt_only = sum(n > max_length and k >= max_length for k, n in lengths)
+    assert 0 < cut and 0 < prompt_only < cut
+    assert gate("--model", root / "ckpt", "--data", data, "--collator", "trl-bfd",
+                "--max-length", max_length) == 1
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.strip().startswith("truncation "))
+    assert f"{cut} of {len(long)} records are longer than max_length={max_length}" in line
+    assert f"{prompt_only} of them lose the whole response" in line
+    assert f"raise --max-length to at least {max(n for _, n in lengths)}" in line
+    assert gate("--model", root / "ckpt", "--data", data, "--collator", "trl-bfd", "--max-length", 512) == 0
+    assert "truncation              PASS" in capsys.readouterr().out
+
+
+def test_help_documents_the_exit_codes(capsys):
+    with pytest.raises(SystemExit):
+        main(["audit", "--help"])
+    out = capsys.readouterr().out
+    for code, text in EXIT_CODES.items():
+        assert f"  {code}  {text}" in out
+    assert "--trainer FILE.py:FUNC" in out
+
+
+# ----------------------------------------------------------------------------- --trainer
+
+
+FACTORY = '''
+import datasets
+from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+from packsim import PackingCollator
+from packsim.core.tokenizer import BOS_ID, EOS_ID, encode
+
+PAIRS = {pairs!r}
+
+
+def make_trainer(setup="correct", bf16=False, use_cache=False):
+    model = AutoModelForCausalLM.from_pretrained({ckpt!r}, attn_implementation="sdpa")
+    features = [{{"prompt_ids": [BOS_ID] + encode(p), "response_ids": encode(c) + [EOS_ID]}} for p, c in PAIRS]
+    args = TrainingArguments(output_dir={out!r}, per_device_train_batch_size=4, max_steps=1, report_to="none",
+                             save_strategy="no", use_cpu=True, remove_unused_columns=False, seed=0,
+                             bf16=bf16, use_cache=use_cache)
+    return Trainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(features),
+                   data_collator=PackingCollator(setup=setup))
+
+
+def leaking():
+    return make_trainer(use_cache=True)  # a cache in the forward lets examples see each other
+
+
+def in_bf16():
+    return make_trainer(bf16=True)
+
+
+def broken():
+    raise RuntimeError("no GPU here")
+
+
+def not_a_trainer():
+    return 42
+
+
+if __name__ == "__main__":
+    make_trainer().train()
+'''
+
+
+@pytest.fixture(scope="module")
+def factory(root):
+    path = root / "project" / "train.py"
+    path.parent.mkdir()
+    path.write_text(FACTORY.format(pairs=PAIRS, ckpt=str(root / "ckpt"), out=str(root / "out")))
+    return path
+
+
+def test_trainer_factory_file_passes_and_leaks_fail(factory, capsys):
+    import runpy
+
+    assert gate("--trainer", f"{factory}:make_trainer") == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"=== audit of the trainer from {factory}:make_trainer: Trainer")
+    assert "tolerance 1e-05, from the float32 logits" in out and out.rstrip().endswith("gate PASS")
+    leak = leak_through_forward(runpy.run_path(str(factory))["leaking"]())  # ground truth, not packsim
+    assert leak > 1e-3
+    assert gate("--trainer", f"{factory}:leaking") == 1
+    out = capsys.readouterr().out
+    assert "gate FAIL: perturbation" in out and "cache" in out
+
+
+def test_the_tolerance_follows_the_trainers_dtype(factory, capsys):
+    assert gate("--trainer", f"{factory}:in_bf16") == 0
+    out = capsys.readouterr().out
+    assert "tolerance 3e-02, from the bfloat16 logits this forward returns under mixed precision 'bf16'" in out
+
+
+def test_trainer_as_module_function(factory, capsys, monkeypatch):
+    monkeypatch.chdir(factory.parent)
+    assert gate("--trainer", "train:make_trainer") == 0
+    assert capsys.readouterr().out.rstrip().endswith("gate PASS")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("FILE", "names no function"),
+    ("/no/such/train.py:make_trainer", "no such file"),
+    ("FILE:nope", "defines no 'nope' (its functions: broken, in_bf16, leaking, make_trainer, not_a_trainer)"),
+    ("FILE:PAIRS", "PAIRS is a list, not a function"),
+    ("FILE:broken", "the factory raised RuntimeError: no GPU here"),
+    ("FILE:not_a_trainer", "returned int '42', not a transformers Trainer"),
+    ("no_such_module_xyz:make", "importing module 'no_such_module_xyz' raised ModuleNotFoundError"),
+])
+def test_bad_trainer_specs_are_exit_2(factory, capsys, spec, message):
+    assert gate("--trainer", spec.replace("FILE", str(factory))) == 2
+    assert message in one_error_line(capsys)
+
+
+def test_a_factory_file_that_fails_to_import_is_exit_2(root, capsys):
+    bad = root / "bad_train.py"
+    bad.write_text("import no_such_package_abc\n")
+    assert gate("--trainer", f"{bad}:make") == 2
+    assert "importing" in one_error_line(capsys)
+    assert gate("--trainer", f"{bad}:make", "--model", root / "ckpt") == 2
+    assert "cannot go with it" in one_error_line(capsys)
