@@ -13,7 +13,7 @@ from packsim.auditing.loss_checks import (
     mean_of_means,
     token_weights,
 )
-from packsim.auditing.museum import collate, examples, tiny
+from packsim.auditing.museum import collate, examples, tiny_llama
 from packsim.core.loss import IGNORE_INDEX
 
 
@@ -24,25 +24,25 @@ def micro_batches():
 
 
 def test_mean_of_means_weighs_a_short_micro_batch_more(micro_batches):
-    short, long = token_weights(tiny(), micro_batches, mean_of_means)
+    short, long = token_weights(tiny_llama(), micro_batches, mean_of_means)
     assert torch.allclose(short, torch.full_like(short, 1 / (2 * 2)), rtol=1e-4)  # 1 / (K n_1)
     assert torch.allclose(long, torch.full_like(long, 1 / (2 * 19)), rtol=1e-4)
-    bad = check_loss_normalisation(tiny(), micro_batches, mean_of_means)
+    bad = check_loss_normalisation(tiny_llama(), micro_batches, mean_of_means)
     assert bad.name == "equal_token_weights"  # not the trainer audit's loss_over_accumulation
     assert bad.failed and "max/min 9.500" in bad.evidence and "[2, 19] counted tokens" in bad.evidence
     assert "num_items_in_batch" in bad.fix
 
 
 def test_global_token_mean_weighs_every_token_the_same(micro_batches):
-    weights = torch.cat(token_weights(tiny(), micro_batches, global_token_mean))
+    weights = torch.cat(token_weights(tiny_llama(), micro_batches, global_token_mean))
     assert torch.allclose(weights, torch.full_like(weights, 1 / 21), rtol=1e-4)
-    good = check_loss_normalisation(tiny(), micro_batches, global_token_mean)
+    good = check_loss_normalisation(tiny_llama(), micro_batches, global_token_mean)
     assert good.status == "pass" and "1/N = 0.0476" in good.evidence
 
 
 def test_the_two_reductions_agree_when_micro_batches_count_the_same(micro_batches):
     same = [micro_batches[1], micro_batches[1]]
-    assert not check_loss_normalisation(tiny(), same, mean_of_means).failed
+    assert not check_loss_normalisation(tiny_llama(), same, mean_of_means).failed
 
 
 def test_counted_labels():

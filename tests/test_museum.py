@@ -10,7 +10,7 @@ import pytest
 from packsim import PacksimError
 from packsim.auditing.museum import (
     EXHIBITS,
-    examine,
+    audit_exhibit,
     museum_table,
 )
 
@@ -30,18 +30,18 @@ def test_the_museum_holds_at_least_eight_documented_bugs():
 @pytest.mark.parametrize("name", list(EXHIBITS))
 def test_exhibit_is_caught_and_its_fix_passes(name):
     exhibit = EXHIBITS[name]
-    buggy = examine(name)
+    buggy = audit_exhibit(name)
     assert set(buggy.failed) == set(exhibit.expected), buggy.table()
     assert exhibit.evidence in buggy.table(), buggy.table()
-    fixed = examine(name, fixed=True)
+    fixed = audit_exhibit(name, fixed=True)
     assert fixed.failed == [] and fixed.ok, fixed.table()
     assert {f.name for f in fixed.findings} <= CHECKS and all(f.status == "pass" for f in fixed.findings)
 
 
 def test_leak_exhibits_are_real_leaks_and_fixes_are_exact():
     for name in ("all_ones_mask", "positions_reset_without_mask"):
-        assert examine(name).probes["perturbation"].value > 1e-2
-        assert examine(name, fixed=True).probes["perturbation"].value == 0.0
+        assert audit_exhibit(name).probes["perturbation"].value > 1e-2
+        assert audit_exhibit(name, fixed=True).probes["perturbation"].value == 0.0
 
 
 def test_museum_table_renders_for_docs():

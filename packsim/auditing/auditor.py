@@ -36,7 +36,7 @@ import torch
 
 from packsim.auditing.causes import likely_causes
 from packsim.auditing.pipeline import (
-    Out,
+    ForwardOutput,
     Pipeline,
     dict_pipeline,
     packed_pipeline,
@@ -71,7 +71,7 @@ def _pipeline(model, batch, response_mask, forward_kwargs) -> Pipeline:
     )
 
 
-def baseline(p: Pipeline, seed: int) -> Out:
+def baseline(p: Pipeline, seed: int) -> ForwardOutput:
     device = model_device(p.model)
     try:
         with torch.no_grad(), same_randomness(seed, device):
@@ -120,7 +120,7 @@ LEAK_PROBES = ("perturbation", "gradient", "attention_mass")
 
 
 def audit_pipeline(p: Pipeline, *, max_examples: int = 16, tol: float | None = None, seed: int = 0,
-                   field_causes: bool = True, start: float | None = None) -> tuple[AuditReport, Out]:
+                   field_causes: bool = True, start: float | None = None) -> tuple[AuditReport, ForwardOutput]:
     """The five probes on a built :class:`Pipeline` -> (report, the baseline forward's output).
 
     With one example there is nothing to leak into: the leak probes are skipped, saying so.

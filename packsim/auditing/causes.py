@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import torch
 
-from packsim.auditing.pipeline import Out, Pipeline
+from packsim.auditing.pipeline import ForwardOutput, Pipeline
 from packsim.auditing.report import ProbeResult
 
 _FA_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 
-def likely_causes(p: Pipeline, probes: dict[str, ProbeResult], base_out: Out) -> list[str]:
+def likely_causes(p: Pipeline, probes: dict[str, ProbeResult], base_out: ForwardOutput) -> list[str]:
     causes = []
     leak = any(probes[n].failed for n in ("perturbation", "gradient", "attention_mass"))
     if leak:
@@ -38,7 +38,7 @@ def _packed_leak_causes(p: Pipeline) -> list[str]:
             "call ignores the segments it is given (custom attention code, a patched layer)."]
 
 
-def _dict_leak_causes(p: Pipeline, probes, base_out: Out) -> list[str]:
+def _dict_leak_causes(p: Pipeline, probes, base_out: ForwardOutput) -> list[str]:
     fields, impl = p.context["fields"], p.context["impl"] or "unknown"
     mask = fields.get("attention_mask")
     mask = mask if isinstance(mask, torch.Tensor) else None

@@ -47,20 +47,20 @@ SHAPES = ((4, 3), (5, 4), (3, 5))  # (prompt body, response body) per example
 
 
 @dataclass(frozen=True)
-class Ex:
+class ToyExample:
     """``tokens`` = [BOS] + prompt + response + [EOS]; the first ``n_prompt`` tokens are the prompt."""
 
     tokens: tuple[int, ...]
     n_prompt: int
 
 
-def examples(chat: bool = False, shapes=SHAPES, seed: int = 0) -> list[Ex]:
+def examples(chat: bool = False, shapes=SHAPES, seed: int = 0) -> list[ToyExample]:
     """Seeded toy examples; ``chat`` ends the user turn with an EOS (end of turn) as well."""
     rng = random.Random(seed)
     out = []
     for n_prompt, n_response in shapes:
         prompt = [BOS] + [rng.randrange(3, VOCAB) for _ in range(n_prompt)] + ([EOS] if chat else [])
-        out.append(Ex(tuple(prompt + [rng.randrange(3, VOCAB) for _ in range(n_response)] + [EOS]),
+        out.append(ToyExample(tuple(prompt + [rng.randrange(3, VOCAB) for _ in range(n_response)] + [EOS]),
                       len(prompt)))
     return out
 
@@ -82,7 +82,7 @@ def response_mask(exs) -> torch.Tensor:
 
 
 @cache
-def tiny(impl: str = "sdpa"):
+def tiny_llama(impl: str = "sdpa"):
     """The shared tiny Llama per attention implementation (same weights; never mutated here)."""
     from packsim.core.model import build_model
 
@@ -121,7 +121,7 @@ class Exhibit:
     evidence: str = ""
 
 
-def examine(exhibit: Exhibit | str, fixed: bool = False) -> AuditReport:
+def audit_exhibit(exhibit: Exhibit | str, fixed: bool = False) -> AuditReport:
     """Audit the buggy (or fixed) pipeline of ``exhibit``; the museum's checks join ``report.findings``.
 
     ``report.failed`` then names the failed probes and checks (``counted_labels`` for dict batches,
@@ -140,7 +140,7 @@ def examine(exhibit: Exhibit | str, fixed: bool = False) -> AuditReport:
 
 def _dict_case(batch: dict, exs, impl: str = "sdpa", **kwargs) -> Case:
     kwargs.setdefault("use_cache", False)
-    return Case(tiny(impl), batch, {"response_mask": response_mask(exs), **kwargs})
+    return Case(tiny_llama(impl), batch, {"response_mask": response_mask(exs), **kwargs})
 
 
 @contextmanager
@@ -205,7 +205,7 @@ def _positions_only(buggy: bool) -> Case:
     setup = Setup("causal", "reset", "completion") if buggy else "correct"
     batch = PackedBatch.from_examples(exs, capacity=sum(len(e.tokens) for e in exs), setup=setup,
                                       strategy="sequential")
-    return Case(tiny("packsim"), batch, {})
+    return Case(tiny_llama("packsim"), batch, {})
 
 
 def _boundary_label(buggy: bool) -> Case:
@@ -231,7 +231,7 @@ def _end_of_turn(buggy: bool) -> Case:
 
 def _no_response(buggy: bool) -> Case:
     max_length = 4 if buggy else 32  # truncation keeps the first max_length tokens of each example
-    exs = [Ex(e.tokens[:max_length], min(e.n_prompt, max_length)) for e in examples()]
+    exs = [ToyExample(e.tokens[:max_length], min(e.n_prompt, max_length)) for e in examples()]
     return _dict_case(collate(exs), exs)
 
 
@@ -379,9 +379,9 @@ def museum_table(names=None) -> MuseumTable:
         raise PacksimError(f"unknown exhibit(s) {unknown}: use some of {list(EXHIBITS)}.")
     rows = []
     for name in chosen:
-        bug, fixed = examine(name), examine(name, fixed=True)
+        bug, fixed = audit_exhibit(name), audit_exhibit(name, fixed=True)
         rows.append((name, EXHIBITS[name].title, EXHIBITS[name].links[0], _caught_by(bug), not fixed.failed))
     return MuseumTable(rows)
 
 
-__all__ = ["EXHIBITS", "Case", "Exhibit", "MuseumTable", "examine", "museum_table"]
+__all__ = ["EXHIBITS", "Case", "Exhibit", "MuseumTable", "audit_exhibit", "museum_table"]

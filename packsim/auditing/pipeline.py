@@ -23,7 +23,9 @@ from packsim.core.segments import example_positions, run_starts
 
 
 @dataclass
-class Out:
+class ForwardOutput:
+    """What one forward of the audited pipeline gave: logits, the KV cache, attention maps."""
+
     logits: torch.Tensor  # (B, T, V)
     cache: object = None
     attentions: tuple | None = None
@@ -33,14 +35,14 @@ class Out:
 class Pipeline:
     """Everything the probes need, whatever the batch format.
 
-    run(input_ids=None, inputs_embeds=None, output_attentions=False) -> Out runs the pipeline's
+    run(input_ids=None, inputs_embeds=None, output_attentions=False) -> ForwardOutput runs the pipeline's
     forward with the tokens (or embeddings) replaced. seq (B, T) long: dense example index
     0..S-1, -1 on padding. roles (B, T): packsim Role codes (``Role.UNKNOWN`` where a dict batch
     does not say prompt or response), -1 on each row's first token.
     """
 
     model: torch.nn.Module
-    run: Callable[..., Out]
+    run: Callable[..., ForwardOutput]
     input_ids: torch.Tensor
     seq: torch.Tensor
     example_ids: list[int]
@@ -62,9 +64,9 @@ def same_randomness(seed: int, device: torch.device):
         yield
 
 
-def logits_of(out) -> Out:
+def logits_of(out) -> ForwardOutput:
     if isinstance(out, torch.Tensor):
-        return Out(out)
+        return ForwardOutput(out)
     logits = getattr(out, "logits", None)
     if logits is None:
         raise PacksimError(
@@ -74,7 +76,7 @@ def logits_of(out) -> Out:
     fields = out if isinstance(out, Mapping) else getattr(out, "__dict__", {})  # ModelOutput: a dict
     keys = list(fields.keys())  # not .get("past_key_values"): transformers 5 warns on the old name
     cache = next((fields[k] for k in ("cache", "past_key_values") if k in keys), None)
-    return Out(logits, cache, fields.get("attentions"))
+    return ForwardOutput(logits, cache, fields.get("attentions"))
 
 
 def _check_response_mask(response_mask, shape) -> torch.Tensor | None:
@@ -104,9 +106,9 @@ def _dense_ids(ids: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
 def packed_pipeline(model, batch: PackedBatch, response_mask, forward_kwargs) -> Pipeline:
     from packsim.core.model import forward
 
-    def run(input_ids=None, inputs_embeds=None, output_attentions=False) -> Out:
+    def run(input_ids=None, inputs_embeds=None, output_attentions=False) -> ForwardOutput:
         b = batch if input_ids is None else _replace_ids(batch, input_ids)
-        return Out(forward(model, b, inputs_embeds=inputs_embeds, **forward_kwargs))
+        return ForwardOutput(forward(model, b, inputs_embeds=inputs_embeds, **forward_kwargs))
 
     found = find_boundaries(batch)
     seq, ids = _dense_ids(found.seq_ids)
@@ -156,7 +158,7 @@ def dict_pipeline(model, batch: Mapping, response_mask, forward_kwargs) -> Pipel
     roles, notes = dict_roles(model, fields, seq, _check_response_mask(response_mask, ids.shape))
     fields_no_ids = {k: v for k, v in fields.items() if k != "input_ids"}
 
-    def run(input_ids=None, inputs_embeds=None, output_attentions=False) -> Out:
+    def run(input_ids=None, inputs_embeds=None, output_attentions=False) -> ForwardOutput:
         extra = {"output_attentions": True} if output_attentions else {}
         if inputs_embeds is not None:
             return logits_of(model(inputs_embeds=inputs_embeds, **fields_no_ids, **forward_kwargs, **extra))

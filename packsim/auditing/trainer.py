@@ -38,7 +38,7 @@ from packsim.auditing.findings import (
     loss_across_devices,
     static_findings,
 )
-from packsim.auditing.pipeline import Out, Pipeline, dict_roles, logits_of
+from packsim.auditing.pipeline import ForwardOutput, Pipeline, dict_roles, logits_of
 from packsim.auditing.report import AuditReport, Finding
 from packsim.auditing.truncation import examples_without_loss
 from packsim.core.boundaries import ROWS_SOURCE, find_boundaries
@@ -165,7 +165,7 @@ def _pipeline(trainer, model, view: BatchView, features, forward_kwargs, autocas
     ids = fields["input_ids"]
     rest = {k: v for k, v in fields.items() if k not in ("input_ids", "labels")}
 
-    def run(input_ids=None, inputs_embeds=None, output_attentions=False) -> Out:
+    def run(input_ids=None, inputs_embeds=None, output_attentions=False) -> ForwardOutput:
         extra = {"output_attentions": True} if output_attentions else {}
         x = {"inputs_embeds": inputs_embeds} if inputs_embeds is not None else \
             {"input_ids": ids if input_ids is None else input_ids}
@@ -194,7 +194,7 @@ def _pipeline(trainer, model, view: BatchView, features, forward_kwargs, autocas
     return p, note
 
 
-def _probe(p: Pipeline, view: BatchView, seed: int, max_examples: int, tol) -> tuple[AuditReport, Out]:
+def _probe(p: Pipeline, view: BatchView, seed: int, max_examples: int, tol) -> tuple[AuditReport, ForwardOutput]:
     """The five probes of :func:`packsim.audit` on one batch (leak probes skipped for one example)."""
     return audit_pipeline(p, max_examples=max_examples, tol=tol, seed=seed,
                           field_causes=not view.from_tokens)

@@ -29,6 +29,7 @@ from packsim.core.loss import IGNORE_INDEX, Role, make_labels, response_mask
 from packsim.core.pack_stats import packing_stats
 from packsim.core.packing import Piece, pack_pieces
 from packsim.core.segments import (
+    Segment,
     cu_seqlens_from_lengths,
     cu_seqlens_from_position_ids,
     example_positions,
@@ -36,17 +37,7 @@ from packsim.core.segments import (
 )
 from packsim.core.setups import Setup, get_setup
 
-__all__ = ["PackedBatch", "Segment"]
-
-
-@dataclass(frozen=True)
-class Segment:
-    """Where one example (or a piece of it) sits: row, [start, stop) in that row, example index."""
-
-    row: int
-    start: int
-    stop: int
-    example: int
+__all__ = ["PackedBatch"]
 
 
 def _example_parts(ex) -> tuple[list[int], int]:
