@@ -230,6 +230,9 @@ def test_playground_bars_and_numbers_follow_the_controls():
 def test_playground_controls_and_edges():
     p = packing_playground(n=30, capacity=128)
     assert p.uniform_range.disabled and not p.median.disabled
+    assert p.distribution.value == "long_tailed" and p.distribution.label == "long-tailed"
+    old_spelling = packing_playground(n=30, capacity=128, distribution="long-tailed")
+    assert old_spelling.lengths().tolist() == p.lengths().tolist()  # the old key still reads
     p.distribution.value = "uniform"
     assert not p.uniform_range.disabled and p.median.disabled
     p.uniform_range.value = (10, 20)

@@ -26,7 +26,8 @@ from packsim.viz.widget import PacksimWidget, escape, show_figure, style_html
 __all__ = ["PackingPlayground", "packing_playground", "packing_figure", "draw_lengths"]
 
 CAPACITIES = (64, 128, 256, 512, 1024, 2048, 4096)
-DISTRIBUTIONS = ("long-tailed", "uniform")
+DISTRIBUTIONS = ("long_tailed", "uniform")
+_LABELS = {"long_tailed": "long-tailed", "uniform": "uniform"}  # what the dropdown shows
 
 
 def draw_lengths(
@@ -39,8 +40,12 @@ def draw_lengths(
     low: int = 16,
     high: int = 256,
 ) -> np.ndarray:
-    """``n`` example lengths (n,) int64 from ``distribution``, clipped to ``[1, capacity]``."""
-    if distribution == "long-tailed":
+    """``n`` example lengths (n,) int64 from ``distribution``, clipped to ``[1, capacity]``.
+
+    ``distribution``: one of :data:`DISTRIBUTIONS` (``"long-tailed"`` is read as ``"long_tailed"``).
+    """
+    distribution = distribution.replace("-", "_")
+    if distribution == "long_tailed":
         median = min(max(median, 8), capacity)
         return long_tailed_lengths(
             n, median=median, sigma=sigma, max_len=capacity, min_len=min(8, capacity), seed=seed
@@ -163,16 +168,20 @@ class PackingPlayground(PacksimWidget):
         n: int = 120,
         capacity: int = 512,
         strategy: str = "bfd",
-        distribution: str = "long-tailed",
+        distribution: str = "long_tailed",
         seed: int = 0,
     ):
+        distribution = distribution.replace("-", "_")
         if capacity not in CAPACITIES:
             raise PacksimError(f"capacity={capacity!r}: pick one of {list(CAPACITIES)}.")
         if strategy not in STRATEGIES:
             raise PacksimError(f"strategy={strategy!r}: pick one of {list(STRATEGIES)}.")
         short = dict(style={"description_width": "90px"}, layout=widgets.Layout(width="330px"))
         self.distribution = widgets.Dropdown(
-            options=DISTRIBUTIONS, value=distribution, description="lengths", **short
+            options=[(_LABELS[d], d) for d in DISTRIBUTIONS],
+            value=distribution,
+            description="lengths",
+            **short,
         )
         self.n = widgets.IntSlider(
             value=n, min=1, max=400, description="examples", continuous_update=False, **short
@@ -248,7 +257,7 @@ class PackingPlayground(PacksimWidget):
 
     def update(self) -> None:
         """Redraw the bars and the numbers for the current controls."""
-        long_tailed = self.distribution.value == "long-tailed"
+        long_tailed = self.distribution.value == "long_tailed"
         self.median.disabled = self.sigma.disabled = not long_tailed
         self.uniform_range.disabled = long_tailed
         lengths = self.lengths()
@@ -260,7 +269,7 @@ def packing_playground(
     n: int = 120,
     capacity: int = 512,
     strategy: str = "bfd",
-    distribution: str = "long-tailed",
+    distribution: str = "long_tailed",
     seed: int = 0,
 ) -> PackingPlayground:
     """Packing playground widget (notebook 01): lengths, capacity and algorithm controls."""
