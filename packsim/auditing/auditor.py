@@ -35,6 +35,7 @@ from dataclasses import replace
 import torch
 
 from packsim.auditing.causes import likely_causes
+from packsim.auditing.hybrid_findings import hybrid_state
 from packsim.auditing.pipeline import (
     ForwardOutput,
     Pipeline,
@@ -113,6 +114,9 @@ def audit(model, batch, response_mask=None, *, max_examples: int = 16, tol: floa
     start = time.perf_counter()
     p = _pipeline(model, batch, response_mask, forward_kwargs)
     report, _ = audit_pipeline(p, max_examples=max_examples, tol=tol, seed=seed, start=start)
+    hybrid = hybrid_state(model, batch)  # stateful (SSM / conv) layers: None for attention-only models
+    if hybrid:
+        report.findings.append(hybrid)
     return report
 
 

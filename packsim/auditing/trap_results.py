@@ -13,7 +13,7 @@ Lessons: none directly (lessons 04, 07 and 09 print the table :func:`packsim.aud
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from packsim.auditing.trap_cases import CONDITIONS
 from packsim.core.errors import PacksimError
@@ -23,7 +23,8 @@ __all__ = ["Cell", "TrapTable"]
 
 @dataclass(frozen=True)
 class Cell:
-    """One measurement. ``status``: "isolated", "leaks" or "not run" (``note`` says why).
+    """One measurement. ``status``: "isolated", "leaks", "not run" or "needs CUDA" (the isolating
+    path exists only in a CUDA kernel that is not here; ``note`` says why).
 
     ``change``: max |logit change| of a later example's token when the first example changes;
     ``audit_isolated``: packsim.audit's verdict on the same forward (None when not run);
@@ -51,8 +52,9 @@ class Cell:
         return self.audit_isolated == (self.status == "isolated")
 
 
-_SHORT = {"isolated": "isolated", "leaks": "LEAKS", "not run": "n/a"}
-_COLOR = {"isolated": "#1a7f37", "leaks": "#cf222e", "not run": "#6e7781"}
+_SHORT = {"isolated": "isolated", "leaks": "LEAKS", "not run": "n/a", "needs CUDA": "needs CUDA"}
+_COLOR = {"isolated": "#1a7f37", "leaks": "#cf222e", "not run": "#6e7781", "needs CUDA": "#9a6700"}
+_FOOTNOTED = ("not run", "needs CUDA")  # statuses whose note prints once, as a numbered footnote
 
 
 @dataclass
@@ -70,6 +72,10 @@ class TrapTable:
     conditions: tuple[str, ...]
     versions: dict[str, str]
     seconds: float
+    descriptions: dict[str, str] = field(default_factory=dict)  # condition -> words (else CONDITIONS)
+
+    def describe(self, condition: str) -> str:
+        return self.descriptions.get(condition) or CONDITIONS.get(condition, condition)
 
     def cell(self, family: str, impl: str, condition: str) -> Cell:
         for c in self.cells:
@@ -84,13 +90,16 @@ class TrapTable:
     def _notes(self) -> list[str]:
         notes: list[str] = []
         for c in self.cells:
-            if c.status == "not run" and c.note not in notes:
+            if c.status in _FOOTNOTED and c.note not in notes:
                 notes.append(c.note)
         return notes
 
+    def _status_of(self, note: str) -> str:
+        return next(c.status for c in self.cells if c.status in _FOOTNOTED and c.note == note)
+
     def _label(self, c: Cell, notes: list[str]) -> str:
         label = _SHORT[c.status]
-        if c.status == "not run":
+        if c.status in _FOOTNOTED:
             label += f"[{notes.index(c.note) + 1}]"
         return label + ("!" if c.agrees is False else "")
 
@@ -111,8 +120,8 @@ class TrapTable:
         widths = [max(len(r[k]) for r in rows) for k in range(len(head))]
         lines = [self.header()]
         lines += ["  ".join(x.ljust(w) for x, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-        lines += [f"{name}: {CONDITIONS[name]}" for name in self.conditions]
-        lines += [f"[{k}] not run: {note}" for k, note in enumerate(notes, 1)]
+        lines += [f"{name}: {self.describe(name)}" for name in self.conditions]
+        lines += [f"[{k}] {self._status_of(note)}: {note}" for k, note in enumerate(notes, 1)]
         if self.disagreements():
             lines.append("! the audit's verdict differs from the perturbation in this cell")
         return "\n".join(lines)
@@ -122,20 +131,20 @@ class TrapTable:
 
     def to_html(self) -> str:
         notes = self._notes()
-        head = "".join(f"<th title='{html.escape(CONDITIONS[c])}'>{c}</th>" for c in self.conditions)
+        head = "".join(f"<th title='{html.escape(self.describe(c))}'>{c}</th>" for c in self.conditions)
         body = []
         for f in self.families:
             for i in self.impls:
                 tds = []
                 for cond in self.conditions:
                     c = self.cell(f, i, cond)
-                    tip = c.note if c.status == "not run" else (
+                    tip = c.note if c.status in _FOOTNOTED else (
                         f"max |change| {c.change:.2e}; audit failed: {', '.join(c.audit_failed) or 'none'}")
                     tds.append(f"<td style='color:{_COLOR[c.status]};font-weight:bold' "
                                f"title='{html.escape(tip)}'>{html.escape(self._label(c, notes))}</td>")
                 body.append(f"<tr><td>{f}</td><td><code>{html.escape(i)}</code></td>{''.join(tds)}</tr>")
-        legend = "".join(f"<li><code>{c}</code>: {html.escape(CONDITIONS[c])}</li>" for c in self.conditions)
-        legend += "".join(f"<li>[{k}] not run: {html.escape(n)}</li>" for k, n in enumerate(notes, 1))
+        legend = "".join(f"<li><code>{c}</code>: {html.escape(self.describe(c))}</li>" for c in self.conditions)
+        legend += "".join(f"<li>[{k}] {self._status_of(n)}: {html.escape(n)}</li>" for k, n in enumerate(notes, 1))
         return (f"<div class='packsim-traps'><p><b>{html.escape(self.header())}</b></p><table>"
                 f"<tr><th>family</th><th>impl</th>{head}</tr>{''.join(body)}</table>"
                 f"<ul>{legend}</ul></div>")
@@ -148,7 +157,7 @@ class TrapTable:
         import plotly.graph_objects as go
 
         notes = self._notes()
-        code = {"isolated": 1.0, "leaks": 0.0, "not run": 0.5}
+        code = {"isolated": 1.0, "leaks": 0.0, "not run": 0.5, "needs CUDA": 0.5}
         ys = [f"{f} / {i}" for f in self.families for i in self.impls]
         cells = [[self.cell(f, i, c) for c in self.conditions] for f in self.families for i in self.impls]
         z = [[code[c.status] for c in row] for row in cells]

@@ -1,0 +1,242 @@
+"""Trap-table rows for model kinds beyond attention-only decoders: hybrid state-space / linear-attention
+models and a multimodal-RoPE (mRoPE) text stack, measured on the installed transformers.
+
+Each family is a tiny ``*ForCausalLM`` (2 layers, hidden 32, vocab 96, random weights, built from its
+config: no download). A cell runs one packed row of 32 tokens (three examples of 10, 13 and 9 tokens)
+under one condition and compares each example's packed logits with the example run alone (input_ids
+(1, L), no positions, no mask): the cell is "isolated" when no token moves by more than ``tol``
+(fp32: 1e-5), "leaks" otherwise, and "needs CUDA" when transformers refuses to run the condition
+because the only path that keeps examples apart is a CUDA kernel package that is not installed.
+Then :func:`packsim.audit` runs the same forward and the cell records whether its verdict agrees.
+
+What the installed transformers does (read in its source, measured by the cells):
+
+- the Mamba2 / short-convolution / gated-delta-rule layers call kernel functions wrapped by
+  ``integrations.hub_kernels.use_kernel_func_from_hub_with_fallback``; without ``causal_conv1d`` /
+  ``mamba_ssm`` / ``flash-linear-attention`` the torch fallbacks (e.g. ``causal_conv1d_fn`` and
+  ``mamba2_chunk_scan`` in ``models/bamba/modeling_bamba.py``) take ``**kwargs`` and ignore them,
+  so the conv and recurrent state runs across a boundary; the wrapper RAISES when ``seq_idx`` or
+  ``cu_seqlens`` reaches a fallback ("can't keep packed sequences apart without ..."), so packed
+  rows with seq_idx fail closed on CPU;
+- ``cu_seq_lens_q/k`` is not ``cu_seqlens``: the conv fallback gets it, ignores it, and the guard
+  does not fire (Qwen3-Next's gated delta rule renames it to ``cu_seqlens``, so that one raises);
+- ``Mamba2ForCausalLM.forward`` does not pass ``**kwargs`` to its backbone (models/mamba2), so
+  ``seq_idx`` never reaches a mixer, with or without the CUDA kernels;
+- the Qwen2-VL text model (models/qwen2_vl, ``Qwen2VLTextModel.forward``) builds the packed mask
+  only from 4-row position_ids (text positions prepended to the 3 rope rows); 2D or 3-row
+  positions are expanded and the mask is plain causal over the row.
+
+:func:`frontier_table` returns a :class:`~packsim.auditing.trap_results.TrapTable` (rows family x
+impl, columns the family kind's conditions). Shapes: input_ids (1, 32), position_ids (1, 32) or
+(3, 1, 32) / (4, 1, 32), seq_idx (1, 32) int32, cu_seq_lens_q/k (4,) int32.
+
+Lessons: none directly (lessons 04 and 07 print :func:`frontier_table`).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import replace
+
+import torch
+
+from packsim.auditing.trap_cases import ROWS, VOCAB
+from packsim.auditing.trap_results import Cell, TrapTable
+from packsim.core.errors import PacksimError
+from packsim.core.segments import example_positions
+
+__all__ = ["CUDA_REFUSAL", "FRONTIER_CONDITIONS", "FRONTIER_FAMILIES", "build_frontier", "frontier_batch",
+           "frontier_cell", "frontier_table", "needs_cuda_reason"]
+
+_IDS = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+_BASE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256)
+_MAMBA = dict(mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=16, mamba_chunk_size=8,
+              mamba_expand=2)
+# family -> (kind, config class, config kwargs, what its stateful layer is)
+FRONTIER_FAMILIES = {
+    "bamba": ("hybrid", "BambaConfig", {**_BASE, **_MAMBA, "attn_layer_indices": [1]},
+              "Mamba2 mixer (conv1d + SSM scan) then an attention layer"),
+    "qwen3_next": ("hybrid", "Qwen3NextConfig",
+                   {**_BASE, "layer_types": ["linear_attention", "full_attention"], "head_dim": 8,
+                    "linear_num_value_heads": 2, "linear_num_key_heads": 2, "linear_key_head_dim": 8,
+                    "linear_value_head_dim": 8, "num_experts": 2, "num_experts_per_tok": 1,
+                    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32},
+                   "gated DeltaNet (conv1d + gated delta rule) then an attention layer"),
+    "lfm2": ("hybrid", "Lfm2Config", {**_BASE, "layer_types": ["conv", "full_attention"], "block_ff_dim": 64},
+             "short convolution (kernel 3) then an attention layer"),
+    "mamba2": ("hybrid", "Mamba2Config", dict(hidden_size=32, num_hidden_layers=2, num_heads=4, head_dim=16,
+                                               n_groups=1, state_size=16, chunk_size=8, expand=2),
+               "Mamba2 mixers only (no attention layer: the impl does not apply)"),
+    "qwen2_vl": ("mrope", "Qwen2VLConfig", {}, "multimodal RoPE: 3 rope rows (t, h, w), text stack only"),
+}
+_KIND_CONDITIONS = {
+    "hybrid": ("positions", "seq_idx", "cu_seq_lens", "ones_mask"),
+    "mrope": ("positions_2d", "positions_3d", "positions_4rows", "ones_mask_4rows"),
+}
+FRONTIER_CONDITIONS = {
+    "positions": "position_ids (1, 32) restart per example, nothing else",
+    "seq_idx": "the same plus seq_idx (1, 32) int32, the example index (DataCollatorWithFlattening(return_seq_idx=True))",
+    "cu_seq_lens": "the same plus cu_seq_lens_q/k (4,) and max_length_q/k (return_flash_attn_kwargs=True)",
+    "ones_mask": "the same as positions plus an all-ones 2D attention_mask",
+    "positions_2d": "text position_ids (1, 32) restarting per example (as for a text-only model)",
+    "positions_3d": "mRoPE position_ids (3, 1, 32): the restarting positions on all three rope rows",
+    "positions_4rows": "position_ids (4, 1, 32): text positions prepended to the three rope rows",
+    "ones_mask_4rows": "the 4-row position_ids plus an all-ones 2D attention_mask",
+}
+# what transformers' hub_kernels wrapper raises when a packed-sequence kwarg reaches a torch fallback
+CUDA_REFUSAL = "can't keep packed sequences apart without"
+
+
+def _vl_config(transformers):
+    text = dict(**_BASE, vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                rope_parameters={"rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 10000.0})
+    vision = dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2, in_channels=3, patch_size=2,
+                  spatial_merge_size=1, temporal_patch_size=1)
+    return transformers.Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=93,
+                                      video_token_id=94, vision_start_token_id=95, bos_token_id=1,
+                                      eos_token_id=2, pad_token_id=0)
+
+
+def build_frontier(family: str, impl: str = "sdpa", seed: int = 0):
+    """A tiny randomly initialised model of ``family`` (fp32, eval mode, ``attn_implementation=impl``)."""
+    import transformers
+
+    if family not in FRONTIER_FAMILIES:
+        raise PacksimError(f"unknown family {family!r}: use one of {sorted(FRONTIER_FAMILIES)}.")
+    _, cls_name, kwargs, _ = FRONTIER_FAMILIES[family]
+    if getattr(transformers, cls_name, None) is None:
+        raise PacksimError(f"transformers {transformers.__version__} has no {cls_name}: drop {family!r}.")
+    torch.manual_seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if family == "qwen2_vl":  # the full VLM; its text stack runs when no pixels are given
+            model = transformers.Qwen2VLForConditionalGeneration._from_config(
+                _vl_config(transformers), attn_implementation=impl)
+        else:
+            config = getattr(transformers, cls_name)(**kwargs, **_IDS)
+            attn = {} if family == "mamba2" else {"attn_implementation": impl}  # no attention layer
+            model = transformers.AutoModelForCausalLM.from_config(config, **attn)
+    return model.eval()
+
+
+def frontier_batch(condition: str, seed: int = 0) -> tuple[dict, torch.Tensor]:
+    """(batch dict for ``model(**batch, use_cache=False)``, example index seq (1, 32)) of one condition."""
+    if condition not in FRONTIER_CONDITIONS:
+        raise PacksimError(f"unknown condition {condition!r}: use one of {list(FRONTIER_CONDITIONS)}.")
+    lengths = ROWS[0]
+    T = sum(lengths)
+    ids = torch.randint(3, VOCAB - 3, (1, T), generator=torch.Generator().manual_seed(seed))  # (1, T)
+    seq = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))[None]  # (1, T)
+    pos = example_positions(seq)  # (1, T): 0..L-1 per example
+    batch = {"input_ids": ids, "position_ids": pos}
+    if condition == "seq_idx":
+        batch["seq_idx"] = seq.to(torch.int32)
+    elif condition == "cu_seq_lens":
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)  # (S+1,)
+        batch.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(lengths), max_length_k=max(lengths))
+    elif condition == "positions_3d":
+        batch["position_ids"] = pos[None].expand(3, 1, T).clone()  # (3, 1, T)
+    elif condition in ("positions_4rows", "ones_mask_4rows"):
+        batch["position_ids"] = pos[None].expand(4, 1, T).clone()  # (4, 1, T): text row first
+    if condition in ("ones_mask", "ones_mask_4rows"):
+        batch["attention_mask"] = torch.ones(1, T, dtype=torch.long)
+    return batch, seq
+
+
+def needs_cuda_reason(err: BaseException) -> str:
+    """The reason when ``err`` is transformers refusing a packed kwarg on a torch fallback, else ''."""
+    text = str(err)
+    if isinstance(err, ValueError) and CUDA_REFUSAL in text:
+        return (f"{text.splitlines()[0][:200]} (transformers' hub_kernels wrapper raises when seq_idx / "
+                "cu_seqlens reach the torch fallback; those kernels run on CUDA only)")
+    return ""
+
+
+class _Bound(torch.nn.Module):
+    """``model`` with the batch's fields bound, so the audit runs the same forward with new tokens."""
+
+    def __init__(self, model, fields: dict):
+        super().__init__()
+        self.inner, self.fields = model, fields
+        self.config = model.config
+
+    def get_input_embeddings(self):
+        return self.inner.get_input_embeddings()
+
+    def forward(self, input_ids=None, inputs_embeds=None, **kwargs):
+        return self.inner(input_ids=input_ids, inputs_embeds=inputs_embeds, **self.fields, **kwargs)
+
+
+def _alone_changes(model, batch: dict, seq: torch.Tensor) -> list[float]:
+    """Max |packed logits - logits of the example run alone| per example (input_ids (1, L) only)."""
+    with torch.no_grad():
+        packed = model(**batch, use_cache=False).logits.float()[0]  # (T, V)
+        out = []
+        for e in dict.fromkeys(seq[0].tolist()):
+            where = seq[0] == e  # (T,)
+            alone = model(input_ids=batch["input_ids"][:, where], use_cache=False).logits.float()[0]  # (L, V)
+            out.append(float((packed[where] - alone).abs().max()))
+    return out
+
+
+def frontier_cell(model, family: str, condition: str, *, tol: float = 1e-5, seed: int = 0,
+                  impl: str = "sdpa", run_audit: bool = True) -> Cell:
+    """Measure one cell (packed vs alone), then audit the same forward (agreement in the Cell)."""
+    from packsim.auditing.auditor import audit_pipeline
+    from packsim.auditing.pipeline import dict_pipeline, logits_of
+    from packsim.auditing.traps import LEAK_PROBES
+
+    batch, seq = frontier_batch(condition, seed)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            changes = _alone_changes(model, batch, seq)
+    except ValueError as err:
+        reason = needs_cuda_reason(err)
+        if not reason:
+            raise
+        return Cell(family, impl, condition, "needs CUDA", note=reason)
+    change = max(changes)
+    status = "isolated" if change <= tol else "leaks"
+    per = ", ".join(f"{c:.2e}" for c in changes)
+    if not run_audit:
+        return Cell(family, impl, condition, status, change, note=f"per example {per}")
+    fields = {k: v for k, v in batch.items() if k != "input_ids"}
+    p = dict_pipeline(_Bound(model, fields), {"input_ids": batch["input_ids"]}, None,
+                      {"use_cache": False}, seq=seq, source="the frontier case's example lengths")
+    p = replace(p, run_alone=lambda x, pos, mask: logits_of(
+        model(input_ids=x, position_ids=pos, attention_mask=mask, use_cache=False)).logits)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report, _ = audit_pipeline(p, tol=tol, seed=seed)
+    leaked = set(report.failed) & set(LEAK_PROBES)
+    return Cell(family, impl, condition, status, change, audit_isolated=not leaked,
+                audit_failed=tuple(report.failed), note=f"per example {per}")
+
+
+def frontier_table(kind: str = "hybrid", families=None, impls=("sdpa",), *, tol: float = 1e-5,
+                   seed: int = 0, run_audit: bool = True) -> TrapTable:
+    """Measure the rows of ``kind`` ("hybrid" or "mrope"): every family of that kind x ``impls`` x
+    the kind's conditions. Returns a :class:`TrapTable` (prints as text / HTML / heatmap)."""
+    from packsim.auditing.traps import versions
+
+    if kind not in _KIND_CONDITIONS:
+        raise PacksimError(f"kind={kind!r}: use 'hybrid' or 'mrope'.")
+    mine = [f for f, spec in FRONTIER_FAMILIES.items() if spec[0] == kind]
+    families = tuple(mine if families is None else ([families] if isinstance(families, str) else families))
+    wrong = [f for f in families if f not in mine]
+    if wrong:
+        raise PacksimError(f"families {wrong} are not of kind {kind!r}: use some of {mine}.")
+    impls = (impls,) if isinstance(impls, str) else tuple(impls)
+    conditions = _KIND_CONDITIONS[kind]
+    start = time.perf_counter()
+    cells = []
+    for family in families:
+        for impl in impls:
+            model = build_frontier(family, impl, seed)
+            cells += [frontier_cell(model, family, c, tol=tol, seed=seed, impl=impl, run_audit=run_audit)
+                      for c in conditions]
+    return TrapTable(cells, families, impls, conditions, versions(False), time.perf_counter() - start,
+                     descriptions={c: FRONTIER_CONDITIONS[c] for c in conditions})

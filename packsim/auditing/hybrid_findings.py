@@ -1,0 +1,85 @@
+"""The finding for hybrid state-space / linear-attention models: can this pipeline keep packed examples apart at all?
+
+Attention layers isolate through the packed mask, but a convolution or recurrent state (Mamba2
+mixers, short convolutions, gated DeltaNet) runs straight across a boundary unless ``seq_idx`` /
+``cu_seqlens`` reach a kernel that reads them. In the installed transformers those kernels are
+the CUDA packages ``causal_conv1d``, ``mamba_ssm`` and ``flash-linear-attention`` (``fla``); the
+torch fallbacks ignore the boundary kwargs, and transformers raises when ``seq_idx`` reaches one
+(:mod:`packsim.auditing.frontier_cases` measures every case). :func:`hybrid_state` names the
+stateful layer types and fails a packed batch that cannot isolate here; it returns None for a model
+without such layers, so any audit can call it on every pipeline.
+
+Lessons: none directly (packsim.audit adds the finding; lessons 04 and 07 show the table).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from collections.abc import Mapping
+
+import torch
+
+from packsim.auditing.report import Finding
+
+__all__ = ["KERNEL_PACKAGES", "hybrid_state", "stateful_layers"]
+
+# module class names whose forward carries a conv / recurrent state along the sequence
+_STATEFUL = re.compile(r"(Mixer|MambaLayer|GatedDeltaNet|ShortConv|LinearAttention|Mamba\w*Block)$")
+KERNEL_PACKAGES = ("causal_conv1d", "mamba_ssm", "fla")  # import names the boundary-aware kernels live in
+
+
+def stateful_layers(model) -> list[str]:
+    """Class names of the layers of ``model`` that carry state along the sequence (sorted, unique)."""
+    if not isinstance(model, torch.nn.Module):
+        return []
+    return sorted({type(m).__name__ for m in model.modules() if _STATEFUL.search(type(m).__name__)})
+
+
+def _examples_per_row(fields: Mapping) -> int:
+    """Most examples any row holds, by the batch's own fields (cu_seq_lens_q > seq_idx > position_ids)."""
+    if fields.get("cu_seq_lens_q") is not None:
+        return max(len(torch.as_tensor(fields["cu_seq_lens_q"])) - 1, 1)
+    if fields.get("seq_idx") is not None:
+        s = torch.as_tensor(fields["seq_idx"])
+        return max((len(torch.unique(r)) for r in s.reshape(-1, s.shape[-1])), default=1)
+    pos = fields.get("position_ids")
+    if pos is None:
+        return 1
+    pos = torch.as_tensor(pos)
+    pos = pos.reshape(-1, pos.shape[-1])  # (B, T) or (rows * B, T) for mRoPE
+    return int(((pos[:, 1:] <= pos[:, :-1]).sum(-1) + 1).max())
+
+
+def hybrid_state(model, batch) -> Finding | None:
+    """Fail when ``model`` has stateful layers and the batch packs several examples per row that the
+    installed kernels cannot keep apart; None when the model has no such layer or the batch is not a dict."""
+    layers = stateful_layers(model)
+    if not layers or not isinstance(batch, Mapping):
+        return None
+    names = ", ".join(layers)
+    per_row = _examples_per_row(batch)
+    if per_row < 2:
+        return Finding("hybrid_state", "pass", f"{names} carry state along the row; every row holds one "
+                       "example by the batch's fields, so no state crosses a boundary")
+    missing = [p for p in KERNEL_PACKAGES if importlib.util.find_spec(p) is None]
+    given = [k for k in ("seq_idx", "cu_seq_lens_q", "cu_seqlens") if batch.get(k) is not None]
+    on_gpu = torch.cuda.is_available()
+    where = f"{names} carry conv/recurrent state along the row; rows hold up to {per_row} examples"
+    gpu_fix = ("on a GPU with causal_conv1d and mamba_ssm (Mamba2 / short conv) or flash-linear-attention "
+               "(gated DeltaNet) installed, pass seq_idx from DataCollatorWithFlattening(return_seq_idx=True)")
+    if not given:
+        return Finding("hybrid_state", "fail",
+                       f"{where}, and the batch gives no seq_idx / cu_seq_lens: the state of one example "
+                       "runs into the next whatever the attention mask says",
+                       f"{gpu_fix}; here, put one example per row (padding) instead of packing")
+    if missing or not on_gpu:
+        lack = ", ".join(missing) if missing else "a CUDA device"
+        return Finding("hybrid_state", "fail",
+                       f"{where}; the batch gives {', '.join(given)}, but {lack} is missing here: the torch "
+                       "fallbacks ignore the boundaries (transformers raises for seq_idx, cu_seq_lens_* "
+                       "passes silently)", f"{gpu_fix}; on this machine, one example per row")
+    return Finding("hybrid_state", "skipped",
+                   f"{where}; the batch gives {', '.join(given)} and the kernels are installed: whether "
+                   "this model's forward passes them to every stateful layer is what the perturbation "
+                   "probe measures (not decided by this finding)")

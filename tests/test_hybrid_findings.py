@@ -1,0 +1,45 @@
+"""The hybrid-state finding: packsim.audit fails a packed batch on a Mamba2 hybrid that the CPU path
+cannot isolate, naming the layer type; a model without stateful layers gets no such finding."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from packsim import audit
+from packsim.auditing.frontier_cases import build_frontier, frontier_batch
+from packsim.auditing.hybrid_findings import hybrid_state, stateful_layers
+from packsim.auditing.trap_cases import build_family
+
+
+@pytest.fixture(scope="module")
+def bamba():
+    return build_frontier("bamba")
+
+
+def test_packed_rows_on_a_hybrid_fail_naming_the_layer(bamba):
+    batch, seq = frontier_batch("positions")
+    with torch.no_grad():  # ground truth here: example 1 alone vs packed
+        packed = bamba(**batch, use_cache=False).logits[0, seq[0] == 1]
+        alone = bamba(input_ids=batch["input_ids"][:, seq[0] == 1], use_cache=False).logits[0]
+    assert float((packed - alone).abs().max()) > 1e-3  # it really leaks
+    report = audit(bamba, batch, use_cache=False)
+    finding = next(f for f in report.findings if f.name == "hybrid_state")
+    assert finding.failed and "BambaMixer" in finding.evidence and "no seq_idx" in finding.evidence
+    assert "hybrid_state" in report.failed and "perturbation" in report.failed
+
+
+def test_seq_idx_without_kernels_still_fails(bamba):
+    batch, _ = frontier_batch("cu_seq_lens")  # the conv fallback ignores it silently
+    finding = hybrid_state(bamba, batch)
+    if torch.cuda.is_available() and importlib.util.find_spec("mamba_ssm"):
+        pytest.skip("kernels installed: the finding defers to the perturbation probe")
+    assert finding.failed and "cu_seq_lens_q" in finding.evidence
+
+
+def test_one_example_per_row_passes_and_attention_only_models_get_none(bamba):
+    batch, _ = frontier_batch("positions")
+    one = {"input_ids": batch["input_ids"][:, :10], "position_ids": torch.arange(10)[None]}
+    assert hybrid_state(bamba, one).status == "pass"
+    assert stateful_layers(build_family("llama")) == []
+    assert hybrid_state(build_family("llama"), batch) is None
