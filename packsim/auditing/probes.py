@@ -8,6 +8,9 @@ Lessons: none directly (they call packsim.audit, which runs the probes).
 
 from __future__ import annotations
 
+import logging
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 
@@ -117,6 +120,35 @@ def gradient(p: Pipeline, chosen, tol, seed) -> tuple[ProbeResult, torch.Tensor 
                        f"({len(chosen)} examples' losses)"), ratio
 
 
+# What transformers logs (``logger.warning_once``, not ``warnings.warn``, so warnings filters do
+# not catch it) when asked for attention weights it cannot return: the sdpa and flash paths
+# (transformers/integrations/sdpa_attention.py and flash_attention.py). This probe asks on
+# purpose and reports "skipped: ... use eager" itself, so the message is dropped for its call.
+_NO_WEIGHTS = {
+    "transformers.integrations.sdpa_attention": "`sdpa` attention does not support `output_attentions=True`",
+    "transformers.integrations.flash_attention": "Flash Attention does not support `output_attentions=True`",
+}
+
+
+class _DropNoWeights(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(str(record.msg).startswith(m) for m in _NO_WEIGHTS.values())
+
+
+@contextmanager
+def quiet_no_attention_weights():
+    """Drop transformers' "does not support `output_attentions=True`" messages inside the block
+    (that one message only, on its own loggers; everything else they log still shows)."""
+    drop, loggers = _DropNoWeights(), [logging.getLogger(name) for name in _NO_WEIGHTS]
+    for lg in loggers:
+        lg.addFilter(drop)
+    try:
+        yield
+    finally:
+        for lg in loggers:
+            lg.removeFilter(drop)
+
+
 def _attention_probs(p: Pipeline, base: torch.Tensor, tol) -> tuple[torch.Tensor | None, str, str]:
     """Attention probabilities (L, B, H, T, T) of the pipeline's forward, or (None, why, source)."""
     if p.context["kind"] == "packed":
@@ -132,7 +164,7 @@ def _attention_probs(p: Pipeline, base: torch.Tensor, tol) -> tuple[torch.Tensor
             return None, f"packsim.core.model.attention_maps failed: {type(err).__name__}: {err}", ""
     impl = p.context["impl"]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), quiet_no_attention_weights():
             out = p.run(output_attentions=True)
     except Exception as err:  # noqa: BLE001 - report, don't crash: this probe is optional
         return None, f"output_attentions=True failed: {type(err).__name__}: {err}", ""
