@@ -71,3 +71,58 @@ def test_loss_coverage_failure_is_an_assertion_too(examples, sdpa_model):
 def test_bad_input_is_a_packsim_error_not_an_assertion(sdpa_model):
     with pytest.raises(PacksimError, match="PackedBatch or the collator's dict"):
         assert_isolated(sdpa_model, [1, 2, 3])
+
+
+def test_no_example_boundaries_is_an_assertion(examples, sdpa_model):
+    batch = collated(examples)
+    ids = batch["input_ids"].clone()
+    ids[(ids == 1) | (ids == 2)] = 5  # no BOS / EOS left: neither a field nor a token marks a start
+    wrapped = {"input_ids": ids, "labels": ids.clone()}  # one row, as wrapped packing leaves it
+    with pytest.raises(AssertionError) as info:  # not PacksimError: a verdict, not bad input
+        assert_isolated(sdpa_model, wrapped, use_cache=False)
+    assert "packsim.audit" in str(info.value).splitlines()[0]
+
+
+def test_one_example_is_not_measured_and_not_a_pass(examples):
+    model = build_model("tiny", vocab_size=VOCAB, seed=0)
+    one = PackedBatch.from_examples(examples[:1], capacity=32, setup="correct")
+    assert int(one.seq_ids.max()) == 0  # ground truth: nothing else in the batch to leak into
+    with pytest.raises(AssertionError, match="could not measure isolation"):
+        assert_isolated(model, one)
+
+
+def test_check_loss_false_leaves_the_loss_out(examples, sdpa_model):
+    batch = collated(examples)
+    batch["labels"] = batch["input_ids"].clone()  # prompts and boundaries counted: a loss fault only
+    with pytest.raises(AssertionError, match="loss_coverage"):
+        assert_isolated(sdpa_model, batch, response_mask=response_mask(examples), use_cache=False)
+    report = assert_isolated(sdpa_model, batch, response_mask=response_mask(examples), use_cache=False,
+                             check_loss=False)
+    assert report.failed == ["loss_coverage"]  # still in the report, not in the assertion
+    with pytest.raises(AssertionError) as info:  # isolation faults still raise
+        assert_isolated(sdpa_model, batch, response_mask=response_mask(examples), use_cache=True, check_loss=False)
+    assert "perturbation" in str(info.value).splitlines()[0] and "loss" not in str(info.value).splitlines()[0]
+
+
+def test_a_batch_counting_no_label_fails(examples, sdpa_model):
+    batch = collated(examples)
+    batch["labels"] = torch.full_like(batch["input_ids"], IGNORE_INDEX)  # ground truth: 0 counted labels
+    with pytest.raises(AssertionError, match="no label is counted"):
+        assert_isolated(sdpa_model, batch, response_mask=response_mask(examples), use_cache=False)
+
+
+def test_the_verdict_claims_only_the_loss_it_measured(examples, sdpa_model):
+    report = assert_isolated(sdpa_model, collated(examples), use_cache=False)  # no response_mask
+    assert report.probes["loss_coverage"].details["counts"]["unknown"][1] > 0
+    assert "the loss counts only responses" not in report.verdict
+    assert "which labels are prompt and which response was not measured" in report.verdict
+    with_split = assert_isolated(sdpa_model, collated(examples), response_mask=response_mask(examples),
+                                 use_cache=False)
+    assert "the loss counts only responses" in with_split.verdict
+
+
+def test_the_gradient_ratio_reads_as_a_sentence(examples, sdpa_model):
+    with pytest.raises(AssertionError) as info:
+        assert_isolated(sdpa_model, collated(examples), response_mask=response_mask(examples), use_cache=True)
+    worst = next(x for x in str(info.value).splitlines() if x.startswith("worst pair:"))
+    assert "times as much as example" in worst and "own tokens do" in worst and "e+0" not in worst

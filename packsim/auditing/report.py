@@ -50,8 +50,8 @@ class WorstPair:
         i, j, r = self.perturbed, self.affected, self.gradient_ratio
         grad = ("" if r is None else
                 f" (gradient ratio {_times(r)}: example {i}'s tokens move example {j}'s loss {_times(r)} times "
-                f"as much as example {j}'s own tokens do, where isolated examples give 0, so every step "
-                f"on example {j} also trains on example {i})")
+                f"as much as example {j}'s own tokens do, where isolated examples give 0: training on "
+                f"example {j} teaches the model to read example {i} as its context)")
         return f"changing example {i} moves example {j}'s logits by {self.logit_change:.3g}{grad}"
 
 
