@@ -4,8 +4,10 @@
 run has finished?" with evidence, on a CPU, in about a second for a tiny model. It runs the SAME
 forward the pipeline runs, many times with small changes, and measures:
 
-1. **perturbation**: change the tokens of example i, rerun, take the largest change of any other
-   example j's logits. Isolated means unchanged up to float tolerance.
+1. **perturbation**: every example packed vs the same example alone (one batched forward of all
+   examples: the cost does not grow with the batch), then for a few examples i: change the
+   tokens of i, rerun, take the largest change of any other example j's logits. Isolated means
+   unchanged up to float tolerance.
 2. **gradient**: gradient of example j's loss with respect to example i's input embeddings,
    relative to the gradient with respect to j's own embeddings.
 3. **attention_mass**: the share of each query's attention that lands outside its own example,
@@ -18,7 +20,9 @@ forward the pipeline runs, many times with small changes, and measures:
 ``batch`` is a :class:`~packsim.core.batch.PackedBatch` (run with :func:`packsim.core.model.forward` under
 its setup; ``forward_kwargs`` go to that function, e.g. ``backend="blocked"``) or a plain dict of
 collator fields (run as ``model(**batch, **forward_kwargs)``, e.g. ``use_cache=False``).
-Example boundaries come from whatever the batch carries; the report says where it found them.
+Example boundaries: a PackedBatch knows its examples; for a dict batch they come from independent
+evidence (``examples=``, the special tokens) where there is any, and every boundary field is
+checked against it (:mod:`packsim.auditing.evidence`); the report says which.
 
 Used by the ``packsim audit`` command.
 
@@ -34,7 +38,9 @@ from dataclasses import replace
 
 import torch
 
+from packsim.auditing.alone import alone_change
 from packsim.auditing.causes import likely_causes
+from packsim.auditing.evidence import dict_evidence
 from packsim.auditing.hybrid_findings import hybrid_state
 from packsim.auditing.pipeline import (
     ForwardOutput,
@@ -61,11 +67,14 @@ from packsim.core.errors import PacksimError
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 3e-2}
 
 
-def _pipeline(model, batch, response_mask, forward_kwargs) -> Pipeline:
+def _pipeline(model, batch, response_mask, forward_kwargs, examples=None) -> tuple[Pipeline, list]:
+    """The pipeline, and the evidence findings (boundary fields, special tokens) of a dict batch."""
     if isinstance(batch, PackedBatch):
-        return packed_pipeline(model, batch, response_mask, forward_kwargs)
+        return packed_pipeline(model, batch, response_mask, forward_kwargs), []
     if isinstance(batch, Mapping):
-        return dict_pipeline(model, batch, response_mask, forward_kwargs)
+        ev = dict_evidence(model, batch, examples)
+        p = dict_pipeline(model, batch, response_mask, forward_kwargs, seq=ev.seq, source=ev.source)
+        return p, ev.findings
     raise PacksimError(
         f"cannot audit a batch of type {type(batch).__name__}: pass a packsim.PackedBatch or the "
         "collator's dict (input_ids, labels, position_ids, ...)."
@@ -91,8 +100,8 @@ def baseline(p: Pipeline, seed: int) -> ForwardOutput:
     return out
 
 
-def audit(model, batch, response_mask=None, *, max_examples: int = 16, tol: float | None = None,
-          seed: int = 0, **forward_kwargs) -> AuditReport:
+def audit(model, batch, response_mask=None, *, examples=None, max_examples: int = 4,
+          tol: float | None = None, seed: int = 0, **forward_kwargs) -> AuditReport:
     """Audit a packed pipeline for cross-example contamination and loss-coverage bugs.
 
     Args:
@@ -103,7 +112,13 @@ def audit(model, batch, response_mask=None, *, max_examples: int = 16, tol: floa
             ``cu_seq_lens_q/k``, ``max_length_q/k``, ``seq_idx``.
         response_mask: optional bool (B, T), True on response tokens and EOS; lets the loss
             probe check prompt vs response for a dict batch.
-        max_examples: perturb (and differentiate) at most this many examples, spread evenly.
+        examples: optional, the token ids of each example the collator was given (lists of ints,
+            feature dicts, or packsim Examples): the independent evidence of where the examples
+            are (:mod:`packsim.auditing.evidence`); without it a dict batch is checked against
+            its special tokens and its fields against each other.
+        max_examples: the pair probes (who leaks into whom) perturb and differentiate at most this
+            many examples (the most contaminated and their predecessors first); every example is
+            compared with itself run alone whatever this is.
         tol: float tolerance for "unchanged" (default by logits dtype: 1e-5 for fp32).
         seed: seeds the token perturbations and the RNG of every forward (dropout cancels out).
         **forward_kwargs: passed to every forward exactly as the pipeline passes them.
@@ -112,8 +127,9 @@ def audit(model, batch, response_mask=None, *, max_examples: int = 16, tol: floa
     ``report.failed`` names them. Used by notebook 07 and ``packsim audit``.
     """
     start = time.perf_counter()
-    p = _pipeline(model, batch, response_mask, forward_kwargs)
-    report, _ = audit_pipeline(p, max_examples=max_examples, tol=tol, seed=seed, start=start)
+    p, findings = _pipeline(model, batch, response_mask, forward_kwargs, examples)
+    report, _ = audit_pipeline(p, max_examples=max_examples, tol=tol, seed=seed, start=start,
+                               findings=findings)
     hybrid = hybrid_state(model, batch)  # stateful (SSM / conv) layers: None for attention-only models
     if hybrid:
         report.findings.append(hybrid)
@@ -123,8 +139,9 @@ def audit(model, batch, response_mask=None, *, max_examples: int = 16, tol: floa
 LEAK_PROBES = ("perturbation", "gradient", "attention_mass")
 
 
-def audit_pipeline(p: Pipeline, *, max_examples: int = 16, tol: float | None = None, seed: int = 0,
-                   field_causes: bool = True, start: float | None = None) -> tuple[AuditReport, ForwardOutput]:
+def audit_pipeline(p: Pipeline, *, max_examples: int = 4, tol: float | None = None, seed: int = 0,
+                   field_causes: bool = True, start: float | None = None,
+                   findings: list | None = None) -> tuple[AuditReport, ForwardOutput]:
     """The five probes on a built :class:`Pipeline` -> (report, the baseline forward's output).
 
     With one example there is nothing to leak into: the leak probes are skipped, saying so.
@@ -144,8 +161,9 @@ def audit_pipeline(p: Pipeline, *, max_examples: int = 16, tol: float | None = N
         for name in LEAK_PROBES:
             probes[name] = ProbeResult(name, "skipped", None, tol, why)
     else:
-        chosen = probe_examples(S, max_examples)
-        probes["perturbation"], change = perturbation(p, base, chosen, tol, seed)
+        alone = alone_change(p, tol, seed)
+        chosen = probe_examples(S, max_examples, alone)
+        probes["perturbation"], change = perturbation(p, base, chosen, tol, seed, alone)
         probes["gradient"], ratio = gradient(p, chosen, tol, seed)
         probes["attention_mass"], outside = attention_mass(p, base, tol)
     probes["loss_coverage"] = loss_coverage(p)
@@ -159,7 +177,7 @@ def audit_pipeline(p: Pipeline, *, max_examples: int = 16, tol: float | None = N
         probes=probes, boundaries=p.boundaries, example_ids=p.example_ids, forward=p.forward,
         logit_change=change, gradient_ratio=ratio, attention_outside=outside,
         worst_pair=worst_pair(p.example_ids, change, ratio), causes=causes,
-        seconds=time.perf_counter() - start,
+        seconds=time.perf_counter() - start, findings=list(findings or []),
     )
     return report, base_out
 

@@ -87,6 +87,16 @@ def _layer_cause(attn: ProbeResult) -> list[str]:
 
 def _loss_causes(loss: ProbeResult) -> list[str]:
     fixes = {
+        "shifted": "labels are shifted by one in the collator (labels[t] = input_ids[t+1]) and the model "
+                   "shifts again inside its loss, so it learns to predict two tokens ahead: give labels "
+                   "aligned with input_ids (labels[t] = input_ids[t], -100 where ignored) and let the "
+                   "loss shift them (transformers' causal LMs do).",
+        "across": "an example's last token is labelled with the next example's first token, so the loss "
+                  "trains each example to predict the next one: label it with its own token (the loss "
+                  "shifts) or -100.",
+        "wrong_token": "some counted labels are neither their own token nor the next one: the labels were "
+                       "built from other tokens (a different tokenization, truncation or row order); "
+                       "build labels from the same input_ids.",
         "prompt": "labels count prompt tokens: set them to -100 (completion-only loss).",
         "padding": "labels count padding: set the labels of padding tokens to -100.",
         "boundary": "labels count the first token of each later example, predicted from the previous "

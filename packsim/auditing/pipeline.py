@@ -38,7 +38,9 @@ class Pipeline:
     run(input_ids=None, inputs_embeds=None, output_attentions=False) -> ForwardOutput runs the pipeline's
     forward with the tokens (or embeddings) replaced. seq (B, T) long: dense example index
     0..S-1, -1 on padding. roles (B, T): packsim Role codes (``Role.UNKNOWN`` where a dict batch
-    does not say prompt or response), -1 on each row's first token.
+    does not say prompt or response), -1 on each row's first token. run_alone(ids, positions,
+    mask) runs right-padded rows (R, L) of single examples through the same model (the
+    isolation reference of :mod:`packsim.auditing.alone`).
     """
 
     model: torch.nn.Module
@@ -54,6 +56,7 @@ class Pipeline:
     expected_positions: torch.Tensor  # (B, T) positions that restart at each example
     forward: str
     context: dict
+    run_alone: Callable[..., torch.Tensor] | None = None  # (ids, positions, mask) (R, L) -> logits (R, L, V)
 
 
 @contextmanager
@@ -121,6 +124,8 @@ def packed_pipeline(model, batch: PackedBatch, response_mask, forward_kwargs) ->
         expected_positions=batch.example_positions,
         forward=f"packsim.core.model.forward(model, batch{kw}) under setup {batch.setup.name!r}",
         context={"kind": "packed", "setup": batch.setup, "batch": batch},
+        run_alone=lambda x, pos, mask: logits_of(
+            model(input_ids=x, position_ids=pos, attention_mask=mask, use_cache=False)).logits,
     )
 
 
@@ -150,9 +155,14 @@ def _packed_roles(model, batch: PackedBatch, response_mask) -> tuple[torch.Tenso
 # ---------------------------------------------------------------------------- plain dicts
 
 
-def dict_pipeline(model, batch: Mapping, response_mask, forward_kwargs) -> Pipeline:
+def dict_pipeline(model, batch: Mapping, response_mask, forward_kwargs, seq=None, source=None) -> Pipeline:
+    """The pipeline ``model(**batch, **forward_kwargs)``; ``seq`` (B, T) overrides the batch's boundaries."""
     fields = dict(batch)
-    seq, ex_ids, source = _dict_boundaries(fields)  # checks input_ids is (B, T) first
+    if seq is None:
+        seq, ex_ids, found = _dict_boundaries(fields)  # checks input_ids is (B, T) first
+        source = source or found
+    else:
+        ex_ids = list(range(int(seq.max()) + 1))
     ids = fields["input_ids"]
     _check_field_shapes(fields, ids.shape)
     roles, notes = dict_roles(model, fields, seq, _check_response_mask(response_mask, ids.shape))
@@ -175,6 +185,8 @@ def dict_pipeline(model, batch: Mapping, response_mask, forward_kwargs) -> Pipel
         expected_positions=example_positions(seq),
         forward=f"model(**batch{kw}), batch keys {sorted(fields)}, attn_implementation={impl!r}",
         context={"kind": "dict", "fields": fields, "impl": impl, "forward_kwargs": forward_kwargs},
+        run_alone=lambda x, pos, mask: logits_of(
+            model(input_ids=x, position_ids=pos, attention_mask=mask, **forward_kwargs)).logits,
     )
 
 

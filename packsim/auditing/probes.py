@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
+from packsim.auditing.label_values import CONVENTION, label_values, realign
 from packsim.auditing.pipeline import Pipeline, logits_of, same_randomness
 from packsim.auditing.report import ProbeResult
 from packsim.core.attention_share import outside_share
@@ -26,11 +27,24 @@ _POS_EMB_NAMES = ("wpe", "embed_positions", "position_embeddings", "pos_emb")
 _MAX_DENSE = 2**24  # attention_maps builds (L, B, H, T, T) densely: cap B*T*T (16M floats per head)
 
 
-def probe_examples(S: int, max_examples: int) -> list[int]:
-    """Which examples to perturb: all, or ``max_examples`` spread evenly."""
+def probe_examples(S: int, max_examples: int, alone=None) -> list[int]:
+    """Which examples the pair probes take: all, or ``max_examples`` of them.
+
+    With the alone comparison's result ``alone`` ((S,) change, (S,) offset), the most contaminated
+    examples and the ones just before them (the likely sources) come first; else spread evenly.
+    """
     if S <= max_examples:
         return list(range(S))
-    return sorted({int(round(x)) for x in torch.linspace(0, S - 1, max_examples).tolist()})
+    chosen: list[int] = []
+    if alone is not None:
+        change, offset = alone
+        for j in torch.argsort(change, descending=True).tolist():
+            if offset[j] < 0 or len(chosen) >= max_examples:
+                break
+            chosen += [k for k in (j - 1, j) if 0 <= k and k not in chosen][:max_examples - len(chosen)]
+    if not chosen:
+        chosen = [int(round(x)) for x in torch.linspace(0, S - 1, max_examples).tolist()]
+    return sorted(set(chosen))
 
 
 def _vocab_size(model) -> int:
@@ -53,8 +67,10 @@ def _per_example_max(values: torch.Tensor, seq: torch.Tensor, S: int) -> torch.T
     return out.scatter_reduce(0, seq[real], values[real], reduce="amax", include_self=True)
 
 
-def perturbation(p: Pipeline, base: torch.Tensor, chosen, tol, seed) -> tuple[ProbeResult, torch.Tensor]:
-    """Logit change matrix (S, S): perturb each chosen example i, max |change| of each example j."""
+def perturbation(p: Pipeline, base: torch.Tensor, chosen, tol, seed,
+                 alone=None) -> tuple[ProbeResult, torch.Tensor]:
+    """Every example packed vs alone (``alone``: (S,) change, (S,) first offset over tol), and the
+    logit change matrix (S, S): perturb each chosen example i, max |change| of each example j."""
     S = len(p.example_ids)
     V = _vocab_size(p.model)
     gen = torch.Generator().manual_seed(seed)
@@ -78,9 +94,23 @@ def perturbation(p: Pipeline, base: torch.Tensor, chosen, tol, seed) -> tuple[Pr
                            "model output does not depend on input_ids as passed"), change
     n_leaky = int((torch.nan_to_num(cross, nan=0.0) > tol).sum())
     summary = (f"max |change| of another example's logits when one example's tokens change "
-               f"({len(chosen)} perturbed; {n_leaky} leaking pairs)")
-    status = "fail" if worst > tol else "pass"
-    return ProbeResult("perturbation", status, worst, tol, summary, {"leaking_pairs": n_leaky}), change
+               f"({len(chosen)} of {S} perturbed; {n_leaky} leaking pairs)")
+    details = {"leaking_pairs": n_leaky}
+    value = worst
+    if alone is not None:
+        a_change, a_offset = alone
+        bad = (a_offset >= 0).nonzero().flatten().tolist()
+        details.update(alone=a_change.tolist(), alone_offset=a_offset.tolist(), contaminated=bad)
+        value = max(worst, float(a_change.max()))
+        where = ""
+        if bad:
+            j = max(bad, key=lambda k: float(a_change[k]))
+            where = (f"; {len(bad)} contaminated, worst example {p.example_ids[j]} ({float(a_change[j]):.3g}, "
+                     f"first at its token {int(a_offset[j])})")
+        summary = (f"every example packed vs alone: max |logit change| {float(a_change.max()):.3g} over "
+                   f"all {S} examples{where}; " + summary)
+    status = "fail" if value > tol else "pass"
+    return ProbeResult("perturbation", status, value, tol, summary, details), change
 
 
 def _example_loss(logits: torch.Tensor, ids: torch.Tensor, seq: torch.Tensor, j: int) -> torch.Tensor:
@@ -197,24 +227,59 @@ def attention_mass(p: Pipeline, base, tol) -> tuple[ProbeResult, torch.Tensor | 
 
 
 def loss_coverage(p: Pipeline) -> ProbeResult:
-    """Which labels are counted, by role; flags wrong ones (counted non-response, uncounted response).
+    """Which labels are counted, by role, and whether each counted label is the right token.
 
     A label at token t is counted when it is not -100 (t > 0 in its row: the shift drops t = 0).
+    Values (:mod:`packsim.auditing.label_values`): a collator shift, a label across a boundary or
+    a wrong token is its own problem; after a shift, roles are judged on the labels shifted back.
     """
     if p.labels is None:
         return ProbeResult("loss_coverage", "skipped", None, 0, "the batch carries no labels")
     labels = torch.as_tensor(p.labels).reshape(p.input_ids.shape).to(p.roles.device)
-    counted = labels != IGNORE_INDEX  # (B, T)
+    values = label_values(labels, p.input_ids.to(labels.device), p.seq.to(labels.device), p.roles)
+    kinds = values["counts"]
+    n_counted = sum(kinds.values())
+    shifted = kinds["shifted"] + kinds["across"] > max(kinds["aligned"], 0) and kinds["shifted"] > 0
+    judged = realign(labels) if shifted else labels
+    counted = judged != IGNORE_INDEX  # (B, T)
     counts = {role.label: (int((counted & (p.roles == role)).sum()), int((p.roles == role).sum()))
               for role in _COUNTED_ROLES}
-    problems = _coverage_problems(counts)
+    problems = _value_problems(kinds, values, shifted) + _coverage_problems(counts)
     summary = "counted/total: " + ", ".join(f"{name} {c}/{n}" for name, (c, n) in counts.items() if n)
+    if shifted:
+        summary += " (after undoing the collator's shift)"
+    summary += (f"; label values: {kinds['aligned']} of {n_counted} counted labels are their own token"
+                f" ({CONVENTION})")
     if problems:
         summary += "; WRONG: " + "; ".join(text for _, _, text in problems)
     summary += " (" + "; ".join(p.role_notes) + ")"
     return ProbeResult("loss_coverage", "fail" if problems else "pass",
                        float(sum(n for _, n, _ in problems)), 0, summary,
-                       {"counts": counts, "problems": [key for key, _, _ in problems]})
+                       {"counts": counts, "problems": [key for key, _, _ in problems],
+                        "label_values": values, "convention": CONVENTION})
+
+
+def _value_problems(kinds: dict, values: dict, shifted: bool) -> list[tuple[str, int, str]]:
+    """(key, number of wrong labels, text) for labels with the wrong value."""
+    def at(kind):
+        r, t = values["first"][kind]
+        return f"row {r} token {t}"
+
+    problems = []
+    if shifted:
+        problems.append(("shifted", kinds["shifted"] + kinds["across"],
+                         f"{kinds['shifted'] + kinds['across']} counted labels are the NEXT token "
+                         f"(labels[t] = input_ids[t+1], first at {at('shifted')}): the collator shifted "
+                         "them and the loss shifts again"))
+    elif kinds["across"]:
+        problems.append(("across", kinds["across"],
+                         f"{kinds['across']} example(s) end on a label that is the next example's first "
+                         f"token (first at {at('across')})"))
+    if kinds["wrong"]:
+        problems.append(("wrong_token", kinds["wrong"],
+                         f"{kinds['wrong']} counted labels are neither their own token nor the next "
+                         f"(first at {at('wrong')})"))
+    return problems
 
 
 def _coverage_problems(counts: dict) -> list[tuple[str, int, str]]:

@@ -29,6 +29,7 @@ import torch
 
 from packsim.auditing.accumulation import loss_over_accumulation
 from packsim.auditing.auditor import audit_pipeline
+from packsim.auditing.evidence import Evidence, boundary_fields, collect, special_tokens
 from packsim.auditing.features import feature_response_masks
 from packsim.auditing.findings import (
     BatchView,
@@ -130,6 +131,21 @@ def _view(trainer, model, fields: dict) -> BatchView:
     return view
 
 
+def _evidence(trainer, model, view: BatchView, features) -> Evidence:
+    """Independent boundaries of the batch (the dataset's examples, else its tokens); sets ``view.seq``."""
+    bos, eos = _special_ids(trainer, model, "bos"), _special_ids(trainer, model, "eos")
+    ids = view.fields["input_ids"]
+    if view.from_tokens:  # the fields mark nothing inside rows (wrapped packing): the tokens decided
+        return Evidence(view.seq, view.source, [boundary_fields(view.fields, view.seq, view.source),
+                                                special_tokens(ids, view.seq, bos - eos, eos, False, "the tokens")])
+    ev = collect(view.fields, view.field_seq, features, bos, eos, what="trainer's dataset examples of this batch")
+    if ev.seq is not None:
+        view.seq, view.source = ev.seq, ev.source
+    else:
+        view.source += f" ({ev.source}: the verdict rests on the batch's own metadata)"
+    return ev
+
+
 def _response_mask(trainer, view: BatchView, features) -> tuple[torch.Tensor | None, str | None]:
     """(B, T) bool response mask and where it came from, or (None, None) when unknown."""
     real = view.seq >= 0
@@ -172,6 +188,11 @@ def _pipeline(trainer, model, view: BatchView, features, forward_kwargs, autocas
         with autocast():
             return logits_of(model(**x, **rest, **forward_kwargs, **extra))
 
+    def run_alone(x, positions, mask) -> torch.Tensor:  # (R, L) rows of single examples, padded right
+        with autocast():
+            return logits_of(model(input_ids=x, position_ids=positions, attention_mask=mask,
+                                   **forward_kwargs)).logits
+
     seq, S = view.seq, int(view.seq.max()) + 1 if bool((view.seq >= 0).any()) else 0
     mask, note = _response_mask(trainer, view, features)
     roles, notes = dict_roles(model, fields, seq, mask)
@@ -190,14 +211,16 @@ def _pipeline(trainer, model, view: BatchView, features, forward_kwargs, autocas
         positions=None if pos is None else torch.as_tensor(pos).expand(ids.shape),
         expected_positions=example_positions(seq), forward=forward,
         context={"kind": "dict", "fields": fields, "impl": impl, "forward_kwargs": forward_kwargs},
+        run_alone=run_alone,
     )
     return p, note
 
 
-def _probe(p: Pipeline, view: BatchView, seed: int, max_examples: int, tol) -> tuple[AuditReport, ForwardOutput]:
+def _probe(p: Pipeline, view: BatchView, seed: int, max_examples: int, tol,
+           findings=None) -> tuple[AuditReport, ForwardOutput]:
     """The five probes of :func:`packsim.audit` on one batch (leak probes skipped for one example)."""
     return audit_pipeline(p, max_examples=max_examples, tol=tol, seed=seed,
-                          field_causes=not view.from_tokens)
+                          field_causes=not view.from_tokens, findings=findings)
 
 
 def _inside_counts(p: Pipeline) -> tuple[int, int]:
@@ -216,7 +239,7 @@ def _use_cache(model, forward_kwargs) -> tuple[object, str]:
     return getattr(model.config, "use_cache", None), "from model.config (the Trainer sets it from TrainingArguments.use_cache)"
 
 
-def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 16, tol: float | None = None,
+def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: float | None = None,
                   seed: int = 0) -> AuditReport:
     """Audit a configured ``transformers.Trainer`` / ``trl.SFTTrainer`` before (or instead of) training.
 
@@ -250,9 +273,10 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 16, tol: flo
         for raw, features in drawn[:batches]:
             fields = trainer._prepare_inputs(raw)
             view = _view(trainer, model, fields)
+            ev = _evidence(trainer, model, view, features)
             p, note = _pipeline(trainer, model, view, features, forward_kwargs, autocast)
             try:
-                report, base_out = _probe(p, view, seed, max_examples, tol)
+                report, base_out = _probe(p, view, seed, max_examples, tol, ev.findings)
             except (ImportError, RuntimeError, ValueError) as err:
                 raise PacksimError(f"the trainer's forward failed on batch {len(results)} ({type(err).__name__}: "
                                    f"{str(err).splitlines()[0][:200]}): fix the trainer so one training step "
@@ -276,6 +300,7 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 16, tol: flo
     findings += [cache(view, base_out.cache, use_cache, where),
                  completion_only_loss(trainer, note, _inside_counts(p), report.probes["loss_coverage"]),
                  accumulation, loss_across_devices(trainer, counts_items), examples_without_loss(p.labels, p.seq)]
+    findings += report.findings  # boundary_fields, special_tokens (packsim.auditing.evidence)
     if batches > 1:
         verdicts = [f"batch {k}: {'PASS' if r.ok else 'FAIL (' + ', '.join(r.failed) + ')'}"
                     for k, (r, *_rest) in enumerate(results)]

@@ -1,0 +1,85 @@
+"""Each example alone vs packed: the isolation check whose cost does not grow with the batch.
+
+A pipeline isolates its examples when the logits of every example in the packed batch equal the
+logits of that example run alone. :func:`alone_change` runs every example of the batch alone, in
+right-padded rows sorted by length (about the tokens of one packed forward; causal attention
+means a row's padding never reaches its real tokens, so no mask is needed for isolation), each
+at the positions the packed forward gives its first token onwards, and compares per token.
+Both forwards run in eval mode (dropout draws differ between shapes). Examples come from the
+pipeline's ``seq``: the independent boundaries (:mod:`packsim.auditing.evidence`) when there are
+any, so a boundary field that is wrong shows up as the leak it causes.
+
+Shapes: alone rows (R, L); result (S,) max |logit change| per example and (S,) first token
+offset inside the example where the change exceeds ``tol`` (-1 where none).
+
+Lessons: none directly (the perturbation probe of packsim.audit calls it).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from packsim.auditing.pipeline import Pipeline, same_randomness
+
+__all__ = ["alone_change"]
+
+
+def _eval(model):
+    class _Mode:
+        def __enter__(self):
+            self.was = model.training
+            model.eval()
+
+        def __exit__(self, *exc):
+            model.train(self.was)
+
+    return _Mode()
+
+
+def _groups(lengths: list[int], budget: int) -> list[list[int]]:
+    """Examples sorted by length, cut into groups of at most ``budget`` padded tokens each."""
+    order = sorted(range(len(lengths)), key=lambda k: lengths[k])
+    groups, cur = [], []
+    for k in order:
+        if cur and (len(cur) + 1) * lengths[k] > budget:
+            groups.append(cur)
+            cur = []
+        cur.append(k)
+    return groups + ([cur] if cur else [])
+
+
+def alone_change(p: Pipeline, tol: float, seed: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(S,) max |packed - alone| logit change per example and (S,) first offset over ``tol``; None if it cannot run."""
+    if p.run_alone is None:
+        return None
+    S = len(p.example_ids)
+    ids, seq = p.input_ids, p.seq
+    B, T = ids.shape
+    cols = torch.arange(T, device=ids.device).expand(B, T)
+    pos = cols if p.positions is None else p.positions.to(ids.device)
+    tokens = [ids[seq == k] for k in range(S)]  # row-major: each example's tokens in order
+    first = [int(pos[seq == k][0]) for k in range(S)]
+    lengths = [len(t) for t in tokens]
+    device = ids.device
+    change = torch.zeros(S)
+    offset = torch.full((S,), -1, dtype=torch.long)
+    with _eval(p.model), torch.no_grad(), same_randomness(seed, device):
+        packed = p.run().logits.float()  # (B, T, V)
+        for group in _groups(lengths, max(B * T, max(lengths))):
+            L = max(lengths[k] for k in group)
+            x = torch.zeros(len(group), L, dtype=ids.dtype, device=device)  # (R, L)
+            where = torch.zeros(len(group), L, dtype=torch.long, device=device)
+            mask = torch.zeros(len(group), L, dtype=torch.long, device=device)
+            for r, k in enumerate(group):
+                n = lengths[k]
+                x[r, :n], mask[r, :n] = tokens[k], 1
+                where[r] = first[k] + torch.arange(L, device=device)
+            alone = p.run_alone(x, where, mask).float()  # (R, L, V)
+            for r, k in enumerate(group):
+                n = lengths[k]
+                diff = (packed[seq == k] - alone[r, :n]).abs().amax(-1).cpu()  # (n,)
+                change[k] = float(diff.max())
+                over = (diff > tol).nonzero()
+                if over.numel():
+                    offset[k] = int(over[0])
+    return change, offset

@@ -1,0 +1,379 @@
+"""Where the examples of a batch are, from evidence the pipeline under audit did not produce.
+
+The batch's boundary fields (``position_ids`` restarts, ``cu_seq_lens_q/k``, ``seq_idx``, a 4D
+mask) are what the collator wrote; a collator whose ``position_ids`` restart one token late
+writes wrong boundaries and a forward that follows them leaks. So the audit finds the examples
+from independent evidence and checks every field against it:
+
+1. **the examples themselves** (:func:`feature_examples`, :func:`locate`): the tokenized examples
+   the collator was given (the trainer's dataset items; TRL's pre-packed rows are split by their
+   ``seq_lengths``), each found as a contiguous run of ``input_ids`` in a row of the batch;
+2. **special tokens** (:func:`token_starts`, :func:`special_tokens`): a BOS (when it differs from
+   EOS) starts an example; the token after an EOS starts one. A BOS that does not start an
+   example or an EOS inside one is a finding when no dataset evidence overrules it (multi-turn
+   chat templates put EOS-like markers inside an example, so tokens alone are weaker evidence).
+
+:func:`field_starts` reads every boundary field into (B, T) bool "an example starts here";
+:func:`boundary_fields` compares each with the independent starts and names the field and the
+token where they disagree ("position_ids restart at token 12, the example starts at token 11").
+Where no independent evidence exists, the finding is ``skipped`` and says the verdict rests on
+the batch's own metadata. Shapes: ``seq`` (B, T) long example index, -1 on padding.
+
+Lessons: none directly (packsim.audit and packsim.audit_trainer call it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from packsim.auditing.report import Finding
+from packsim.core.segments import run_starts
+
+__all__ = ["Evidence", "boundary_fields", "collect", "dict_evidence", "feature_examples", "field_starts",
+           "locate", "special_ids", "special_tokens", "token_starts"]
+
+# field -> how the report says "an example starts here" for it
+_VERB = {"position_ids": "restart", "cu_seq_lens_q": "has an offset", "cu_seq_lens_k": "has an offset",
+         "seq_idx": "changes", "attention_mask (4D)": "blocks the previous token"}
+
+
+@dataclass
+class Evidence:
+    """Independent example boundaries of one batch, or why there are none.
+
+    seq (B, T) long: example index per token (-1 padding or unlocated), None when no evidence;
+    source: what it came from; findings: ``boundary_fields`` and ``special_tokens``.
+    """
+
+    seq: torch.Tensor | None
+    source: str
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def independent(self) -> bool:
+        return self.seq is not None
+
+
+def _ids_list(values) -> list[int]:
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    return [int(v) for v in values]
+
+
+def feature_examples(features) -> list[list[int]] | None:
+    """The token ids of each example the collator was given, or None when the features do not say.
+
+    A feature is a dict with ``input_ids`` (split by ``seq_lengths`` when the dataset was packed
+    before collation, as TRL's ``pack_dataset`` does), or ``prompt_ids`` + ``response_ids`` /
+    ``completion_ids``, or an object with ``.tokens`` (a packsim Example).
+    """
+    if not features or isinstance(features, (Mapping, str, bytes)) or not isinstance(features, Sequence):
+        return None
+    out = []
+    for f in features:
+        if isinstance(f, Mapping) and "input_ids" in f:
+            ids = _ids_list(f["input_ids"])
+            lengths = _ids_list(f["seq_lengths"]) if f.get("seq_lengths") is not None else [len(ids)]
+            if sum(lengths) != len(ids):
+                return None
+            at = 0
+            for n in lengths:
+                out.append(ids[at:at + n])
+                at += n
+        elif isinstance(f, Mapping) and "prompt_ids" in f:
+            rest = next((k for k in ("response_ids", "completion_ids") if k in f), None)
+            if rest is None:
+                return None
+            out.append(_ids_list(f["prompt_ids"]) + _ids_list(f[rest]))
+        elif isinstance(f, Sequence) and not isinstance(f, (str, bytes, Mapping)):
+            out.append(_ids_list(f))
+        elif isinstance(f, torch.Tensor):
+            out.append(_ids_list(f.reshape(-1)))
+        elif hasattr(f, "tokens"):
+            out.append(_ids_list(f.tokens))
+        else:
+            return None
+    return [e for e in out if e] or None
+
+
+def locate(input_ids: torch.Tensor, examples: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
+    """Find each example as a contiguous run of tokens: -> (seq (B, T), indices of examples not found).
+
+    Examples are searched in order from where the previous one ended (collators keep the order),
+    then anywhere still free; tokens no example covers get -1.
+    """
+    B, T = input_ids.shape
+    rows = input_ids.tolist()
+    seq = torch.full((B, T), -1, dtype=torch.long)
+    used = [[False] * T for _ in range(B)]
+    missing = []
+    cur_r, cur_t = 0, 0
+    for k, ex in enumerate(examples):
+        n = len(ex)
+        hit = _find(rows, used, ex, cur_r, cur_t) or _find(rows, used, ex, 0, 0)
+        if hit is None:
+            missing.append(k)
+            continue
+        r, t = hit
+        seq[r, t:t + n] = k
+        used[r][t:t + n] = [True] * n
+        cur_r, cur_t = (r, t + n) if t + n < T else (r + 1, 0)
+    return seq.to(input_ids.device), missing
+
+
+def _find(rows, used, ex, r0: int, t0: int):
+    n = len(ex)
+    for r in range(r0, len(rows)):
+        row, free = rows[r], used[r]
+        for t in range(t0 if r == r0 else 0, len(row) - n + 1):
+            if row[t] == ex[0] and not free[t] and row[t:t + n] == ex and not any(free[t:t + n]):
+                return r, t
+    return None
+
+
+def token_starts(ids: torch.Tensor, real: torch.Tensor, bos: set[int], eos: set[int]) -> torch.Tensor | None:
+    """(B, T) bool: a BOS starts an example, and so does the token after a run of EOS; None without both ids."""
+    if not bos and not eos:
+        return None
+    dev = ids.device
+    is_bos = torch.isin(ids, torch.tensor(sorted(bos), device=dev)) if bos else torch.zeros_like(real)
+    is_eos = torch.isin(ids, torch.tensor(sorted(eos), device=dev)) if eos else torch.zeros_like(real)
+    starts = is_bos & real
+    starts[:, 1:] |= is_eos[:, :-1] & ~is_eos[:, 1:] & real[:, 1:]
+    starts[:, 0] = real[:, 0]
+    return starts
+
+
+def _allowed(mask: torch.Tensor) -> torch.Tensor:
+    if mask.dtype == torch.bool:
+        return mask
+    if mask.is_floating_point():
+        return mask > torch.finfo(mask.dtype).min / 2
+    return mask != 0
+
+
+def field_starts(fields: Mapping, B: int, T: int) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+    """Every boundary field the batch carries -> ((B, T) bool starts, (B, T) bool padding or None)."""
+    out = {}
+    pos = fields.get("position_ids")
+    if isinstance(pos, torch.Tensor) and pos.shape[-1] == T:
+        out["position_ids"] = (run_starts(pos.reshape(-1, T).expand(B, T), step=1), None)
+    for key in ("cu_seq_lens_q", "cu_seq_lens_k"):
+        cu = fields.get(key)
+        if isinstance(cu, torch.Tensor) and cu.numel() >= 2:
+            offsets = cu.reshape(-1).long().clamp(0, B * T)
+            starts = torch.zeros(B * T, dtype=torch.bool, device=cu.device)
+            starts[offsets[:-1][offsets[:-1] < B * T]] = True
+            pad = torch.zeros(B * T, dtype=torch.bool, device=cu.device)
+            pad[int(offsets[-1]):] = True
+            starts = starts.view(B, T).clone()
+            starts[:, 0] = True
+            out[key] = (starts, pad.view(B, T))
+    idx = fields.get("seq_idx")
+    if isinstance(idx, torch.Tensor) and idx.shape[-1] == T:
+        idx = idx.reshape(-1, T).expand(B, T)
+        out["seq_idx"] = (run_starts(idx, step=0), idx < 0)
+    mask = fields.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 4 and tuple(mask.shape[-2:]) == (T, T):
+        allowed = _allowed(mask[:, 0]).expand(B, T, T)  # (B, T, T)
+        starts = torch.ones(B, T, dtype=torch.bool, device=mask.device)
+        starts[:, 1:] = ~torch.diagonal(allowed, offset=-1, dim1=1, dim2=2)  # t may not see t-1
+        out["attention_mask (4D)"] = (starts, None)
+    return out
+
+
+def _where(B: int, r: int, t: int) -> str:
+    return f"token {t}" if B == 1 else f"row {r} token {t}"
+
+
+def _disagreement(name: str, fstarts: torch.Tensor, istarts: torch.Tensor, real: torch.Tensor,
+                  fpad, B: int) -> str | None:
+    """One sentence on where field ``name`` and the independent starts differ, or None when they agree."""
+    missing = istarts & ~fstarts & real  # an example starts, the field says it continues
+    extra = fstarts & ~istarts & real  # the field starts one inside an example
+    texts = []
+    if fpad is not None and bool((fpad & real).any()):
+        n = int((fpad & real).sum())
+        texts.append(f"{name} leaves {n} token(s) of the examples out (it ends before the batch's "
+                     "last example does)")
+    n_bad = int(missing.sum()) + int(extra.sum())
+    if not n_bad and not texts:
+        return None
+    verb = _VERB.get(name, "marks a start")
+    if bool(missing.any()):
+        r, s = (int(v) for v in missing.nonzero()[0])
+        near = extra[r].nonzero().flatten()
+        if near.numel():
+            e = int(near[(near - s).abs().argmin()])
+            texts.append(f"{name} {verb} at {_where(B, r, e)}, the example starts at {_where(B, r, s)}")
+        else:
+            texts.append(f"{name} does not mark the example that starts at {_where(B, r, s)}")
+    elif bool(extra.any()):
+        r, e = (int(v) for v in extra.nonzero()[0])
+        texts.append(f"{name} {verb} at {_where(B, r, e)}, inside an example")
+    return "; ".join(texts) + f" ({n_bad} token(s) where {name} and the examples disagree)"
+
+
+def boundary_fields(fields: Mapping, seq: torch.Tensor | None, source: str) -> Finding:
+    """Compare every boundary field with the independent example starts of ``seq`` (B, T).
+
+    Without ``seq`` the fields are compared with each other: two fields that disagree mean one
+    is wrong, and the finding fails; when they agree it is ``skipped`` (nothing independent).
+    """
+    ids = fields["input_ids"]
+    B, T = ids.shape
+    found = field_starts(fields, B, T)
+    if "position_ids" in found and not bool(found["position_ids"][0][:, 1:].any()):
+        del found["position_ids"]  # 0..T-1 per row marks no boundary (positions for flash varlen)
+    if seq is None:
+        names = list(found)
+        if len(names) < 2:
+            return Finding("boundary_fields", "skipped",
+                           f"no independent evidence of where the examples are ({source}): the verdict "
+                           f"rests on the batch's own metadata ({', '.join(names) or 'no boundary field'})")
+        ref, (rstarts, rpad) = names[0], found[names[0]]
+        real = torch.ones(B, T, dtype=torch.bool, device=rstarts.device) if rpad is None else ~rpad
+        bad = [t for n in names[1:] if (t := _disagreement(n, found[n][0], rstarts, real, None, B))]
+        if bad:
+            return Finding("boundary_fields", "fail",
+                           f"the batch's boundary fields disagree with each other (read against {ref}): "
+                           + "; ".join(bad), _FIX)
+        return Finding("boundary_fields", "skipped",
+                       f"no independent evidence of where the examples are ({source}); the batch's "
+                       f"{', '.join(names)} agree with each other, so the verdict rests on the batch's "
+                       "own metadata")
+    real = seq >= 0
+    istarts = run_starts(seq) & real
+    if not found:
+        return Finding("boundary_fields", "pass" if _one_per_row(seq) else "fail",
+                       f"the batch carries no boundary field; {source}",
+                       "" if _one_per_row(seq) else _FIX)
+    bad = [t for n, (fs, fp) in found.items()
+           if (t := _disagreement(n, fs.to(seq.device), istarts, real,
+                                  None if fp is None else fp.to(seq.device), B))]
+    n_ex = int(seq.max()) + 1 if bool(real.any()) else 0
+    if bad:
+        return Finding("boundary_fields", "fail", f"{source}; " + "; ".join(bad), _FIX)
+    return Finding("boundary_fields", "pass",
+                   f"{source}; {', '.join(found)} mark exactly these {n_ex} examples")
+
+
+def _one_per_row(seq: torch.Tensor) -> bool:
+    return all(len(torch.unique(r[r >= 0])) <= 1 for r in seq)
+
+
+_FIX = ("rebuild every boundary field from the example lengths in one place (position_ids restart at 0 "
+        "on each example's first token, cu_seq_lens_* = [0, cumsum(lengths)], seq_idx the example index): "
+        "transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True) does")
+
+
+def special_tokens(ids: torch.Tensor, seq: torch.Tensor, bos: set[int], eos: set[int],
+                   judged: bool, what: str) -> Finding:
+    """BOS / EOS against the examples of ``seq``: a BOS not starting one, an EOS inside one, counts.
+
+    ``judged``: fail on a mismatch (no dataset evidence overrules the tokens); else report only.
+    """
+    if not bos and not eos:
+        return Finding("special_tokens", "skipped", "neither the tokenizer nor the model config defines "
+                       "a BOS or EOS token, so the tokens say nothing about where examples start")
+    real = seq >= 0
+    starts = run_starts(seq) & real
+    ends = torch.zeros_like(starts)
+    ends[:, :-1] = starts[:, 1:] | ~real[:, 1:]
+    ends[:, -1] = True
+    ends &= real
+    n = int(starts.sum())
+    dev = ids.device
+    parts, bad = [], []
+    if bos:
+        is_bos = torch.isin(ids, torch.tensor(sorted(bos), device=dev)) & real
+        lone = is_bos & ~starts
+        parts.append(f"{int((is_bos & starts).sum())} of {n} examples start with BOS")
+        if bool(lone.any()):
+            r, t = (int(v) for v in lone.nonzero()[0])
+            bad.append(f"{int(lone.sum())} BOS token(s) do not start an example (first at "
+                       f"{_where(ids.shape[0], r, t)})")
+    if eos:
+        is_eos = torch.isin(ids, torch.tensor(sorted(eos), device=dev)) & real
+        inside = is_eos & ~ends
+        inside[:, :-1] &= ~is_eos[:, 1:]  # a run of EOS (eos == pad) ends where its last token is
+        parts.append(f"{int((is_eos & ends).sum())} of {n} examples end with EOS")
+        if bool(inside.any()):
+            r, t = (int(v) for v in inside.nonzero()[0])
+            bad.append(f"{int(inside.sum())} EOS token(s) sit inside an example (first at "
+                       f"{_where(ids.shape[0], r, t)})")
+    text = f"{what}: " + ", ".join(parts) + ("; " + "; ".join(bad) if bad else "")
+    if bad and judged:
+        return Finding("special_tokens", "fail",
+                       text + " (a multi-turn chat template can put EOS inside an example: then pass "
+                       "the examples to the audit)", "the batch's boundary fields merge or split "
+                       "examples where the tokens do not: " + _FIX)
+    return Finding("special_tokens", "pass", text)
+
+
+def special_ids(name: str, *sources) -> set[int]:
+    """``{name}_token_id`` of each source (a tokenizer, a processor's tokenizer, a model config)."""
+    ids: set[int] = set()
+    for source in sources:
+        source = getattr(source, "tokenizer", source)  # a processor wraps its tokenizer
+        value = getattr(source, f"{name}_token_id", None)
+        ids |= {value} if isinstance(value, int) else {int(v) for v in (value or []) if v is not None}
+    return ids
+
+
+def _seq_from_starts(starts: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    starts = starts & real
+    starts[:, 0] = True
+    seq = starts.reshape(-1).cumsum(0).reshape(starts.shape) - 1  # (B, T)
+    seq[~real] = -1
+    if bool(real.any()):
+        seq[real] = torch.unique(seq[real], return_inverse=True)[1]
+    return seq
+
+
+def collect(fields: Mapping, field_seq: torch.Tensor, examples, bos: set[int], eos: set[int],
+            what: str = "examples given") -> Evidence:
+    """The independent boundaries of one batch and the ``boundary_fields`` / ``special_tokens`` findings.
+
+    ``field_seq`` (B, T): the examples the batch's own fields mark (-1 padding). ``examples``:
+    the examples the collator was given (see :func:`feature_examples`), or None.
+    """
+    ids = fields["input_ids"]
+    exs = feature_examples(examples)
+    if exs:
+        seq, missing = locate(ids, exs)
+        if not missing:
+            src = f"the {what} ({len(exs)} examples located as contiguous runs of input_ids)"
+            return Evidence(seq, src, [boundary_fields(fields, seq, src),
+                                       special_tokens(ids, seq, bos, eos, False, "the located examples")])
+        note = (f"{len(missing)} of {len(exs)} {what} are not contiguous runs of the batch's input_ids "
+                f"(first: example {missing[0]}; the collator changed or cut their tokens)")
+    else:
+        note = f"no {what}"
+    bos = bos - eos  # GPT-2's <|endoftext|> is both: an end, not a start
+    real = field_seq >= 0
+    tok = special_tokens(ids, field_seq, bos, eos, True, "the tokens vs the examples the batch's fields mark")
+    starts = token_starts(ids, real, bos, eos)
+    if tok.failed and starts is not None:
+        seq = _seq_from_starts(starts | (run_starts(field_seq) & real), real)
+        src = (f"the special tokens ({note}): a BOS starts an example and so does the token after an "
+               "EOS, besides where the batch's fields start one")
+        return Evidence(seq, src, [boundary_fields(fields, seq, src), tok])
+    return Evidence(None, note, [boundary_fields(fields, None, note), tok])
+
+
+def dict_evidence(model, batch: Mapping, examples=None) -> Evidence:
+    """:func:`collect` for ``packsim.audit(model, batch, examples=...)``; special ids from model.config."""
+    from packsim.core.boundaries import find_boundaries
+
+    config = getattr(model, "config", None)
+    found = find_boundaries(batch, missing="rows")
+    field_seq = found.seq_ids.to(batch["input_ids"].device)
+    ev = collect(batch, field_seq, examples, special_ids("bos", config), special_ids("eos", config))
+    if ev.seq is None:
+        return Evidence(None, found.source + f" ({ev.source}: the verdict rests on the batch's own metadata)",
+                        ev.findings)
+    return ev

@@ -1,0 +1,60 @@
+"""Labels checked by value: every counted label must be the token it trains the model to predict.
+
+transformers' causal LMs (``ForCausalLMLoss``) and packsim's loss shift inside the loss: the
+logits at t-1 predict ``labels[t]``, so a counted ``labels[t]`` must equal ``input_ids[t]``.
+:func:`label_values` classifies each counted label (a row's first token is never a target) by
+value against the tokens and the examples ``seq`` (B, T):
+
+- ``aligned``: ``labels[t] == input_ids[t]`` (right);
+- ``shifted``: ``labels[t] == input_ids[t+1]`` of the same example (the collator shifted the labels
+  and the model shifts again: it learns to predict two tokens ahead);
+- ``across``: ``labels[t] == input_ids[t+1]`` where t+1 starts the next example (an example's last
+  token labelled with the next example's first token);
+- ``wrong``: neither.
+
+Repeated tokens (``input_ids[t] == input_ids[t+1]``) count as aligned. Counts come per role.
+
+Lessons: none directly (the loss probe of packsim.audit calls it).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from packsim.core.loss import IGNORE_INDEX, Role
+
+__all__ = ["CONVENTION", "label_values", "realign"]
+
+CONVENTION = ("the loss shifts (transformers ForCausalLMLoss, packsim.core.loss): a counted "
+              "labels[t] must equal input_ids[t]")
+KINDS = ("aligned", "shifted", "across", "wrong")
+
+
+def label_values(labels: torch.Tensor, ids: torch.Tensor, seq: torch.Tensor, roles: torch.Tensor) -> dict:
+    """-> {"counts": {kind: n}, "by_role": {role label: {kind: n}}, "first": {kind: (row, t)}}."""
+    counted = (labels != IGNORE_INDEX) & (roles != -1)  # (B, T): row starts are never targets
+    aligned = labels == ids
+    nxt = torch.zeros_like(aligned)
+    nxt[:, :-1] = labels[:, :-1] == ids[:, 1:]
+    same_next = torch.zeros_like(aligned)
+    same_next[:, :-1] = (seq[:, :-1] == seq[:, 1:]) & (seq[:, 1:] >= 0)
+    kinds = {
+        "aligned": counted & aligned,
+        "shifted": counted & ~aligned & nxt & same_next,
+        "across": counted & ~aligned & nxt & ~same_next,
+    }
+    kinds["wrong"] = counted & ~aligned & ~nxt
+    by_role = {}
+    for role in Role:
+        here = roles == int(role)
+        if bool((counted & here).any()):
+            by_role[role.label] = {k: int((m & here).sum()) for k, m in kinds.items()}
+    first = {k: tuple(int(v) for v in m.nonzero()[0]) for k, m in kinds.items() if bool(m.any())}
+    return {"counts": {k: int(m.sum()) for k, m in kinds.items()}, "by_role": by_role, "first": first}
+
+
+def realign(labels: torch.Tensor) -> torch.Tensor:
+    """Undo a collator's shift: labels[t] <- labels[t-1] (row starts become -100)."""
+    out = torch.full_like(labels, IGNORE_INDEX)
+    out[:, 1:] = labels[:, :-1]
+    return out
