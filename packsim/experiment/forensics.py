@@ -26,7 +26,7 @@ any model passes an isolated forward. Only the habit the leak left in the weight
 Shapes: examples are packsim ``Example`` objects (``.tokens``, ``.n_prompt``) or dicts with
 ``prompt_ids`` and ``response_ids``; per-example losses are (N,). Lessons 07 and 09.
 
-Lessons: none directly.
+Lessons: 07, 09.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from packsim.core.errors import PacksimError
 from packsim.core.setups import Setup
 from packsim.experiment.evaluation import example_scores
 
-__all__ = ["Evidence", "ForensicsReport", "measure", "forensics", "flag_comparison"]
+__all__ = ["Evidence", "ForensicsReport", "measure", "forensics", "flag_comparison", "by_position"]
 
 # The contaminated forward: one causal mask over the pack, positions continuing (preset "loss_fix").
 _LEAKY = Setup("causal", "continuous", "completion", name="causal pack")
@@ -215,3 +215,33 @@ def flag_comparison(out: str | Path, control_setup: str = "correct", n_examples:
                      "ratio": report.gap_ratio, "neighbour_influence": report.suspect.neighbour_influence,
                      "control_influence": report.control.neighbour_influence, "flagged": report.flagged})
     return rows
+
+
+@torch.no_grad()
+def by_position(model, examples: Sequence, capacity: int = 256) -> dict[int, dict]:
+    """The run's natural control: response loss by an example's place in its causal pack.
+
+    The first example of every row has nothing before it, in training as here, so it is never
+    contaminated: in a causal pack with positions continuing (the leaky forward) its loss equals its
+    loss alone. Later places sit after neighbours. Packed ``sequential``ly into rows of ``capacity``
+    tokens, returns ``{place: {"n", "alone", "packed", "gap"}}`` (place 1 = first in its row; mean
+    response losses in nats; gap = packed - alone). A model that never saw neighbours in training
+    shows a gap that jumps after place 1; one trained on leaky packs barely moves.
+    """
+    exs = _examples(examples)
+    longest = max(len(ex.tokens) for ex in exs)
+    capacity = max(int(capacity), longest)
+    alone, _ = _scores(model, exs, "padded", longest)
+    batch = PackedBatch.from_examples(exs, capacity, setup=_LEAKY, strategy="sequential")
+    packed, _ = example_scores(model, batch.to(model_device(model)))
+    place = torch.zeros(len(exs), dtype=torch.long)
+    seen: dict[int, int] = {}
+    for seg in batch.segments:  # row-major: the k-th segment of a row is at place k
+        seen[seg.row] = seen.get(seg.row, 0) + 1
+        place[seg.example] = seen[seg.row]
+    out = {}
+    for k in sorted(set(place.tolist())):
+        at = place == k
+        out[k] = {"n": int(at.sum()), "alone": float(alone[at].mean()), "packed": float(packed.float()[at].mean()),
+                  "gap": float((packed.float() - alone)[at].mean())}
+    return out
