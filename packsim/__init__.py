@@ -43,6 +43,7 @@ _HOMES = {
     "audit": "packsim.auditing.auditor",
     "AuditReport": "packsim.auditing.report",
     "audit_trainer": "packsim.auditing.trainer",
+    "audit_logprobs": "packsim.auditing.logprobs",
     "AuditCallback": "packsim.auditing.callback",
 }
 

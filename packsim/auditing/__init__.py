@@ -38,6 +38,7 @@ _HOMES = {
     "Finding": "packsim.auditing.report",
     "ProbeResult": "packsim.auditing.report",
     "audit_trainer": "packsim.auditing.trainer",
+    "audit_logprobs": "packsim.auditing.logprobs",
     "AuditCallback": "packsim.auditing.callback",
     "AuditFailed": "packsim.auditing.callback",
     "response_mask_from_features": "packsim.auditing.features",

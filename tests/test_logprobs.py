@@ -1,0 +1,124 @@
+"""packsim.audit_logprobs: per-sequence summed completion log-probs, packed vs alone, on DPO-style
+pairs and RL-style groups; the ground truth here is an independent perturbation of the packed call."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+import torch
+from transformers import DataCollatorWithFlattening
+
+from packsim.auditing.frontier_cases import build_frontier
+from packsim.auditing.logprobs import audit_logprobs, group_names, pair_names
+from packsim.auditing.trap_cases import build_family
+
+V = 96
+
+
+def _features(n_pairs: int = 2, seed: int = 0) -> list[dict]:
+    """TRL's order: every prompt+chosen, then every prompt+rejected; labels -100 on the prompt."""
+    rng = random.Random(seed)
+    prompts = [[1] + [rng.randrange(3, V) for _ in range(rng.randrange(3, 6))] for _ in range(n_pairs)]
+    answers = [[[rng.randrange(3, V) for _ in range(rng.randrange(3, 7))] + [2] for _ in range(2)] for _ in prompts]
+    rows = [(p, a[0]) for p, a in zip(prompts, answers, strict=True)] + [(p, a[1]) for p, a in zip(prompts, answers, strict=True)]
+    return [{"input_ids": p + c, "labels": [-100] * len(p) + c} for p, c in rows]
+
+
+def _packed(features, **collator):
+    return dict(DataCollatorWithFlattening(**collator)(features))
+
+
+def _perturbed_sum_change(model, batch) -> float:
+    """Independent: change sequence 0's tokens, the largest change of any later sequence's summed log-prob."""
+    pos = batch["position_ids"][0]
+    seq = torch.cumsum((pos == 0).long(), 0) - 1  # (T,)
+    ids = batch["input_ids"]
+    new = ids.clone()
+    new[0, seq == 0] = 3 + (ids[0, seq == 0] + 11) % (V - 3)
+    counted = (batch["labels"][0] != -100)[1:]
+    rest = {k: v for k, v in batch.items() if k not in ("input_ids", "labels")}
+
+    def sums(x):
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=x, **rest).logits[0, :-1].double(), -1)
+        tok = logp.gather(-1, x[0, 1:, None])[:, 0] * counted
+        return torch.stack([tok[seq[1:] == e].sum() for e in range(1, int(seq.max()) + 1)])
+
+    return float((sums(ids) - sums(new)).abs().max())
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return build_family("llama", "sdpa")
+
+
+def test_a_packed_dpo_batch_isolates_on_sdpa(llama):
+    batch = _packed(_features())
+    report = audit_logprobs(llama, batch, names=pair_names(2), use_cache=False)
+    assert _perturbed_sum_change(llama, {**batch, "use_cache": False}) < 1e-9
+    assert report.ok and report.status == "isolated" and len(report.sequences) == 4
+    assert report.worst.change <= report.worst.tol and "pair" in report.text()
+
+
+def test_an_all_ones_mask_leaks_and_names_the_worst_sequence(llama):
+    batch = _packed(_features())
+    batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+    assert _perturbed_sum_change(llama, {**batch, "use_cache": False}) > 1e-3
+    report = audit_logprobs(llama, batch, names=pair_names(2), use_cache=False)
+    assert report.status == "leaks" and report.worst.name != "pair 0 chosen"  # the first has nothing before it
+    assert report.sequences[0].ok and report.worst.change > 1e-3
+    assert "LEAKS" in report.text() and report.worst.name in report.text()
+
+
+def test_rl_groups_isolate_and_names_must_match(llama):
+    rng = random.Random(3)
+    feats = [{"input_ids": [1, 5, 6, 7] + [rng.randrange(3, V) for _ in range(rng.randrange(2, 6))],
+              "labels": [-100] * 4 + [rng.randrange(3, V) for _ in range(0)]} for _ in range(6)]
+    for f in feats:
+        f["labels"] = [-100] * 4 + f["input_ids"][4:]
+    report = audit_logprobs(llama, _packed(feats), names=group_names(2, 3), use_cache=False)
+    assert report.ok and report.sequences[-1].name == "group 1 completion 2"
+    from packsim.core.errors import PacksimError
+
+    with pytest.raises(PacksimError, match="names for"):
+        audit_logprobs(llama, _packed(feats), names=["a"], use_cache=False)
+
+
+def test_a_hybrid_without_seq_idx_leaks_and_with_it_is_not_measured_on_cpu():
+    bamba = build_frontier("bamba")
+    feats = _features()
+    batch = _packed(feats)
+    assert _perturbed_sum_change(bamba, {**batch, "use_cache": False}) > 1e-4
+    report = audit_logprobs(bamba, batch, names=pair_names(2), use_cache=False)
+    assert report.status == "leaks"
+    with_idx = audit_logprobs(bamba, _packed(feats, return_seq_idx=True), use_cache=False)
+    if torch.cuda.is_available():
+        pytest.skip("on CUDA the kernels may be installed: not the CPU case")
+    assert with_idx.status == "not measured" and "can't keep packed sequences apart" in with_idx.note
+
+
+def test_trl_dpo_trainer_falls_back_to_padding(tmp_path, caplog):
+    """TRL 1.16 trl/trainer/dpo_trainer.py (DPOTrainer.__init__): padding_free=True logs a warning and
+    sets self.padding_free = False; the collator pads one sequence per row. Audited here as it runs."""
+    trl = pytest.importorskip("trl")
+    import datasets
+    from pipelines import save_tiny_checkpoint
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = save_tiny_checkpoint(tmp_path / "tiny")
+    data = datasets.Dataset.from_dict({"prompt": ["hello there", "how are you"],
+                                       "chosen": [" fine thanks", " good"], "rejected": [" no", " bad day"]})
+    args = trl.DPOConfig(output_dir=str(tmp_path / "out"), padding_free=True, per_device_train_batch_size=2,
+                         max_steps=1, report_to="none", save_strategy="no", use_cpu=True, bf16=False, seed=0)
+    with caplog.at_level(logging.WARNING):
+        trainer = trl.DPOTrainer(model=AutoModelForCausalLM.from_pretrained(path), args=args, train_dataset=data,
+                                 processing_class=AutoTokenizer.from_pretrained(path))
+    assert trainer.padding_free is False
+    assert "Falling back to standard padding" in caplog.text
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    assert batch["input_ids"].shape[0] == 4 and "position_ids" not in batch  # 2 chosen + 2 rejected rows
+    report = audit_logprobs(trainer.model.eval(), {k: batch[k] for k in ("input_ids", "attention_mask", "completion_mask")},
+                            names=pair_names(2), use_cache=False)
+    assert report.ok, report.text()
