@@ -65,5 +65,5 @@ def test_bad_input():
         forensics(model, sample[:2])
     with pytest.raises(PacksimError, match="threshold"):
         forensics(model, sample, threshold=2.0)
-    with pytest.raises(PacksimError, match="prompt_ids and response_ids"):
+    with pytest.raises(PacksimError, match="example 0 is a dict with keys .*'prompt_ids' and 'response_ids'"):
         forensics(model, [{"input_ids": [1, 2]}] * 4)

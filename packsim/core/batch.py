@@ -36,20 +36,15 @@ from packsim.core.segments import (
     seq_ids_from_cu_seqlens,
 )
 from packsim.core.setups import Setup, get_setup
+from packsim.core.token_example import as_example
 
 __all__ = ["PackedBatch"]
 
 
-def _example_parts(ex) -> tuple[list[int], int]:
-    """(tokens, n_prompt) of an Example-like object: ``.tokens`` and ``.n_prompt``."""
-    try:
-        tokens, n_prompt = list(ex.tokens), int(ex.n_prompt)
-    except AttributeError as err:
-        raise PacksimError(
-            f"cannot read an example of type {type(ex).__name__}: pass packsim.core.data.Example objects "
-            "(anything with .tokens and .n_prompt), e.g. from packsim.core.data.make_examples()."
-        ) from err
-    return tokens, n_prompt
+def _example_parts(ex, i: int) -> tuple[list[int], int]:
+    """(tokens, n_prompt) of example ``i``: Example-like (``.tokens``, ``.n_prompt``) or a prompt/response dict."""
+    ex = as_example(ex, i, "example")
+    return list(ex.tokens), int(ex.n_prompt)
 
 
 def _validate(examples: Sequence, capacity: int, vocab_size: int | None) -> list[tuple[list[int], int]]:
@@ -57,7 +52,7 @@ def _validate(examples: Sequence, capacity: int, vocab_size: int | None) -> list
         raise PacksimError(f"capacity must be a positive int (tokens per row), got {capacity!r}.")
     if len(examples) == 0:
         raise PacksimError("no examples to pack: pass at least one example.")
-    parts = [_example_parts(ex) for ex in examples]
+    parts = [_example_parts(ex, i) for i, ex in enumerate(examples)]
     for i, (tokens, n_prompt) in enumerate(parts):
         if len(tokens) == 0:
             raise PacksimError(f"example {i} is empty: drop empty examples before packing.")
@@ -136,7 +131,9 @@ class PackedBatch:
         pad_id: int = 0,
         vocab_size: int | None = None,
     ) -> PackedBatch:
-        """Pack ``examples`` (objects with ``.tokens`` and ``.n_prompt``) into rows for ``setup``.
+        """Pack ``examples`` (objects with ``.tokens`` and ``.n_prompt``, or dicts with
+        ``prompt_ids`` and ``response_ids``: :func:`packsim.core.token_example.as_example`) into
+        rows for ``setup``.
 
         Packed setups get rows of ``capacity`` tokens from ``strategy`` (``wrapped`` | ``ffd`` |
         ``bfd``); ``padded`` gets one example per row padded to the longest. Every input is

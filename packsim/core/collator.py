@@ -14,7 +14,7 @@ Features (choose one kind per batch, or mix):
   (packsim's tokenizer: ``tokens`` already holds ``<bos>`` and ``<eos>``);
 - mappings ``{"prompt_ids": [...], "response_ids": [...]}`` for any tokenizer: the sequence is
   ``prompt_ids + response_ids`` as given (add your own BOS/EOS), the prompt is
-  ``len(prompt_ids)`` tokens.
+  ``len(prompt_ids)`` tokens (read by :func:`packsim.core.token_example.as_example`).
 
 It reuses :meth:`packsim.PackedBatch.from_examples` (packed in input order) and
 :meth:`~packsim.PackedBatch.to_flattening`. Whether the examples then stay apart is up to the
@@ -34,65 +34,15 @@ Lessons: 07.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from packsim.core.batch import PackedBatch
 from packsim.core.errors import PacksimError
 from packsim.core.setups import Setup, get_setup
+from packsim.core.token_example import as_example
 
 __all__ = ["PackingCollator"]
 
 _FA_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
-
-
-@dataclass(frozen=True)
-class _Ids:
-    """A feature from any tokenizer: ``tokens`` as given, the first ``n_prompt`` are the prompt."""
-
-    tokens: list[int]
-    n_prompt: int
-
-
-def _as_example(feature, i: int):
-    """An object with ``.tokens`` and ``.n_prompt`` for feature ``i`` (validated later by PackedBatch)."""
-    if hasattr(feature, "tokens") and hasattr(feature, "n_prompt"):
-        return feature
-    if isinstance(feature, Mapping):
-        if "prompt_ids" in feature and "response_ids" in feature:
-            prompt, response = _id_list(feature["prompt_ids"], i, "prompt_ids"), _id_list(
-                feature["response_ids"], i, "response_ids")
-            if not prompt:
-                raise PacksimError(
-                    f"feature {i} has no prompt_ids: put at least one token (e.g. BOS) before the "
-                    "response; the first token of an example is never a target."
-                )
-            if not response:
-                raise PacksimError(
-                    f"feature {i} has no response_ids: a completion-only loss needs at least one "
-                    "response token (its EOS counts); drop the example or fill it."
-                )
-            return _Ids(prompt + response, len(prompt))
-        raise PacksimError(
-            f"feature {i} is a dict with keys {sorted(feature)}: PackingCollator needs "
-            "'prompt_ids' and 'response_ids' (lists of token ids) to know which tokens the loss "
-            "counts. With the Trainer, pass remove_unused_columns=False so these keys reach it."
-        )
-    raise PacksimError(
-        f"feature {i} is a {type(feature).__name__}: pass packsim.core.data.Example objects (anything "
-        "with .tokens and .n_prompt) or dicts with 'prompt_ids' and 'response_ids'."
-    )
-
-
-def _id_list(ids, i: int, key: str) -> list[int]:
-    if hasattr(ids, "tolist"):  # tensor / numpy array
-        ids = ids.tolist()
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
-        raise PacksimError(f"feature {i}[{key!r}] must be a list of token ids, got {type(ids).__name__}: "
-                           "tokenize the text first.")
-    bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int)]
-    if bad:
-        raise PacksimError(f"feature {i}[{key!r}] holds {bad[0]!r} ({type(bad[0]).__name__}), not a token id.")
-    return list(ids)
 
 
 class PackingCollator:
@@ -136,7 +86,7 @@ class PackingCollator:
             )
         if len(features) == 0:
             raise PacksimError("PackingCollator got an empty list of features: nothing to collate.")
-        examples = [_as_example(f, i) for i, f in enumerate(features)]
+        examples = [as_example(f, i) for i, f in enumerate(features)]
         total = sum(len(ex.tokens) for ex in examples)
         # One row of exactly `total` tokens, packed sequentially: input order, no padding.
         return PackedBatch.from_examples(examples, capacity=max(total, 1), setup=self.setup,

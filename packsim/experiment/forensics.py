@@ -42,18 +42,13 @@ from packsim.core.batch import PackedBatch
 from packsim.core.device import model_device
 from packsim.core.errors import PacksimError
 from packsim.core.setups import Setup
+from packsim.core.token_example import as_example
 from packsim.experiment.evaluation import example_scores
 
 __all__ = ["Evidence", "ForensicsReport", "measure", "forensics", "flag_comparison", "by_position"]
 
 # The contaminated forward: one causal mask over the pack, positions continuing (preset "loss_fix").
 _LEAKY = Setup("causal", "continuous", "completion", name="causal pack")
-
-
-@dataclass(frozen=True)
-class _Ids:
-    tokens: list[int]
-    n_prompt: int
 
 
 @dataclass(frozen=True)
@@ -118,14 +113,7 @@ def _examples(examples: Sequence) -> list:
     if isinstance(examples, (Mapping, str, bytes)) or not isinstance(examples, Sequence) or len(examples) < 4:
         raise PacksimError("forensics needs a list of at least 4 training examples (a few hundred "
                            "give stable numbers): packsim Examples or dicts with prompt_ids and response_ids.")
-    out = []
-    for i, ex in enumerate(examples):
-        if isinstance(ex, Mapping):
-            if "prompt_ids" not in ex or "response_ids" not in ex:
-                raise PacksimError(f"example {i} has keys {sorted(ex)}: give prompt_ids and response_ids.")
-            ex = _Ids(list(ex["prompt_ids"]) + list(ex["response_ids"]), len(ex["prompt_ids"]))
-        out.append(ex)
-    return out
+    return [as_example(ex, i, "example") for i, ex in enumerate(examples)]
 
 
 def _scores(model, examples: list, setup, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
