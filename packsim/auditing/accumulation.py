@@ -6,7 +6,10 @@ micro-batch by its own count and then by G computes a mean of per-micro-batch me
 over-weights the tokens of short micro-batches. :func:`loss_over_accumulation`
 runs the trainer's own ``compute_loss`` on G real micro-batches, with the ``num_items_in_batch``
 its ``get_batch_samples`` counts and the scaling its ``training_step`` applies, and compares the
-sum with that token mean computed from the logits. Used by :func:`packsim.audit_trainer` (lesson 07).
+sum with that token mean computed from the logits. Where they differ because ``num_items_in_batch``
+counts other labels than the loss predicts (transformers counts position-0 labels for models whose
+``loss_type`` is None, e.g. GPT-2), the finding says so and how to fix it. Used by
+:func:`packsim.audit_trainer` (lesson 07).
 
 Lessons: none directly.
 """
@@ -19,7 +22,7 @@ from contextlib import contextmanager
 import torch
 
 from packsim.auditing.report import Finding
-from packsim.core.loss import accumulated_loss, count_targets, token_losses
+from packsim.core.loss import IGNORE_INDEX, accumulated_loss, count_targets, token_losses
 
 _REL_TOL = {torch.float32: 1e-4, torch.float64: 1e-8}  # else (half precision, autocast): 1e-2
 
@@ -45,6 +48,35 @@ def _is_scaled(trainer, num_items) -> bool:
                 or getattr(trainer, "compute_loss_func", None) is not None)
 
 
+def _miscount(trainer, evidence: str, items: int, predicted: int, row_starts: int) -> tuple[str, str]:
+    """num_items_in_batch counts other labels than the loss predicts: say which, and why.
+
+    transformers' Trainer counts ``labels[..., 1:]`` only when ``model.loss_type`` maps to
+    ``ForCausalLMLoss`` (``Trainer.__init__``'s ``_loss_shifts_labels``, read by
+    ``Trainer._get_num_items_in_batch``); ``PreTrainedModel.__init__`` derives ``loss_type`` from
+    the class name, so ``GPT2LMHeadModel`` (and CTRL, OpenAI-GPT, XLNet, XLM ... *LMHeadModel
+    classes) get ``None``, and the Trainer counts every label, while the loss still shifts
+    (``loss_function`` falls back to ``ForCausalLMLoss``) and never predicts position 0.
+    """
+    model = getattr(trainer, "model", None)
+    loss_type = getattr(model, "loss_type", "?")
+    shifts = getattr(trainer, "_loss_shifts_labels", None)
+    evidence += (f"; but num_items_in_batch is {items} while the loss predicts {predicted} labels "
+                 f"(labels[..., 1:] != -100)")
+    if items - predicted == row_starts and shifts is False:
+        evidence += (f": the difference is the {row_starts} label(s) at position 0 of a row, which no token "
+                     f"predicts; {type(model).__name__}.loss_type is {loss_type!r}, so the Trainer "
+                     "(_get_num_items_in_batch, _loss_shifts_labels) counts labels unshifted, while the "
+                     "loss shifts, and every step's loss is scaled by "
+                     f"{predicted}/{items}")
+        fix = ("set model.loss_type = 'ForCausalLM' before building the Trainer (it then counts "
+               "labels[..., 1:]), or have the collator set the label at each row's position 0 to -100")
+    else:
+        fix = ("make num_items_in_batch count exactly the labels the loss predicts: labels[..., 1:] != -100 "
+               "for a loss that shifts, or pass shift_labels in the batch")
+    return evidence, fix
+
+
 def loss_over_accumulation(trainer, raw_batches: list, forward, autocast) -> Finding:
     """Run ``trainer.compute_loss`` over one accumulation step of ``raw_batches`` and compare.
 
@@ -55,7 +87,7 @@ def loss_over_accumulation(trainer, raw_batches: list, forward, autocast) -> Fin
     micro = raw_batches[:G]
     samples, num_items = trainer.get_batch_samples(iter(micro), len(micro), trainer.args.device)
     scaled = _is_scaled(trainer, num_items)
-    got, sums, counts, dtype = 0.0, [], [], torch.float32
+    got, sums, counts, dtype, row_starts = 0.0, [], [], torch.float32, 0
     with _kept_state(trainer), torch.no_grad():
         for batch in samples:
             inputs = trainer._prepare_inputs(batch)
@@ -66,6 +98,8 @@ def loss_over_accumulation(trainer, raw_batches: list, forward, autocast) -> Fin
             got += float(loss) / (1 if scaled else G)
             sums.append(float(token_losses(logits, inputs["labels"]).sum()))
             counts.append(count_targets(inputs["labels"]))
+            row_starts += int((torch.as_tensor(inputs["labels"]).reshape(-1, inputs["labels"].shape[-1])[:, 0]
+                               != IGNORE_INDEX).sum())  # labels at a row's position 0: never predicted
     want = float(accumulated_loss(sums, counts))  # the mean over all counted labels
     rel = abs(got - want) / max(abs(want), 1e-12)
     tol = _REL_TOL.get(dtype, 1e-2)
@@ -77,6 +111,9 @@ def loss_over_accumulation(trainer, raw_batches: list, forward, autocast) -> Fin
                 f"(relative difference {rel:.1e}); {how}")
     fix = ("let the loss see num_items_in_batch: a model forward with **kwargs (transformers models "
            "have it), or a compute_loss_func / compute_loss that divides by num_items_in_batch")
+    items = None if num_items is None else int(round(float(torch.as_tensor(num_items).float().sum())))
+    if scaled and items is not None and items != sum(counts):
+        evidence, fix = _miscount(trainer, evidence, items, sum(counts), row_starts)
     mean_of_means = G > 1 and not scaled
     if rel > tol or mean_of_means:
         if mean_of_means and rel <= tol:
