@@ -28,7 +28,7 @@ else
 endif
 STAMP := $(ENV_DIR)/.packsim-setup.stamp
 
-.PHONY: setup lab test check html clean help bench bench-quick gpu-check
+.PHONY: setup git-filter lab test check html clean help bench bench-quick gpu-check
 
 help:
 	@echo "make lab    set up (first run only) and open the course in JupyterLab"
@@ -49,7 +49,19 @@ $(STAMP): pyproject.toml | $(NEW_VENV)
 	$(PY) -m packsim.course.check_env --quiet
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) git-filter
+
+# Notebook outputs never land in git by accident: JupyterLab autosaves them into the notebooks,
+# and this git filter (nbstripout, a dev dependency; .gitattributes names it) strips them from
+# what `git add` stores, while your copy on disk keeps them. Cell ids are kept (--keep-id), so a
+# clean notebook passes through unchanged. Outside a git checkout there is nothing to do.
+git-filter:
+	@if git rev-parse --git-dir >/dev/null 2>&1; then \
+	  $(PY) -m nbstripout --install --attributes .gitattributes && \
+	  strip="$$($(PY) -c 'import sys; print(sys.executable)') -m nbstripout --keep-id" && \
+	  git config filter.nbstripout.clean "$$strip" && \
+	  git config diff.ipynb.textconv "$$strip -t" && \
+	  echo "git filter: notebook outputs are stripped on git add (nbstripout; see README)"; fi
 
 # JupyterLab refuses to start as root (containers, some cloud VMs) without --allow-root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)
