@@ -44,6 +44,7 @@ _HOMES = {
     "response_mask_from_features": "packsim.auditing.features",
     "EXHIBITS": "packsim.auditing.museum",
     "museum_table": "packsim.auditing.museum",
+    "museum_2026_table": "packsim.auditing.museum_2026",
     "TrapTable": "packsim.auditing.trap_results",
     "trap_table": "packsim.auditing.traps",
 }
