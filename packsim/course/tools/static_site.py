@@ -51,7 +51,7 @@ from plotly.offline import get_plotlyjs
 from packsim.core.errors import PacksimError
 from packsim.course.tools.notebook_tools import NotebookRunError, execute, find_notebooks
 
-__all__ = ["NPM_PACKAGES", "build_page", "build_site", "slim_outputs", "install_widget_assets", "main"]
+__all__ = ["NPM_PACKAGES", "build_page", "build_site", "slim_outputs", "share_equal_models", "install_widget_assets", "main"]
 
 NPM_PACKAGES = ("@jupyter-widgets/html-manager@^1.0.15",)
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,7 +118,13 @@ def install_widget_assets(site: Path, npm_dir: Path = DEFAULT_NPM_DIR) -> None:
     shutil.copy2(Path(plotly.__file__).parent / "package_data" / "plotly.min.js", site / PLOTLY_JS)
     env = _exporter().environment
     css = "\n".join(env.loader.get_source(env, name)[0] for name in _LAB_STYLES)
-    (site / LAB_CSS).write_text(css, encoding="utf-8")
+    (site / LAB_CSS).write_text(_minify_css(css), encoding="utf-8")
+
+
+def _minify_css(css: str) -> str:
+    """``css`` without comments, blank lines and indentation (JupyterLab's style: 256 -> 210 kB)."""
+    css = re.sub(r"/\*.*?\*/", "", css, flags=re.S)
+    return re.sub(r"^\s+", "", re.sub(r"\n\s*\n+", "\n", css), flags=re.M)
 
 
 @contextmanager
@@ -175,9 +181,10 @@ def slim_outputs(nb) -> int:
 
     That is the copy of plotly.js that plotly's ``notebook`` renderer displays once per kernel
     (about 4.6 MB), the plotly JSON next to an HTML version of the same figure in a widget's
-    saved outputs (the page's widget manager draws the HTML), and every unset (null) property of
+    saved outputs (the page's widget manager draws the HTML), every unset (null) property of
     a saved ``LayoutModel`` (null is its default in ``@jupyter-widgets/base``; about 300 bytes
-    per widget). Returns the characters removed (counted as JSON).
+    per widget) and every null ``_view_count``, and all but one of equal layout / style models
+    (:func:`share_equal_models`). Returns the characters removed (counted as JSON).
     """
     plotlyjs, removed = get_plotlyjs(), 0
     for data, in_widget in _output_bundles(nb):
@@ -189,13 +196,57 @@ def slim_outputs(nb) -> int:
             removed += len(html) - len(data["text/html"])
         if in_widget and html and _PLOTLY_MIME in data:
             removed += len(json.dumps(data.pop(_PLOTLY_MIME)))
-    for model in nb.metadata.get("widgets", {}).get(_WIDGET_STATE, {}).get("state", {}).values():
+    states = nb.metadata.get("widgets", {}).get(_WIDGET_STATE, {}).get("state", {})
+    for model in states.values():
+        state = model.get("state", {})
+        if "_view_count" in state and state["_view_count"] is None:  # null: its default everywhere
+            removed += len(json.dumps({"_view_count": None})) - 1
+            del state["_view_count"]
         if model.get("model_name") == "LayoutModel" and model.get("model_module") == "@jupyter-widgets/base":
-            state = model.get("state", {})
             unset = [k for k, v in state.items() if v is None and not k.startswith("_")]
             removed += sum(len(json.dumps({k: None})) - 1 for k in unset)
             for k in unset:
                 del state[k]
+    return removed + share_equal_models(states)
+
+
+def _is_leaf(model: dict) -> bool:
+    """A layout or style model: it refers to no other model, so equal ones are interchangeable."""
+    return model.get("model_name", "").endswith(("LayoutModel", "StyleModel"))
+
+
+def _renamed(value, names: dict):
+    if isinstance(value, str) and value.startswith("IPY_MODEL_"):
+        return f"IPY_MODEL_{names.get(value[10:], value[10:])}"
+    if isinstance(value, list):
+        return [_renamed(v, names) for v in value]
+    if isinstance(value, dict):
+        return {k: _renamed(v, names) for k, v in value.items()}
+    return value
+
+
+def share_equal_models(states: dict) -> int:
+    """Keep one of every set of equal layout / style models in a saved widget state and point
+    every widget at it (``IPY_MODEL_<id>`` references rewritten); returns the characters removed.
+
+    ipywidgets lets widgets share one ``Layout`` or style, and the widget manager draws each view
+    from the shared model. A leakage explorer's token chips, a quiz's word buttons and every
+    control carry their own equal copies otherwise (07: 147 layouts and 128 button styles).
+    """
+    first: dict[str, str] = {}
+    names: dict[str, str] = {}
+    for mid, model in states.items():
+        if _is_leaf(model):
+            key = json.dumps([model.get(k) for k in ("model_module", "model_module_version",
+                                                     "model_name", "state")], sort_keys=True)
+            names[mid] = first.setdefault(key, mid)
+    dupes = [mid for mid, keep in names.items() if mid != keep]
+    removed = sum(len(json.dumps({mid: states[mid]})) for mid in dupes)
+    for mid in dupes:
+        del states[mid]
+    if dupes:
+        for model in states.values():
+            model["state"] = _renamed(model.get("state", {}), names)
     return removed
 
 
