@@ -110,7 +110,7 @@ _CSS = f"""<style>
   margin: 1px 0;  font-family: monospace; text-align: center; border-top: 4px solid transparent;
   color: {TEXT}; }}
 .packsim-key.packsim-key-query {{ outline: 2px solid {BORDER}; }}
-.packsim-key.packsim-key-future {{ opacity: 0.45; }}
+.packsim-key.packsim-key-future {{ opacity: 0.65; }}
 .packsim-key.packsim-key-outside {{ border-bottom: 3px solid {LEAK_RED}; }}
 .packsim-label-token.packsim-ignored {{ color: {TEXT_MUTED}; text-decoration: line-through; }}
 .packsim-muted {{ color: {TEXT_MUTED}; }}

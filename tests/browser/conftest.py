@@ -169,11 +169,18 @@ def _write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=1))
 
 
-def _prepare_root(root: Path, port: int, token: str) -> dict[str, str]:
-    """Lay out an isolated Jupyter home under ``root``; returns the environment for the server."""
+def _prepare_root(root: Path, port: int, token: str, theme: str | None = None) -> dict[str, str]:
+    """Lay out an isolated Jupyter home under ``root``; returns the environment for the server.
+
+    ``theme``: a JupyterLab theme name (e.g. "JupyterLab Dark"), set in the user settings that
+    the server reads (``@jupyterlab/apputils-extension:themes``), as a learner's choice would be.
+    """
     for sub in ("notebooks", "config", "data", "runtime", "settings", "workspaces", "ipython"):
         (root / sub).mkdir()
     shutil.copy(NOTEBOOK, root / "notebooks" / NOTEBOOK.name)
+    if theme is not None:
+        _write_json(root / "settings" / "@jupyterlab" / "apputils-extension" / "themes.jupyterlab-settings",
+                    {"theme": theme})
     _write_json(
         root / "config" / "jupyter_server_config.json",
         {
@@ -246,14 +253,34 @@ def _stop(server: LabServer) -> None:
             continue
 
 
+_CLEANED: list[bool] = []
+
+
+def _clean_artifacts() -> None:
+    """Once per session: screenshots and logs of an earlier run would mislead."""
+    if not _CLEANED:
+        for old in [*ARTIFACTS.glob("*.png"), *ARTIFACTS.glob("jupyterlab*.log")]:
+            old.unlink(missing_ok=True)
+        _CLEANED.append(True)
+
+
 @pytest.fixture(scope="session")
 def lab_server(chromium_path) -> Iterator[LabServer]:
     """JupyterLab in a fresh temporary root (requests Chromium first: no browser, no server)."""
-    for old in [*ARTIFACTS.glob("*.png"), ARTIFACTS / "jupyterlab.log"]:
-        old.unlink(missing_ok=True)  # screenshots of an earlier run would mislead
+    yield from _serve()
+
+
+@pytest.fixture(scope="session")
+def dark_lab_server(chromium_path) -> Iterator[LabServer]:
+    """A second JupyterLab, its theme set to JupyterLab Dark in its user settings."""
+    yield from _serve(theme="JupyterLab Dark", log_name="jupyterlab-dark.log")
+
+
+def _serve(theme: str | None = None, log_name: str = "jupyterlab.log") -> Iterator[LabServer]:
+    _clean_artifacts()
     root = Path(tempfile.mkdtemp(prefix="packsim-lab-"))
     port, token = _free_port(), os.urandom(16).hex()
-    env = _prepare_root(root, port, token)
+    env = _prepare_root(root, port, token, theme)
     log_path = root / "jupyterlab.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
@@ -271,7 +298,7 @@ def lab_server(chromium_path) -> Iterator[LabServer]:
     finally:
         _stop(server)
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        shutil.copy(log_path, ARTIFACTS / "jupyterlab.log")
+        shutil.copy(log_path, ARTIFACTS / log_name)
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -393,6 +420,11 @@ def _wait_for_run(nb: NotebookPage) -> None:
 @pytest.fixture(scope="module")
 def notebook_page(browser, lab_server) -> Iterator[NotebookPage]:
     """The test notebook open in JupyterLab with every cell run; screenshots opened/ran."""
+    yield from _open_and_run(browser, lab_server, NOTEBOOK.name, "notebook")
+
+
+def _open_and_run(browser, lab_server: LabServer, name: str, label: str) -> Iterator[NotebookPage]:
+    """Open notebook ``name`` of the server, Run All, wait for ``DONE_MARKER``; yield the page."""
     from playwright.sync_api import expect
 
     context = browser.new_context(viewport=VIEWPORT)
@@ -402,16 +434,16 @@ def notebook_page(browser, lab_server) -> Iterator[NotebookPage]:
     page.on("console", lambda msg: nb.console.append(f"[{msg.type}] {msg.text}"))
     page.on("pageerror", lambda err: nb.console.append(f"[pageerror] {err}"))
     try:
-        page.goto(lab_server.notebook_url(NOTEBOOK.name))
+        page.goto(lab_server.notebook_url(name))
         try:
             expect(_kernel_idle_in_status_bar(page)).to_be_visible(timeout=KERNEL_IDLE_S * 1000)
         except AssertionError as err:
-            nb.screenshot("notebook", "kernel-not-idle")
+            nb.screenshot(label, "kernel-not-idle")
             pytest.fail(f"the kernel never showed Idle in the status bar: {err}\n{nb.diagnostics()}")
-        nb.screenshot("notebook", "opened")
+        nb.screenshot(label, "opened")
         _run_all_cells(page)
         _wait_for_run(nb)
-        nb.screenshot("notebook", "ran")
+        nb.screenshot(label, "ran")
         yield nb
     finally:
         context.close()
@@ -428,3 +460,26 @@ def lab(notebook_page, request) -> Iterator[NotebookPage]:
         except Exception as err:
             print(f"(no failure screenshot: {err})")
         print(notebook_page.diagnostics())
+
+
+# ---- the dark theme (test_dark_theme.py) --------------------------------------------------------
+
+DARK_NOTEBOOK = "dark_widgets.ipynb"
+_DARK_CELLS = (
+    "from packsim import viz\nfrom packsim.core.data import make_examples",
+    "viz.leakage_explorer(make_examples(6, seed=0))  # untrained tiny model: only the mask differs",
+    "viz.quiz(0)",
+    f"print({DONE_MARKER!r})",
+)
+
+
+@pytest.fixture(scope="module")
+def dark_notebook_page(browser, dark_lab_server) -> Iterator[NotebookPage]:
+    """Two widgets (leakage explorer, quiz) run in the dark-theme JupyterLab."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    nb = new_notebook(cells=[new_code_cell(src) for src in _DARK_CELLS])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, dark_lab_server.root / "notebooks" / DARK_NOTEBOOK)
+    yield from _open_and_run(browser, dark_lab_server, DARK_NOTEBOOK, "dark")
