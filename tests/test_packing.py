@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from packsim.core.errors import PacksimError
 from packsim.core.pack_result import PackArrays
-from packsim.core.pack_stats import PackingStats, packing_stats
+from packsim.core.pack_stats import PackingStats, examples_cut, packing_stats
 from packsim.core.packing import (
     OVERFLOW_POLICIES,
     STRATEGIES,
@@ -245,6 +245,28 @@ def test_packing_stats_after_truncate_and_split():
     assert (split.total_tokens, split.n_packs, split.lower_bound) == (13, 4, 4)
     assert split.one_per_row_capacity_waste == 1 - 13 / 16  # example 0 takes 3 rows of 4
     assert split.gap_to_lower_bound == 0.0
+
+
+def _cut_by_hand(lengths, packs) -> int:
+    """Examples in more than one pack, or with fewer tokens in the packs than they have."""
+    where, tokens = Counter(), Counter()
+    for pieces in packs:
+        for i, a, b in [(e, 0, lengths[e]) if isinstance(e, int) else tuple(e) for e in pieces]:
+            where[i] += 1
+            tokens[i] += b - a
+    return sum(1 for i, n in enumerate(lengths) if where[i] > 1 or tokens[i] < n)
+
+
+@pytest.mark.parametrize(("strategy", "overflow"), [("wrapped", "error"), ("ffd", "truncate"),
+                                                    ("bfd", "split"), ("sequential", "error")])
+def test_examples_cut_counts_split_and_truncated_examples(strategy, overflow):
+    lengths = [9, 3, 4, 2, 7, 1] if overflow != "error" else [3, 4, 2, 3, 1, 4]
+    packs = pack(lengths, 5, strategy, overflow)
+    assert examples_cut(lengths, packs) == _cut_by_hand(lengths, packs)
+    if strategy == "sequential":
+        assert examples_cut(lengths, packs) == 0
+    else:
+        assert examples_cut(lengths, packs) > 0
 
 
 def test_packing_stats_empty():

@@ -2,6 +2,7 @@
 
 ``packing_stats(lengths, packs, capacity) -> PackingStats``: packs as :func:`packsim.core.packing.pack`
 returns them (lists of example indices or Pieces), lengths (n,), checked against each other.
+``examples_cut(lengths, packs)``: how many examples are not whole in one pack.
 
 Lessons: 01.
 """
@@ -77,6 +78,16 @@ def packing_stats(
         one_per_row_padding_waste=1 - total / (n * int(kept.max())) if n else 0.0,
         one_per_row_capacity_waste=1 - total / (rows * capacity) if n else 0.0,
     )
+
+
+def examples_cut(lengths: Sequence[int] | np.ndarray, packs: Sequence[Sequence[Entry]]) -> int:
+    """Examples not whole in one pack: split over several packs, or truncated (notebook 01).
+
+    An example counts once however many pieces it is in; entries are read by :func:`as_piece`.
+    """
+    sizes = _check_lengths(lengths).tolist()
+    pieces = (as_piece(entry, sizes) for entries in packs for entry in entries)
+    return len({p.index for p in pieces if p.stop - p.start < sizes[p.index]})
 
 
 def _kept_tokens(sizes: np.ndarray, packs: Sequence[Sequence[Entry]], capacity: int) -> np.ndarray:

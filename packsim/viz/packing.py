@@ -18,8 +18,8 @@ import plotly.graph_objects as go
 
 from packsim.core.data import long_tailed_lengths, uniform_lengths
 from packsim.core.errors import PacksimError
-from packsim.core.pack_stats import packing_stats
-from packsim.core.packing import STRATEGIES, Piece, pack
+from packsim.core.pack_stats import examples_cut, packing_stats
+from packsim.core.packing import STRATEGIES, as_piece, pack
 from packsim.viz.style import LEAK_RED, example_colour, layout
 from packsim.viz.widget import PacksimWidget, escape, show_figure, style_html
 
@@ -60,18 +60,8 @@ def _segments(packs, lengths):
     """Per pack, its (example, start, stop) entries in row order."""
     out = []
     for p in packs:
-        row = []
-        for e in p:
-            piece = e if isinstance(e, Piece) else Piece(int(e), 0, int(lengths[e]))
-            row.append((piece.index, piece.start, piece.stop))
-        out.append(row)
+        out.append([tuple(as_piece(e, lengths)) for e in p])
     return out
-
-
-def n_cut(packs, lengths) -> int:
-    """Examples whose tokens are split over more than one pack (or truncated)."""
-    pieces = [e for p in packs for e in p if isinstance(e, Piece)]
-    return len({p.index for p in pieces if p.stop - p.start < int(lengths[p.index])})
 
 
 def packing_figure(lengths, capacity: int, strategy: str = "bfd") -> go.Figure:
@@ -134,7 +124,7 @@ def comparison_rows(lengths, capacity: int) -> list[dict]:
                 rows=s.n_packs,
                 lower_bound=s.lower_bound,
                 fill=s.fill_ratio,
-                cut=n_cut(packs, lengths),
+                cut=examples_cut(lengths, packs),
             )
         )
     return out
