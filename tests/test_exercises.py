@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import json
 import pkgutil
+import re
 from pathlib import Path
 
 import pytest
@@ -46,13 +48,29 @@ def test_unfinished_and_crashing_answers_never_raise():
 
 
 def test_solution_source_and_errors(capsys):
-    assert "def padding_share" in solution_source("start_here", "padding_share")
-    show_solution("start_here", "padding_share")
+    assert "def padding_share" in solution_source(0, "padding_share")
+    show_solution(0, "padding_share")
     assert "real_mask" in capsys.readouterr().out
-    with pytest.raises(PacksimError, match="no solutions for lesson 'nope'"):
-        solution_source("nope", "x")
+    assert solution_source("lesson00_start_here", "padding_share") == solution_source(0, "padding_share")
+    for wrong in ("nope", "start_here", 42):  # the one form is the lesson number
+        with pytest.raises(PacksimError, match=f"no solutions for lesson {wrong!r}: pass the lesson number"):
+            solution_source(wrong, "x")
     with pytest.raises(PacksimError, match="has no 'nope'.*padding_share"):
-        solution_source("start_here", "nope")
+        solution_source(0, "nope")
+
+
+def test_every_show_solution_a_notebook_names_is_the_number_form_and_exists():
+    """Each ``show_solution(...)`` a notebook mentions: a lesson number, and that solution exists."""
+    calls = []
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        text = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"])
+        calls += [(path.name, m.group(1), m.group(2)) for m in re.finditer(r"show_solution\(([^,()]*), *([^()]*)\)", text)]
+    assert len(calls) >= 20, calls
+    for notebook, lesson, name in calls:
+        if lesson == "lesson":  # the general form, in lesson 00's prose
+            continue
+        assert lesson.isdigit() and int(lesson) == int(notebook[:2]), (notebook, lesson)
+        assert solution_source(int(lesson), name.strip("\"'")), (notebook, name)
 
 
 # ---- every lesson's checks -------------------------------------------------------------------

@@ -16,9 +16,9 @@ from packsim.course.solutions import lesson01_why_pack as sol
 
 
 def test_solutions_can_be_shown(capsys):
-    show_solution("why_pack", "ffd_pack")
+    show_solution(1, "ffd_pack")
     assert "def ffd_pack" in capsys.readouterr().out
-    assert "math.ceil" in solution_source("why_pack", "lower_bound")
+    assert "math.ceil" in solution_source(1, "lower_bound")
 
 
 # --- lower bound --------------------------------------------------------------------------------

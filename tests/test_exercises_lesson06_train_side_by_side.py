@@ -107,6 +107,6 @@ def test_toy_results_have_disagreeing_seeds():
 
 
 def test_solutions_can_be_shown(capsys):
-    show_solution("side_by_side", "em_gap")
+    show_solution(6, "em_gap")
     assert "def em_gap" in capsys.readouterr().out
-    assert "mask_fix" in solution_source("side_by_side", "fix_share")
+    assert "mask_fix" in solution_source(6, "fix_share")

@@ -108,9 +108,9 @@ def test_isolating_call_mistakes_are_named(answer, words):
 
 
 def test_solutions_can_be_shown(capsys):
-    show_solution("contamination", "isolating_call")
+    show_solution(7, "isolating_call")
     assert "use_cache" in capsys.readouterr().out
-    assert "name_the_fix = {" in solution_source("contamination", "name_the_fix")
+    assert "name_the_fix = {" in solution_source(7, "name_the_fix")
 
 
 def _probe(call, input_ids, seq_ids, mine_too=False, padding_too=False, same_tokens=False, first_only=False):

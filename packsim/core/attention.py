@@ -1,28 +1,17 @@
 """Varlen (packed) attention: one interface, five backends, all tested equal.
 
-Every backend takes q, k, v flattened over a pack plus ``cu_seqlens`` (int32 offsets), in the
-shape FlashAttention's ``flash_attn_varlen_func`` uses, and returns attention computed *inside*
-each example only (block-diagonal, causal by default)::
+Every backend takes q, k, v flattened over a pack plus ``cu_seqlens`` (int32 offsets), as
+FlashAttention's ``flash_attn_varlen_func`` does, and attends *inside* each example only
+(block-diagonal, causal by default)::
 
     q: (total_q, H, D)    k, v: (total_k, H_kv, D)    H % H_kv == 0 (GQA)
     cu_seqlens_q/k: (S+1,) int32    ->    out: (total_q, H, D)
 
-Backends (``BACKENDS``):
-
-- ``dense``: reference. Builds the explicit (N, N) block-diagonal mask and calls SDPA. O(N^2)
-  memory and work, no tile is skipped. For teaching and tests.
-- ``blocked``: CPU/GPU path that trains and never builds an N x N mask: sequences are sorted by
-  length, grouped into buckets of similar length, right-padded to (S_b, H, L_b, D) and sent to
-  SDPA. Work ~ sum L_i^2. The default on CPU.
-- ``flex``: FlexAttention with a document ``BlockMask``. Eager (unfused: it materializes the
-  score matrix; ``torch.compile(flex_attention)`` is much faster). On CPU it runs forward only.
-- ``flash``: ``flash_attn.flash_attn_varlen_func`` (CUDA, fp16/bf16, Ampere or newer).
-- ``torch_varlen``: ``torch.nn.attention.varlen.varlen_attn`` (torch >= 2.10, CUDA only).
-
-``backend="auto"`` picks the best available one (:mod:`packsim.core.attention_backends` says
-which can run here, and why) and logs the choice once at INFO on the ``packsim`` logger. How
-much work each layout does (score pairs, tiles computed and skipped) is counted in
-:mod:`packsim.core.tiles`.
+Backends (``BACKENDS``): ``dense`` (the reference: an explicit (N, N) mask, for teaching and
+tests), ``blocked`` (examples bucketed by length, each bucket one SDPA call, work ~ sum L_i^2;
+the CPU default), ``flex`` (FlexAttention with a document ``BlockMask``, eager), ``flash``
+(``flash_attn_varlen_func``) and ``torch_varlen`` (``torch.nn.attention.varlen.varlen_attn``).
+What each needs and ``backend="auto"``: :mod:`packsim.core.attention_backends`.
 
 Lessons: 03, 08.
 """

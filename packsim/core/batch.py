@@ -13,7 +13,7 @@ Two kinds of boundaries live here, and the difference matters:
   ``B*T`` tokens: one per row for the causal mask (examples see each other: the bug), one per
   example and per padding run for the block-diagonal mask.
 
-Lessons: 00, 01, 02, 05, 07, 09.
+Lessons: 00, 01, 02, 05, 06, 07, 09.
 """
 
 from __future__ import annotations

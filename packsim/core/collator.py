@@ -1,32 +1,14 @@
 """A padding-free packing collator for the transformers ``Trainer`` (notebook 07).
 
 :class:`PackingCollator` turns a list of features into ONE flattened row in the format of
-transformers' ``DataCollatorWithFlattening``: no padding, no ``attention_mask``, and the
-example boundaries carried by ``position_ids`` (restarting at 0 for each example) and, on
-request, ``cu_seq_lens_q/k`` + ``max_length_q/k`` (what flash attention's varlen kernels read)
-and ``seq_idx``. Unlike transformers' collator, it builds the labels itself from the setup's
-loss: ``"correct"`` counts only response tokens and EOS (completion-only loss), and every
-example's first token is -100, so no example is trained to predict the next one's start.
-
-Features (choose one kind per batch, or mix):
-
-- :class:`packsim.core.data.Example` objects, or anything with ``.tokens`` and ``.n_prompt``
-  (packsim's tokenizer: ``tokens`` already holds ``<bos>`` and ``<eos>``);
-- mappings ``{"prompt_ids": [...], "response_ids": [...]}`` for any tokenizer: the sequence is
-  ``prompt_ids + response_ids`` as given (add your own BOS/EOS), the prompt is
-  ``len(prompt_ids)`` tokens (read by :func:`packsim.core.token_example.as_example`).
-
-It reuses :meth:`packsim.PackedBatch.from_examples` (packed in input order) and
-:meth:`~packsim.PackedBatch.to_flattening`. Whether the examples then stay apart is up to the
-forward: with transformers' eager / sdpa / flex attention, call the model with no
-``attention_mask`` and ``use_cache=False`` (the ``Trainer`` does); ``packsim.audit`` checks it.
-
-Example::
-
-    from transformers import Trainer, TrainingArguments
-    collator = PackingCollator(setup="correct", return_flash_attn_kwargs=True)
-    trainer = Trainer(model=model, args=TrainingArguments(..., remove_unused_columns=False),
-                      train_dataset=examples, data_collator=collator)
+transformers' ``DataCollatorWithFlattening``: no padding, no ``attention_mask``, boundaries in
+``position_ids`` (and, on request, ``cu_seq_lens_q/k`` + ``max_length_q/k`` and ``seq_idx``).
+Unlike that collator it builds the labels from the setup's loss: ``"correct"`` counts only
+response tokens and EOS, and every example's first token is -100. Features: packsim
+``Example`` objects (``.tokens``, ``.n_prompt``) or ``{"prompt_ids", "response_ids"}`` dicts
+for any tokenizer (see :class:`PackingCollator`). Whether the examples then stay apart is up to
+the forward (eager / sdpa / flex: no ``attention_mask``, ``use_cache=False``); ``packsim.audit``
+checks it.
 
 Lessons: 07.
 """

@@ -1,25 +1,13 @@
 """Synthetic instruction data, generated locally and seeded: the examples packsim packs.
 
-An :class:`Example` is a prompt and a response, as character-level token ids. Its training
-sequence is ``[<bos>] + prompt + response + [<eos>]``; ``n_prompt`` counts ``<bos>`` as prompt,
-so ``tokens[n_prompt:]`` (response plus ``<eos>``) are the tokens a completion-only loss trains
-the model to predict.
-
-Tasks (all character level, answers exact):
-
-==========  ===============================  ==========
-task        prompt                           response
-==========  ===============================  ==========
-``reverse`` ``rev abcde=``                   ``edcba``
-``add``     ``add 12+34=``                   ``46``
-``sort``    ``sort 5132=``                   ``1235``
-``kv``      ``a:1,b:7,c:3?b=``               ``7``
-``copy``    ``abc|xyzw>``                    ``abc``
-==========  ===============================  ==========
-
-The first four are the default mix (:data:`DEFAULT_TASKS`). ``copy`` (repeat what comes before
-``|``) can be stretched to any length, so :func:`make_long_tailed_examples` uses it to build
-examples whose lengths follow :func:`long_tailed_lengths` exactly (throughput studies).
+An :class:`Example` is a prompt and a response as character-level token ids; its training
+sequence is ``[<bos>] + prompt + response + [<eos>]`` and ``tokens[n_prompt:]`` (response plus
+``<eos>``) are what a completion-only loss trains. Tasks (:data:`TASKS`, answers exact):
+``reverse`` (``rev abcde=`` -> ``edcba``), ``add`` (``add 12+34=`` -> ``46``), ``sort``
+(``sort 5132=`` -> ``1235``), ``kv`` (``a:1,b:7,c:3?b=`` -> ``7``) and ``copy``
+(``abc|xyzw>`` -> ``abc``). The first four are the default mix (:data:`DEFAULT_TASKS`); ``copy``
+stretches to any length, so :func:`make_long_tailed_examples` uses it for examples whose lengths
+follow :func:`long_tailed_lengths` exactly (throughput studies).
 
 Lessons: 00, 01, 02, 03, 04, 05, 06, 07, 08, 09.
 """

@@ -2,7 +2,7 @@
 
 ``get_device`` picks where to run, ``model_device`` says where a model already is.
 
-Lessons: 00, 01, 02, 05, 06, 07, 08, 10.
+Lessons: 00.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """Labels and the loss: which tokens count, and how to normalise so every response token weighs the same.
 
-Lesson 05 teaches this module step by step; lesson 07 audits it.
-
-Labels follow the transformers convention: ``labels`` is aligned with ``input_ids`` and the
-model predicts ``labels[:, t + 1]`` from position ``t``; ``-100`` means "not counted".
-Every token of a packed row has a *role* that says why it is (or is not) counted:
-
-======== =========================================================================
-role     meaning of the label at this token
-======== =========================================================================
-PAD      padding after the last example of a row
-FIRST    first token of a row: nothing precedes it, so it is never a target
-BOUNDARY first token (BOS) of a later example: predicting it from the previous
-         example's EOS is the "boundary token" bug
-PROMPT   BOS and prompt tokens of an example
-RESPONSE response tokens: what fine-tuning should learn
-EOS      the end-of-response token: counted, so the model learns to stop
-UNKNOWN  inside an example, prompt or response not known (the audit's role for a
-         collator batch without a response mask; a PackedBatch never holds it)
-======== =========================================================================
+Labels follow the transformers convention: ``labels`` (B, T) is aligned with ``input_ids`` and
+the model predicts ``labels[:, t + 1]`` from position ``t``; ``-100`` means "not counted". Every
+token of a packed row has a :class:`Role` that says why it is (or is not) counted: ``PAD``,
+``FIRST`` (a row's first token, never a target), ``BOUNDARY`` (a later example's BOS: predicting
+it from the previous EOS is the boundary-token bug), ``PROMPT``, ``RESPONSE``, ``EOS`` (counted,
+so the model learns to stop) and ``UNKNOWN`` (the audit's role where a collator batch does not say
+prompt or response). Lesson 05 teaches this module step by step; lesson 07 audits it.
 
 Lessons: 05, 07.
 """

@@ -1,9 +1,7 @@
 """The columnar packing result: which tokens of which example go in which row, as numpy arrays.
 
-:func:`packsim.core.packing.pack_arrays` returns a :class:`PackArrays`; :func:`packsim.core.packing.pack`
-is ``pack_arrays(...).to_lists()``. A packing is a list of *pieces* (a run of tokens of one
-example, possibly all of it), stored row after row, each row's pieces in the order their tokens
-appear in the row::
+:func:`packsim.core.packing.pack_arrays` returns a :class:`PackArrays` (``pack`` is
+``pack_arrays(...).to_lists()``): pieces (runs of tokens of one example) row after row::
 
     index        (n_pieces,)     int64  example each piece comes from
     start        (n_pieces,)     int64  first token of the piece inside its example
@@ -11,12 +9,11 @@ appear in the row::
     row_offsets  (n_rows + 1,)   int64  row r holds pieces row_offsets[r]:row_offsets[r + 1]
     example_lengths (n_examples,) int64 the lengths that were packed
 
-Why arrays: a million examples make about two million Python objects as lists of ints and
-Pieces (most of the time of packing them), and nothing downstream needs them; a data loader
-slices tokens with ``start`` and ``length`` and cuts rows with ``row_offsets``, as TRL's
-``pack_dataset`` does with its Arrow offsets (``benchmarks/packing.py`` times both forms).
+Arrays, not lists of ints and :class:`Piece` objects: a data loader slices tokens with ``start``
+and ``length`` and cuts rows with ``row_offsets`` (as TRL's ``pack_dataset`` does with its Arrow
+offsets), and a million examples would be millions of Python objects (``benchmarks/packing.py``).
 
-Lessons: none directly.
+Lessons: 01.
 """
 
 from __future__ import annotations

@@ -1,34 +1,16 @@
 """Packing: fit variable-length examples into fixed-capacity rows (notebook 01, "why pack").
 
-Fine-tuning data is a list of examples of very different lengths. Giving each example its own row
-and padding it wastes most of the compute on padding tokens. Packing puts several examples in one
-row of ``capacity`` tokens instead. This module answers *which examples go in which row*; it only
-needs the example lengths. (Making the packed examples not see each other is the job of the
-attention mask, notebooks 02 onwards.)
+Which examples go in which row of ``capacity`` tokens, from the example lengths alone (keeping
+packed examples apart is the attention mask's job, notebooks 02 on). Strategies
+(:data:`STRATEGIES`): ``"wrapped"`` (concatenate and cut every ``capacity`` tokens: no padding,
+examples cut in two), ``"sequential"`` (next fit in data order: neighbours stay neighbours),
+``"ffd"`` / ``"bfd"`` (first- / best-fit decreasing bin packing, O(n log n) with two heaps,
+:func:`_place`; at most about 11/9 of the optimal row count).
 
-Four strategies, each a teaching point of notebook 01:
-
-- ``"wrapped"``: concatenate everything and cut every ``capacity`` tokens. No padding at all, but
-  examples are cut in two at row boundaries.
-- ``"sequential"`` (next fit): take examples in data order and start a new row when the next one
-  does not fit. Examples stay whole and neighbours in the data stay neighbours in the row (the
-  experiment's "related examples side by side" design relies on it); fill is worse.
-- ``"ffd"`` (first-fit decreasing) and ``"bfd"`` (best-fit decreasing): classic bin packing. Take
-  the examples longest first and put each in an existing row that still has room (the first such
-  row, or the fullest such row), opening a new row only when none has. Examples stay whole, and the
-  row count is provably at most about 11/9 of the best possible (on real length distributions
-  it is usually within a row or two of the lower bound ``ceil(total_tokens / capacity)``).
-
-Both decreasing strategies run in O(n log n) with two heaps (see :func:`_place`); ``"wrapped"``
-and the overflow policies are numpy array operations with no loop over examples (see
-:func:`_pack_wrapped`). Every strategy computes the packs as arrays, a
-:class:`~packsim.core.pack_result.PackArrays` (:func:`pack_arrays`), and :func:`pack` turns them
-into Python lists; at a million examples building those lists is most of the time
-(``benchmarks/packing.py`` measures both forms against TRL's ``pack_dataset``).
-
-A pack is a list of entries in the order their tokens appear in the row. An entry is a plain
-``int`` (the example index) when the whole example is in that pack, and a :class:`Piece` when
-only some of its tokens are. :func:`packsim.core.pack_stats.packing_stats` turns packs into the numbers notebook 01 plots.
+:func:`pack_arrays` computes the packs as a :class:`~packsim.core.pack_result.PackArrays`;
+:func:`pack` turns them into lists, one per row, of entries in row order: an ``int`` (a whole
+example) or a :class:`Piece` (part of one). :func:`packsim.core.pack_stats.packing_stats` turns
+packs into the numbers notebook 01 plots.
 
 Lessons: 01.
 """

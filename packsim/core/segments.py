@@ -1,21 +1,16 @@
 """Where the examples of a batch are: seq ids, ``cu_seqlens`` and position ids.
 
-A *pack* is one row of tokens holding several examples back to back. Three equivalent ways to say
-where the examples are:
+A *pack* is one row holding several examples back to back; three equivalent ways to say where:
 
-- ``seq_ids``      (T,) or (B, T) long: the example each token belongs to, e.g.
-  ``[0, 0, 0, 1, 1, 2, -1]``; each example is one consecutive run and ``-1`` marks padding;
+- ``seq_ids``      (T,) or (B, T) long: the example of each token, e.g. ``[0, 0, 0, 1, 1, 2, -1]``
+  (each example one consecutive run, ``-1`` padding);
 - ``cu_seqlens``   (S+1,) int32: where each example starts, plus the total, e.g. ``[0, 3, 5, 6]``
-  (FlashAttention's ``cu_seqlens``, transformers' ``cu_seq_lens_q``; padding is left out);
-- ``position_ids`` (T,) or (B, T): 0, 1, 2, ... restarting at 0 for each example, e.g.
-  ``[0, 1, 2, 0, 1, 0]``; a new example starts wherever the position does not continue by +1.
+  (FlashAttention's ``cu_seqlens``, transformers' ``cu_seq_lens_q``; padding left out);
+- ``position_ids`` (T,) or (B, T): restarting at 0 for each example, e.g. ``[0, 1, 2, 0, 1, 0]``.
 
-This module converts between them (:func:`seq_ids_from_cu_seqlens`, :func:`cu_seqlens_from_seq_ids`,
-:func:`cu_seqlens_from_position_ids`, :func:`cu_seqlens_from_lengths`), finds where runs start
-(:func:`run_starts`) and each token's position inside its run (:func:`example_positions`).
-Reading the boundaries of any batch (a PackedBatch or a collator dict) is
-:mod:`packsim.core.boundaries`; how much attention crosses them is measured in
-:mod:`packsim.core.attention_share`.
+This module converts between them, finds where runs start (:func:`run_starts`) and each token's
+position in its run (:func:`example_positions`), and holds :class:`Segment` (row, [start, stop),
+example). Reading any batch's boundaries: :mod:`packsim.core.boundaries`.
 
 Lessons: 08, 09.
 """

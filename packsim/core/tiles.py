@@ -1,23 +1,13 @@
 """Tiles and work: which (query tile, key tile) blocks attention computes over a pack, and how much.
 
-A pack of ``N`` tokens holds ``S`` sequences, given as ``cu_seqlens`` (S+1,) int32. Kernels
-work on ``tile x tile`` blocks of the (N, N) score matrix. Two ways to lay the tiles:
-
-- the pack-aligned grid (a block-sparse kernel such as FlexAttention's ``BlockMask``):
-  :func:`tile_grid` classifies each of the ``n x n`` tiles, ``n = ceil(N / tile)``, as
-  ``SKIPPED`` (no query may see any key in it), ``PARTIAL`` (computed, the mask is applied per
-  element: a boundary or the causal diagonal crosses it, or it is a ragged edge tile) or
-  ``FULL`` (computed, no mask needed). This is the one tile classifier of packsim: the work
-  accounting and the tile map widget (:mod:`packsim.viz.tiles`) both use it;
-- a flash-style varlen kernel: tiles start at each sequence's own offset, so no tile straddles
-  two sequences (:func:`varlen_tiles` lists them).
-
-:func:`score_pairs` is the one count of attention work in packsim: a causal query at position
-``p`` of its sequence scores ``p + 1`` keys, so a sequence of ``L`` tokens costs ``L(L+1)/2``
-pairs (``L^2`` without the causal mask). :func:`attention_work` counts score pairs (dense mask
-N^2, a causal kernel over the whole pack, varlen sum over the sequences) and, with ``tile=...``,
-the tiles of both layouts; rank balancing and context parallelism (lesson 10) count with
-:func:`score_pairs` too.
+A pack of ``N`` tokens holds ``S`` sequences, ``cu_seqlens`` (S+1,) int32; kernels work on
+``tile x tile`` blocks of the (N, N) score matrix. :func:`tile_grid` classifies each tile of the
+pack-aligned grid (a block-sparse kernel such as FlexAttention's ``BlockMask``) as ``SKIPPED``,
+``PARTIAL`` (the mask applied per element) or ``FULL``: the one tile classifier, used by the work
+accounting and the tile map (:mod:`packsim.viz.tiles`). :func:`varlen_tiles` lists a flash-style
+kernel's tiles, which start at each sequence's own offset. :func:`score_pairs` is the one count of
+attention work: ``L(L+1)/2`` causal pairs per sequence of ``L`` tokens (``L^2`` unmasked);
+:func:`attention_work` adds up pairs (dense N^2, causal over the pack, varlen) and tiles.
 
 Lessons: 03, 08, 09.
 """

@@ -1,30 +1,14 @@
 """Forensics from a finished checkpoint: did the run behind these weights let packed examples see each other?
 
-Interview question 2 ("how would you detect contamination after a run?") with only the trained
-model and a sample of its training examples. A run whose packs leaked trained the model, step
-after step, to predict each example *after other examples*: it learned to read past foreign
-neighbours. A run that kept its examples apart never showed the model a foreign prefix. Two
-measurements read that habit from the weights, on the same examples:
-
-- **pack gap**: an example's response loss scored inside a causal pack (after its neighbours,
-  positions continuing: the contaminated forward) minus its loss scored alone, averaged over the
-  examples that have a neighbour before them. Small when the run leaked;
-- **neighbour influence**: the mean |change| of an example's response loss when its neighbours
-  change (the same examples packed in another order, seeded).
-
-Both depend on the model, the data and the budget, so the verdict is calibrated by a **control**:
-the same model trained on the same kind of data, padded or correctly packed. The suspect is
-flagged when its pack gap is below ``threshold`` (default 0.5) times the control's. Without a
-control the report gives the numbers and no verdict ("uncalibrated"). A model pretrained on
-concatenated documents may read past neighbours whatever its fine-tuning did, which is why the
-control must share the suspect's base model.
-
-Why not :func:`packsim.audit`? A perturbation probe on the trained model under a corrected call
-proves nothing about the run: the leak lived in the forward the run used, not in the weights, and
-any model passes an isolated forward. Only the habit the leak left in the weights remains.
-
-Shapes: examples are packsim ``Example`` objects (``.tokens``, ``.n_prompt``) or dicts with
-``prompt_ids`` and ``response_ids``; per-example losses are (N,). Lessons 07 and 09.
+Interview question 2 with only the trained model and a sample of its training examples: a run
+whose packs leaked trained the model to read past foreign neighbours, and that habit stays in the
+weights. Two measurements read it, on the same examples: the **pack gap** (response loss inside a
+causal pack minus alone; small when the run leaked) and the **neighbour influence** (mean |change|
+of the loss when the neighbours change). A **control** (same base model and data, padded or packed
+correctly) calibrates the verdict: flagged below ``threshold`` times the control's gap; without
+one, numbers and no verdict. Not :func:`packsim.audit`: any model passes an isolated forward, the
+leak lived in the run's forward. Examples: ``Example`` objects or ``prompt_ids``/``response_ids``
+dicts; per-example losses (N,).
 
 Lessons: 07, 09.
 """

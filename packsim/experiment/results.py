@@ -1,23 +1,16 @@
 """The experiment's result format: what the trainer records, ``packsim compare`` writes, widgets read.
 
-One format from the live callback to ``results.json``, so the curves widget (notebook 06) and the
-report need no guessing:
+One format from the live callback to ``results.json``: while training, the trainer calls
+``callback(record)`` with a :class:`StepRecord` (``kind="train"`` every step, ``"eval"`` at each
+evaluation); a finished run is a :class:`RunResult` whose ``curves["train"]`` / ``curves["eval"]``
+are column dicts (``{"step": [...], "reported_loss": [...], ...}``) and ``final`` the last metrics;
+``packsim compare`` saves a :class:`Results` as ``results.json``::
 
-- while training, the trainer calls ``callback(record)`` with a :class:`StepRecord`
-  (``kind="train"`` every step, ``kind="eval"`` at each evaluation);
-- a finished run is a :class:`RunResult`: ``curves["train"]`` and ``curves["eval"]`` are
-  column dicts (``{"step": [...], "reported_loss": [...], ...}``), ``final`` the last metrics;
-- ``packsim compare`` saves a :class:`Results` (runs + config + env) as ``results.json``::
-
-    {"runs": [{"setup": "buggy", "seed": 0, "data": "tasks",
-               "final": {"isolated_exact_match": 0.36, "isolated_response_loss": 1.1,
-                         "real_tokens_per_s": 24000.0, ...},
-               "curves": {"train": {"step": [...], "reported_loss": [...], ...},
-                          "eval": {"step": [...], "isolated_exact_match": [...], ...}},
-               "wall_s": 61.2}],
+    {"runs": [{"setup": "buggy", "seed": 0, "data": "tasks", "final": {...},
+               "curves": {"train": {...}, "eval": {...}}, "wall_s": ...}],
      "config": {...}, "env": {...}}
 
-Lessons: 01, 02, 06, 09.
+Lessons: 01, 02, 06, 07, 09.
 """
 
 from __future__ import annotations

@@ -1,31 +1,19 @@
 """Interactive widgets and static figures for the course notebooks (ipywidgets + plotly).
 
 Each widget constructor returns an object with ``.widget`` (the root ipywidgets box, CSS class
-``packsim-<widget>``) that displays itself when it is the last expression of a cell, and a
-``.figure()`` for the current view; each ``*_figure`` function returns a plotly ``go.Figure``
-for HTML export and front ends without a kernel.
+``packsim-<widget>``) that displays itself as a cell's last expression, and ``.figure()`` for the
+current view; each ``*_figure`` function returns a plotly ``go.Figure``. Widgets and their static
+figures, by lesson: :func:`packing_playground` / :func:`packing_figure` (01),
+:func:`leakage_explorer` / :func:`leakage_figure` (02 06 07), :func:`mask_explorer` /
+:func:`mask_figure` (03), :func:`trap_explorer` / :func:`trap_figure` (04), :func:`label_viewer`
+/ :func:`labels_figure` (05), :func:`curves` / :func:`curves_figure` (06), :func:`tile_map` /
+:func:`tile_figure` (08), :func:`quiz` / :func:`quiz_figure` (09), :func:`token_weights_explorer`
+and the figures of :mod:`packsim.viz.scaling` (10); lesson figures: :func:`allowed_pairs_figure`,
+:func:`outside_share_figure`, :func:`reported_loss_figure` (02), :func:`varlen_bench_figure` (08).
+Importing this package changes nothing global and loads no widget (each name loads its module on
+first use); :func:`use_figure_config` sets the offline plotly config, once per lesson.
 
-=====================================  ==========================  ========
-widget                                 static figure               notebook
-=====================================  ==========================  ========
-:func:`packing_playground`             :func:`packing_figure`      01
-:func:`leakage_explorer`               :func:`leakage_figure`      02 06 07
-:func:`mask_explorer`                  :func:`mask_figure`         03
-:func:`trap_explorer`                  :func:`trap_figure`         04
-:func:`label_viewer`                   :func:`labels_figure`       05
-:func:`curves` (``.callback`` live)    :func:`curves_figure`       06
-:func:`tile_map`                       :func:`tile_figure`         08
-:func:`quiz` (:func:`load_quizzes`)    :func:`quiz_figure`         09
-=====================================  ==========================  ========
-
-Shared pieces: :mod:`packsim.viz.style` (colours, the offline plotly config, layout helpers) and
-:mod:`packsim.viz.widget` (the widget base class, figures in ``Output`` widgets). Importing this
-package changes nothing global and loads no widget: each name loads its module on first use.
-:func:`use_figure_config` puts the offline figure config (no vendor logo, no cloud upload button)
-on every plotly.io renderer, so a plain ``fig.show()`` follows it too; each lesson calls it in its
-first cell.
-
-Lessons: 01, 02, 04.
+Lessons: 01, 02, 03, 04, 05, 06, 07, 08, 10.
 """
 
 import importlib
@@ -33,6 +21,7 @@ import importlib
 # public name -> the module that defines it (imported on first access, PEP 562)
 _HOMES = {
     "curves": "packsim.viz.training",
+    "allowed_pairs_figure": "packsim.viz.masks",
     "curves_figure": "packsim.viz.training",
     "label_viewer": "packsim.viz.labels",
     "labels_figure": "packsim.viz.labels",
@@ -41,15 +30,18 @@ _HOMES = {
     "load_quizzes": "packsim.viz.quiz_data",
     "mask_explorer": "packsim.viz.masks",
     "mask_figure": "packsim.viz.masks",
+    "outside_share_figure": "packsim.viz.leakage_heatmap",
     "packing_figure": "packsim.viz.packing",
     "packing_playground": "packsim.viz.packing",
     "quiz": "packsim.viz.quizzes",
     "quiz_figure": "packsim.viz.quizzes",
+    "reported_loss_figure": "packsim.viz.training",
     "tile_figure": "packsim.viz.tiles",
     "tile_map": "packsim.viz.tiles",
     "trap_explorer": "packsim.viz.traps",
     "trap_figure": "packsim.viz.traps",
     "use_figure_config": "packsim.viz.style",
+    "varlen_bench_figure": "packsim.viz.varlen_bench",
 }
 
 __all__ = sorted(_HOMES)

@@ -7,7 +7,7 @@ it, computes it with the mask applied per element (partial) or computes it unmas
 counts compare with the block map of the plain causal mask, which skips only blocks above the
 diagonal.
 
-Lessons: 03.
+Lessons: 02, 03.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from packsim.viz.widget import (
     row_dropdown,
     show_figure,
     style_html,
+    token_glyphs,
 )
 
-__all__ = ["MaskExplorer", "mask_explorer", "mask_figure", "row_sparsity", "BLOCK_SIZES"]
+__all__ = ["MaskExplorer", "mask_explorer", "mask_figure", "row_sparsity", "BLOCK_SIZES", "allowed_pairs_figure"]
 
 BLOCK_SIZES = (4, 8, 16, 32, 64, 128)
 _BLOCK_NAMES = ("skipped", "partial (mask applied)", "full (no mask needed)")
@@ -57,6 +58,7 @@ def _default_batch(examples_or_batch, capacity: int, seed: int):
 def _figure(batch, row: int, block_size: int) -> go.Figure:
     seq = batch.seq_ids[row]  # (T,)
     T = seq.numel()
+    glyphs = token_glyphs(batch.input_ids[row])
     masks = {"causal": causal_mask(T), "block_diagonal": block_diagonal_mask(seq)}  # (T, T) bool
     doc, plain = row_sparsity(seq, block_size), row_sparsity(seq, block_size, document=False)
     titles = (
@@ -66,6 +68,8 @@ def _figure(batch, row: int, block_size: int) -> go.Figure:
         f"(causal alone: {plain.skipped})",
     )
     fig = make_subplots(rows=1, cols=3, subplot_titles=titles, horizontal_spacing=0.06)
+    labels = [f"{k} {g!r}" for k, g in enumerate(glyphs)]
+    pairs = [[f"query {q}<br>key {k}" for k in labels] for q in labels]  # (T, T) hover text
     grid_lines = [k - 0.5 for k in range(block_size, T, block_size)]
     for col, m in enumerate(masks.values(), start=1):
         fig.add_trace(
@@ -75,9 +79,8 @@ def _figure(batch, row: int, block_size: int) -> go.Figure:
                 zmax=1,
                 showscale=False,
                 colorscale=[[0, "#f4f4f4"], [1, "#3182bd"]],
-                # token indices from x / y: a (T, T) table of hover strings would be most of
-                # the figure's size (370 kB of lesson 03's static page at T = 64)
-                hovertemplate="query token %{y}<br>key token %{x}<br>may attend: %{z}<extra></extra>",
+                customdata=pairs,
+                hovertemplate="%{customdata}<br>may attend: %{z}<extra></extra>",
             ),
             row=1,
             col=col,
@@ -188,3 +191,30 @@ def mask_explorer(
     """
     batch = _default_batch(examples_or_batch, capacity, seed)
     return MaskExplorer(batch, block_size=_check_block(block_size), row=row)
+
+
+def allowed_pairs_figure(masks: dict, seq_ids) -> go.Figure:
+    """Who may attend to whom: one (query x key) panel per mask of ``masks`` (notebook 02).
+
+    ``masks``: {panel title: (T, T) bool, [query, key], True = allowed}; ``seq_ids`` (T,): the
+    example of each token (-1 padding). An allowed pair is coloured by its key's example; a masked
+    pair is left blank.
+    """
+    seq = torch.as_tensor(seq_ids)  # (T,)
+    if not masks:
+        raise PacksimError("masks is empty: pass {title: (T, T) bool mask}, e.g. {'causal': causal_mask(T)}.")
+    T = len(seq)
+    for name, allowed in masks.items():
+        if tuple(torch.as_tensor(allowed).shape) != (T, T):
+            raise PacksimError(
+                f"mask {name!r} has shape {tuple(torch.as_tensor(allowed).shape)}; seq_ids has {T} "
+                f"tokens, so each mask must be ({T}, {T})."
+            )
+    fig = make_subplots(rows=1, cols=len(masks), subplot_titles=list(masks), horizontal_spacing=0.08)
+    for c, allowed in enumerate(masks.values(), start=1):
+        z = torch.where(torch.as_tensor(allowed), seq[None, :].float() + 1, float("nan"))  # (T, T)
+        fig.add_trace(go.Heatmap(z=z.tolist(), colorscale="Viridis", showscale=False,
+                                 hovertemplate="query %{y}<br>key %{x}<extra></extra>"), row=1, col=c)
+        fig.update_yaxes(autorange="reversed", title_text="query token", row=1, col=c)
+        fig.update_xaxes(title_text="key token", row=1, col=c)
+    return layout(fig, "Who may attend to whom (colour = the key's example)", 380)  # fmt: skip

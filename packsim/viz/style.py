@@ -1,27 +1,18 @@
 """How packsim's figures look: colours, the offline plotly config, and the shared layout helpers.
 
-- Colours: :func:`example_colour` (one light colour per example, grey padding, dark
-  ``CHIP_TEXT`` on them), :func:`setup_colour` with :func:`setup_dash` and :func:`setup_symbol`
-  (one Okabe-Ito colour, dash and marker per setup, used by the widgets and by
-  :mod:`packsim.viz.report`: buggy vs correct never by colour alone), ``LEAK_RED`` / ``NO_LEAK``,
-  the theme-following text colours and translucent fills of the widgets' HTML (``TEXT``,
-  ``TEXT_MUTED``, ``COUNTED_FILL``, ...: JupyterLab's CSS variables, so the widgets read under
-  its dark theme too), and ``TILE_SCALE`` with :func:`tile_colorbar` for (query block, key
-  block) maps coded skipped 0 / partial 1 / full 2.
-- ``FIGURE_CONFIG``: the plotly.js config of every figure. The course runs offline, so no figure
-  shows the vendor logo or the modebar button that uploads the figure to a cloud service
-  (plotly.js 4, the one plotly ships, shows that button unless ``showSendToCloud`` is false:
-  see ``dfltConfig`` in ``plotly/package_data/plotly.min.js``). It is set once, here:
-  :func:`use_figure_config` puts it on every :mod:`plotly.io` renderer (so a plain
-  ``fig.show()`` or a figure as a cell's last expression obeys it; importing :mod:`packsim.viz`
-  calls it), the widgets' mime bundles carry it (:mod:`packsim.viz.widget`), and the HTML report
-  passes it to ``to_html``.
-- :func:`layout`: title, height, margins and legend of a figure in one call; the top margin is
-  sized from the lines of the title and of the subplot titles, and titles are wrapped to fit
-  their width at ``DESIGN_WIDTH`` pixels, so no two titles collide.
-- :func:`add_boundaries`: example (or block) boundaries of a (T, T) map as one line trace.
+- Colours: :func:`example_colour` per example (grey padding), :func:`setup_colour` with
+  :func:`setup_dash` and :func:`setup_symbol` (an Okabe-Ito colour, dash and marker per setup:
+  buggy vs correct never by colour alone), ``LEAK_RED`` / ``NO_LEAK``, the widgets' HTML colours
+  (JupyterLab's CSS variables, so they read under its dark theme too) and ``TILE_SCALE`` with
+  :func:`tile_colorbar` for tile maps (skipped / partial / full).
+- ``FIGURE_CONFIG``: the plotly.js config of every figure, offline: no vendor logo, no button
+  that uploads the figure to a cloud service. :func:`use_figure_config` puts it on every
+  :mod:`plotly.io` renderer (each lesson calls it in its first cell; importing packsim changes
+  nothing global); the widgets' mime bundles and the HTML report carry it too.
+- :func:`layout` (title, height, margins, legend; titles wrapped at ``DESIGN_WIDTH`` so none
+  collide) and :func:`add_boundaries` (example boundaries of a (T, T) map as one line trace).
 
-Lessons: none directly.
+Lessons: 01, 02, 03, 04, 05, 06, 07, 08, 10.
 """
 
 from __future__ import annotations

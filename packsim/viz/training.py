@@ -1,22 +1,15 @@
 """Training curves side by side (notebook 06): what the trainer reports vs what matters.
 
-Three panels, one colour per setup:
+Three panels, one colour per setup (:data:`PANELS`): the loss each setup's trainer reports
+beside its own response-only loss on the same packs (solid vs dotted: the gap is the prompt
+tokens the reported loss averages in; a different quantity per setup, so compare a setup with
+itself), the response-only loss on held-out examples run alone, and exact match on them (both
+comparable across setups). Several seeds: the mean, with a min..max band. The widget
+(:func:`curves`) reads a :class:`~packsim.experiment.results.Results` and/or live
+:class:`~packsim.experiment.results.StepRecord` s passed to ``.callback`` while training runs;
+:func:`reported_loss_figure` draws one run's reported loss (notebook 02).
 
-1. the loss each setup's trainer reports (``curves["train"]["reported_loss"]``, solid) beside
-   its own response-only loss on the same training packs (``train`` ``response_loss``, dotted).
-   The reported loss is a different quantity per setup (every token under ``buggy``, responses
-   only under ``correct``), so the panel pairs each setup with itself: the gap between a setup's
-   solid and dotted lines is the prompt tokens its reported loss averages in;
-2. the response-only loss on held-out examples run alone (``eval`` ``isolated_response_loss``):
-   the same quantity for every setup, so these lines can be compared across setups;
-3. exact match on held-out examples run alone (``eval`` ``isolated_exact_match``).
-
-With several seeds of a setup, the line is the mean over seeds and a band spans min..max.
-The widget reads the format of :mod:`packsim.experiment.results`: a :class:`~packsim.experiment.results.Results`
-(or its ``results.json``) and/or live :class:`~packsim.experiment.results.StepRecord` s passed to
-``.callback`` while training runs (redraws are throttled; eval records always redraw).
-
-Lessons: 06.
+Lessons: 02, 06.
 """
 
 from __future__ import annotations
@@ -34,7 +27,7 @@ from packsim.experiment.results import Results, RunResult, StepRecord
 from packsim.viz.style import layout, setup_colour, setup_dash, setup_symbol
 from packsim.viz.widget import PacksimWidget, escape, show_figure, style_html
 
-__all__ = ["Curves", "curves", "curves_figure", "PANELS"]
+__all__ = ["Curves", "curves", "curves_figure", "reported_loss_figure", "PANELS"]
 
 # (curve kind, column, panel index, dotted?) of every line drawn.
 PANELS = (
@@ -304,3 +297,19 @@ def curves(results=None, every: int = 25, min_interval_s: float = 0.5) -> Curves
         train(..., callback=view.callback)     # updates while training runs
     """
     return Curves(results, every=every, min_interval_s=min_interval_s)
+
+
+def reported_loss_figure(run: RunResult, title: str = "") -> go.Figure:
+    """The loss one run's trainer reported at each step (``curves["train"]["reported_loss"]``).
+
+    ``run``: a :class:`~packsim.experiment.results.RunResult`, e.g. what ``packsim.train`` returns
+    (notebook 02: the loss falls under ``buggy`` although the model reads its neighbours).
+    """
+    train = run.curves["train"]
+    if not train.get("step"):
+        raise PacksimError("this run has no training records: train it first (steps > 0).")
+    line = dict(color=setup_colour(run.setup), dash=setup_dash(run.setup))
+    fig = go.Figure(go.Scatter(x=train["step"], y=train["reported_loss"], mode="lines", line=line,
+                               name=run.setup))  # fmt: skip
+    return layout(fig, title or f"Loss reported while training under '{run.setup}'", 300,
+                  xaxis_title="step", yaxis_title="loss")  # fmt: skip

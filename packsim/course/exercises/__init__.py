@@ -1,48 +1,15 @@
 """Auto-checked exercises for the course notebooks: one module per lesson, one check per exercise.
 
-A check takes what the learner wrote (a function or a value) and returns a :class:`Feedback`:
-``passed`` plus a message that says what is right or, when it is not, what is wrong on which
-input and a hint for the fix -- never a bare ``False``; when several items of an answer are
-wrong, the message explains each of them. A check never raises because of the
-learner's code: an unfinished stub (``...`` or ``raise NotImplementedError``) reads "not done
-yet", and any other exception is reported with its type and message. So a notebook whose
-exercises are still empty runs top to bottom (CI executes every notebook that way).
-
-Reference solutions live in :mod:`packsim.course.solutions`, one module per lesson with the same
-name, so a learner opens them only on purpose: ``show_solution(1, "ffd_pack")`` (or
-``show_solution("why_pack", "ffd_pack")``) prints one, or open
-``packsim/course/solutions/lesson01_why_pack.py``. The tests run every check both ways: the
-reference solution passes, and typical wrong answers fail with a message that names the mistake.
-
-===============================  =========================  ======================================
-module                           notebook                   checks
-===============================  =========================  ======================================
-``lesson00_start_here``          00_start_here              padding_share
-``lesson01_why_pack``            01_why_pack                lower_bound, padding_waste, ffd_pack
-``lesson02_the_leak``            02_the_leak                which_examples_move,
-                                                            outside_attention_share
-``lesson03_block_diagonal``      03_block_diagonal          cu_seqlens_from_lengths,
-                                                            block_causal_mask
-``lesson04_transformers_traps``  04_transformers_traps      position_ids_from_lengths
-``lesson05_completion_only_loss``     05_completion_only_loss    completion_labels, per_token_loss,
-                                                            correct_row, response_start
-``lesson06_train_side_by_side``        06_train_side_by_side      em_gap, warning_sign, fix_share
-``lesson07_detect_contamination``       07_detect_contamination    gradient_leak, name_the_fix,
-                                                            isolating_call, perturbation_leak
-``lesson08_flash_varlen_internals``    08_flash_varlen_internals  count_tiles, work_ratio,
-                                                            classify_tiles
-``lesson09_interview_drills``           09_interview_drills        review, q1_answer, diagnosis,
-                                                            followups
-``lesson10_scaling_out``         10_scaling_out             global_loss, backward_scale
-===============================  =========================  ======================================
-
-Where a verdict shows: in a notebook (IPython) it is a coloured box whose ``*emphasis*`` and
-```code``` marks are rendered; called from a plain script the check prints it as text (marks
-removed), so ``check_x(answer)`` on a line of its own is never silent; in the Python prompt it
-echoes as the same text.
-
-Each check is ``check_<name>`` in the module; its reference solution is ``<name>`` in
-``packsim.course.solutions.<module>``. ``tests/test_exercises.py`` finds them all and runs both.
+Module ``lessonNN_<notebook name>`` holds lesson NN's checks, ``check_<name>``; the reference
+solution of each is ``<name>`` in ``packsim.course.solutions.lessonNN_<notebook name>``, opened
+only on purpose: ``show_solution(1, "ffd_pack")`` (the lesson number, then the exercise name)
+prints one. A check takes what the learner wrote (a function or a value) and returns a
+:class:`Feedback`: ``passed``, a message that says what is wrong on which input (each wrong item
+of an answer) and a hint -- never a bare ``False``. It never raises because of the learner's code:
+an unfinished stub (``...``, ``raise NotImplementedError``) reads "not done yet", any other
+exception is reported, so a notebook with empty exercises runs top to bottom. In a notebook a
+verdict is a coloured box (``*emphasis*`` and ```code``` rendered); from a script it prints as
+text. ``tests/test_exercises.py`` runs every check on its solution and on typical wrong answers.
 
 Lessons: 01, 02, 03, 04, 05, 06, 07, 08, 09, 10.
 """
@@ -205,15 +172,18 @@ def check(exercise: str) -> Callable:
 
 
 def lesson_module(lesson: int | str) -> str:
-    """The solutions/exercises module name of a lesson: 1, "01", "why_pack" or "lesson01_why_pack"."""
+    """The solutions/exercises module of a lesson: its number (1) or the module name itself."""
     names = sorted(i.name for i in pkgutil.iter_modules(_solutions_path()))
-    key = f"{int(lesson):02d}" if isinstance(lesson, int) or str(lesson).isdigit() else str(lesson)
-    for name in names:
-        if name == key or name.startswith(f"lesson{key}_") or name.split("_", 1)[-1] == key:
-            return name
+    if isinstance(lesson, int) and not isinstance(lesson, bool):
+        found = [n for n in names if n.startswith(f"lesson{lesson:02d}_")]
+        if found:
+            return found[0]
+    elif lesson in names:
+        return lesson
+    numbers = sorted(int(n[6:8]) for n in names)
     raise PacksimError(
-        f"no solutions for lesson {lesson!r}: use the lesson number (e.g. 1) or its module name "
-        f"(one of {names})."
+        f"no solutions for lesson {lesson!r}: pass the lesson number, one of {numbers}, "
+        'e.g. show_solution(1, "ffd_pack").'
     )
 
 
@@ -234,6 +204,6 @@ def solution_source(lesson: int | str, name: str) -> str:
     return f"{name} = {obj!r}\n"
 
 
-def show_solution(lesson: int | str, name: str) -> None:
-    """Print reference solution ``name`` of ``lesson`` (a learner calls this on purpose)."""
+def show_solution(lesson: int, name: str) -> None:
+    """Print reference solution ``name`` of lesson number ``lesson``: ``show_solution(1, "ffd_pack")``."""
     print(solution_source(lesson, name))

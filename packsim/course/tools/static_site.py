@@ -1,33 +1,13 @@
 """Build the executed course as static HTML that works offline: ``make html`` -> ``site/``.
 
-``python -m packsim.course.tools.static_site [NOTEBOOK_OR_FOLDER ...] [--out site] [--timeout S]`` executes every
-notebook (``PACKSIM_FAST`` passed through, so ``PACKSIM_FAST=1 make html`` builds the fast
-course) and writes one page per notebook plus ``index.html`` with each lesson's build time.
-
-Offline means no CDN at view time, and small means every large asset exists once, in
-``site/_static/``, shared by all pages (the fast site is about 10 MB; each page alone is mostly
-its figures' data):
-
-- plotly.js: every page loads ``_static/plotly.min.js`` (copied from the plotly package) before
-  anything else. The kernel runs with ``PLOTLY_RENDERER=plotly_mimetype+notebook``: the
-  ``notebook`` half gives each figure an HTML version that draws with that global ``Plotly``,
-  but also displays a copy of plotly.js once per kernel, which :func:`slim_outputs` drops from
-  the executed notebook before export (``plotly_mimetype`` keeps JupyterLab happy);
-- widgets: the widgets' state is saved at execution, and the page loads the Jupyter widget
-  manager from ``site/_static/``: ``@jupyter-widgets/html-manager``'s standalone ``embed.js``
-  (half the size of ``embed-amd.js``, which needs requirejs and only adds loading third-party
-  widget code from a CDN) and the woff2 icon fonts its CSS uses, copied from the npm registry's
-  package (``npm install`` runs once into ``build/web``). In the saved state, figures in widgets'
-  outputs keep only their HTML version (the one the widget manager draws) and layouts keep only
-  their set properties (an unset one is null, its default: ``@jupyter-widgets/base``'s
-  ``LayoutModel``);
-- JupyterLab's page style: ``_static/jupyterlab.css`` (nbconvert's lab template inlines it in
-  every page otherwise);
-- packsim's widgets also show their static plotly figure under the widget when
-  ``PACKSIM_STATIC=1`` (set here), since a widget's live parts need a kernel.
-
-Nothing here runs at import of :mod:`packsim`; ``tests/browser/test_site.py`` builds two pages,
-opens them in Chromium with the network cut off and checks the site's size.
+``python -m packsim.course.tools.static_site [NOTEBOOK_OR_FOLDER ...] [--out site] [--timeout S]``
+executes every notebook (``PACKSIM_FAST`` passed through) and writes one page per notebook plus
+``index.html``. Offline means no CDN at view time; small means every large asset exists once, in
+``site/_static/``: plotly.js (figures draw with the page's global ``Plotly``; :func:`slim_outputs`
+drops the per-kernel copies), the Jupyter widget manager's standalone ``embed.js`` and its fonts
+(from npm, into ``build/web``), JupyterLab's CSS. Widgets' saved state keeps only what the widget
+manager draws, and ``PACKSIM_STATIC=1`` shows each widget's static figure under it (see the
+functions). ``tests/browser/test_site.py`` opens two pages in Chromium with the network cut off.
 
 Lessons: none directly.
 """
