@@ -33,7 +33,7 @@ SUBCOMMANDS = {
     "audit": ("packsim.auditing.command",
               "pre-flight audit of a local checkpoint and JSONL data (--model DIR --data FILE "
               "--collator NAME [--strict]); without --model, the built-in tiny pipeline"),
-    "train": ("packsim.experiment.data_parallel", "train one setup on one process, or data-parallel under torchrun"),
+    "train": ("packsim.experiment.train_command", "train one setup on one process, or data-parallel under torchrun"),
 }
 
 

@@ -21,14 +21,9 @@ import torch
 from packsim.cli import main
 from packsim.core.data import make_examples
 from packsim.core.loss import IGNORE_INDEX
-from packsim.experiment.data_parallel import (
-    _empty_like,
-    compare_outputs,
-    load_output,
-    torchrun_command,
-    train_data_parallel,
-)
-from packsim.experiment.sharding import plan_step
+from packsim.experiment.data_parallel import _empty_like, data_parallel_step, train_data_parallel
+from packsim.experiment.step_plan import plan_step
+from packsim.experiment.train_command import compare_outputs, load_output, torchrun_command
 from packsim.experiment.training import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,6 +154,29 @@ def test_empty_micro_batch_in_one_process_changes_nothing():
     assert torch.tensor(two.extra["targets"])[:, 0, 1].eq(0).all()
     assert one.curves["train"]["reported_loss"] == pytest.approx(two.curves["train"]["reported_loss"], abs=1e-6)
     assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) < 1e-6
+
+
+def test_data_parallel_step_on_one_rank_is_the_token_mean_step():
+    """Ground truth by hand: one loss over both micro-batches, divided by their total count."""
+    from packsim.core.loss import count_targets, packed_cross_entropy
+    from packsim.core.model import build_model, forward
+    from packsim.experiment.training import make_optimizer, optimizer_step
+
+    cfg = TrainConfig(capacity=64, warmup_steps=1)
+    micro, _ = plan_step(make_examples(6, seed=1), cfg, "correct", 1, 2)
+    mine = micro[0]
+    n = sum(count_targets(b.labels) for b in mine)
+    a, b = build_model("tiny", seed=0), build_model("tiny", seed=0)
+    a.train(), b.train()
+    opt_a, opt_b = make_optimizer(a, cfg), make_optimizer(b, cfg)
+    done = data_parallel_step(a, opt_a, mine, 0, cfg, "global")
+    loss = sum(packed_cross_entropy(forward(b, mb), mb.labels, num_items=n) for mb in mine)
+    loss.backward()
+    optimizer_step(b, opt_b, 0, cfg)
+    assert done.counts.tolist() == [[float(count_targets(mb.labels)) for mb in mine]]
+    assert float(done.summed.sum()) / n == pytest.approx(float(loss), rel=1e-5)
+    wa, wb = a.state_dict(), b.state_dict()
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-6
 
 
 def test_empty_stand_in_counts_nothing():

@@ -1,4 +1,4 @@
-"""packsim.experiment.sharding: a step's examples dealt to ranks and micro-batches, the same global batch."""
+"""packsim.experiment.step_plan: a step's examples dealt to ranks and micro-batches, the same global batch."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from packsim.core.data import make_examples
 from packsim.core.errors import PacksimError
-from packsim.experiment.sharding import plan_step, select_rows, validate
+from packsim.experiment.step_plan import plan_step, select_rows, validate
 from packsim.experiment.training import TrainConfig
 
 

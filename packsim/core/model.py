@@ -1,7 +1,9 @@
 """The tiny transformers decoder the course trains, and the forward that runs a PackedBatch under a setup.
 
 The lessons build their models here. ``build_model`` makes a real ``LlamaForCausalLM`` from a
-config (random init, no download). ``forward`` runs a :class:`~packsim.core.batch.PackedBatch`:
+config (random init, no download) through :func:`model_from_config`, which builds any family's
+tiny model the same way (the trap table's too); :func:`shared_model` builds a read-only model once
+and shares it (the museum's and the trap explorer's). ``forward`` runs a :class:`~packsim.core.batch.PackedBatch`:
 
 - ``backend`` = a packsim kernel (``auto``, ``dense``, ``blocked``, ``flex``, ``flash``,
   ``torch_varlen``): attention goes through packsim's varlen interface, registered into
@@ -15,10 +17,11 @@ Lessons: 00, 01, 02, 04, 05, 06, 07, 08, 09.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
-from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
+from transformers import AttentionInterface, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from packsim.core.attention import varlen_attention
 from packsim.core.batch import PackedBatch
@@ -30,6 +33,8 @@ from packsim.core.segments import run_cu_seqlens, seq_ids_from_cu_seqlens
 __all__ = [
     "MODEL_SIZES",
     "build_model",
+    "model_from_config",
+    "shared_model",
     "forward",
     "attention_maps",
     "register_packsim_attention",
@@ -73,8 +78,33 @@ def build_model(
         pad_token_id=0,
         **MODEL_SIZES[size],
     )
+    return model_from_config(config, seed=seed)
+
+
+def model_from_config(config, attn_implementation: str | None = None, seed: int = 0):
+    """A randomly initialised ``*ForCausalLM`` of ``config``'s family, in eval mode (no download).
+
+    Seeded with ``torch.manual_seed(seed)`` first: the same config and seed give the same
+    weights. ``attn_implementation`` overrides the config's.
+    """
     torch.manual_seed(seed)
-    return LlamaForCausalLM(config).eval()
+    kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    return AutoModelForCausalLM.from_config(config, **kwargs).eval()
+
+
+_SHARED: dict[tuple, torch.nn.Module] = {}
+
+
+def shared_model(build: Callable[..., torch.nn.Module], *args, **kwargs) -> torch.nn.Module:
+    """``build(*args, **kwargs)``, built on the first call with these arguments, the same object after.
+
+    For read-only models that many cases or widget redraws use: callers must not train it or
+    change its settings (a copy is theirs to change).
+    """
+    key = (build, args, tuple(sorted(kwargs.items())))
+    if key not in _SHARED:
+        _SHARED[key] = build(*args, **kwargs)
+    return _SHARED[key]
 
 
 def _packsim_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -129,7 +159,7 @@ def register_packsim_attention() -> None:
 
 
 def _check_ids(model, batch: PackedBatch) -> None:
-    vocab = model.config.vocab_size
+    vocab = _unwrapped(model).config.vocab_size
     ids = batch.input_ids
     if int(ids.min()) < 0 or int(ids.max()) >= vocab:
         bad = int(ids.max()) if int(ids.max()) >= vocab else int(ids.min())
@@ -141,6 +171,9 @@ def _check_ids(model, batch: PackedBatch) -> None:
 
 def forward(model, batch: PackedBatch, backend: str = "auto", inputs_embeds=None) -> torch.Tensor:
     """Logits (B, T, V) of ``batch`` under its setup (use ``batch.with_setup(...)`` to switch).
+
+    ``model`` may be wrapped in ``DistributedDataParallel``: the call goes through the wrapper
+    (its gradient hooks), the config is read from ``model.module``.
 
     The setup decides the attention segments (causal over the row, or block-diagonal) and the
     positions; its loss mode lives in ``batch.labels``. See the module doc for backends.
@@ -179,6 +212,7 @@ def attention_maps(model, batch: PackedBatch) -> torch.Tensor:
 @contextmanager
 def _attn_implementation(model, name: str):
     """Run the model with attention implementation ``name``, restoring the previous one after."""
+    model = _unwrapped(model)
     previous = model.config._attn_implementation
     if previous == name:
         yield
@@ -191,13 +225,18 @@ def _attn_implementation(model, name: str):
         model.set_attn_implementation(previous)
 
 
+def _unwrapped(model):
+    """The model inside a ``DistributedDataParallel`` wrapper (``.module``), or the model itself."""
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
 def _forward_dense_mask(model, batch: PackedBatch, inputs: dict) -> torch.Tensor:
     """The reference path: the model's own attention with an explicit mask from the setup.
 
     eager / sdpa get a dense 4D additive float mask (B, 1, T, T), O(T^2); flex_attention gets a
     BlockMask (torch 2.13's compiled CPU flex crashes on a 4D tensor mask read by transformers).
     """
-    impl = model.config._attn_implementation
+    impl = _unwrapped(model).config._attn_implementation
     if impl == ATTN_NAME:
         raise PacksimError(
             "backend='transformers' needs a model built with attn_implementation='eager', 'sdpa' "
@@ -209,5 +248,5 @@ def _forward_dense_mask(model, batch: PackedBatch, inputs: dict) -> torch.Tensor
     if impl == "flex_attention":
         mask = flex_block_mask(seg, device=batch.input_ids.device)
     else:
-        mask = to_additive_4d(block_diagonal_mask(seg), dtype=model.dtype)  # (B, 1, T, T)
+        mask = to_additive_4d(block_diagonal_mask(seg), dtype=_unwrapped(model).dtype)  # (B, 1, T, T)
     return model(**inputs, attention_mask=mask, position_ids=batch.position_ids, use_cache=False).logits

@@ -28,15 +28,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
 from safetensors import safe_open
-from safetensors.torch import load_model as load_safetensors_model
-from safetensors.torch import save_model as save_safetensors_model
 
-from packsim.core.device import get_device
 from packsim.core.errors import PacksimError
-from packsim.core.model import build_model
 from packsim.core.paths import repo_path
+from packsim.experiment.model_files import load_weights, model_path, save_weights
 from packsim.experiment.results import Results
 
 __all__ = ["COMMITTED_DIR", "COMMITTED_SETUPS", "committed_path", "committed_metadata",
@@ -83,9 +79,7 @@ def committed_metadata(setup: str, seed: int = 0, folder: str | Path | None = No
 def load_committed_model(setup: str, seed: int = 0, device=None, folder: str | Path | None = None):
     """The committed trained ``setup`` model (``"buggy"`` or ``"correct"``), in eval mode."""
     path = committed_path(setup, seed, folder)
-    model = build_model(committed_metadata(setup, seed, folder)["model_size"])
-    load_safetensors_model(model, str(path))
-    return model.to(get_device(device)).eval()
+    return load_weights(path, committed_metadata(setup, seed, folder)["model_size"], device)
 
 
 def export_committed(out: str | Path, setups=COMMITTED_SETUPS, seed: int = 0, dest: str | Path | None = None) -> list[Path]:
@@ -108,11 +102,10 @@ def export_committed(out: str | Path, setups=COMMITTED_SETUPS, seed: int = 0, de
     for setup in setups:
         _check_setup(setup)
         run = next((r for r in results.runs if r.setup == setup and r.seed == seed), None)
-        pt = out / "models" / f"{setup}-seed{seed}.pt"
+        pt = model_path(out, setup, seed)
         if run is None or not pt.exists():
             raise PacksimError(f"{out} has no {setup} seed {seed} run with saved weights ({pt}).")
-        model = build_model(results.config.get("model_size", "tiny"))
-        model.load_state_dict(torch.load(pt, map_location="cpu", weights_only=True))
+        model = load_weights(pt, results.config.get("model_size", "tiny"), device="cpu")
         meta = {
             "setup": setup, "seed": str(seed), "data": "tasks", "mode": "full",
             "model_size": results.config.get("model_size", "tiny"),
@@ -121,7 +114,5 @@ def export_committed(out: str | Path, setups=COMMITTED_SETUPS, seed: int = 0, de
             "command": COMMAND, "env": json.dumps(results.env, sort_keys=True),
             **{k: repr(float(run.final[k])) for k in _RECORDED},
         }
-        path = dest / f"{setup}-seed{seed}.safetensors"
-        save_safetensors_model(model, str(path), metadata=meta)
-        written.append(path)
+        written.append(save_weights(model, dest / f"{setup}-seed{seed}.safetensors", metadata=meta))
     return written

@@ -44,6 +44,7 @@ from packsim.core.model import attention_maps, build_model
 from packsim.core.setups import get_setup
 from packsim.experiment.evaluation import evaluate_isolated, evaluate_packed, held_out_metrics
 from packsim.experiment.facts import make_facts
+from packsim.experiment.model_files import load_weights, model_path, save_weights
 from packsim.experiment.results import Results, RunResult, StepRecord
 from packsim.experiment.run_mode import fast_mode
 from packsim.experiment.throughput import measure_throughput
@@ -334,18 +335,13 @@ def _run_line(run: RunResult) -> str:
 
 
 def save_model(model, out: Path, setup: str, seed: int) -> Path:
-    path = Path(out) / "models" / f"{setup}-seed{seed}.pt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(model.state_dict(), path)
-    return path
+    return save_weights(model, model_path(out, setup, seed))
 
 
 def load_model(out: str | Path, setup: str, seed: int = 0, device=None):
     """The model a comparison trained (``DIR/models/<setup>-seed<k>.pt``), in eval mode."""
-    path = Path(out) / "models" / f"{setup}-seed{seed}.pt"
+    path = model_path(out, setup, seed)
     if not path.exists():
         raise PacksimError(f"no trained model at {path}: run `packsim compare --out {out}` first.")
     results = Results.load(Path(out) / "results.json")
-    model = build_model(results.config.get("model_size", "tiny"))
-    model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-    return model.to(get_device(device)).eval()
+    return load_weights(path, results.config.get("model_size", "tiny"), device)

@@ -1,4 +1,4 @@
-"""How one step's examples are dealt to data-parallel ranks and micro-batches, checked before training.
+"""The step plan: how one step's examples are dealt to data-parallel ranks and micro-batches, checked first.
 
 Every rank builds the same example stream, so the global batch of step ``s`` is
 ``examples[s*E : (s+1)*E]`` whatever the world size. :func:`plan_step` splits it:
@@ -28,10 +28,10 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from packsim.core.batch import PackedBatch, Segment
+from packsim.core.batch import PackedBatch
 from packsim.core.data import make_examples, make_long_tailed_examples
 from packsim.core.errors import PacksimError
-from packsim.core.segments import cu_seqlens_from_lengths
+from packsim.core.segments import Segment, cu_seqlens_from_lengths
 from packsim.core.setups import get_setup
 from packsim.experiment.normalisation import NORMALISERS
 from packsim.experiment.rank_balance import METHODS, assign

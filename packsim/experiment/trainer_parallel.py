@@ -40,7 +40,7 @@ from packsim.core.device import model_device
 from packsim.core.errors import PacksimError
 from packsim.core.setups import get_setup
 from packsim.experiment.results import RunResult, StepRecord
-from packsim.experiment.training import TrainConfig, lr_at
+from packsim.experiment.training import TrainConfig, lr_at, make_optimizer
 
 __all__ = ["check_trainer_args", "train_with_trainer"]
 
@@ -81,7 +81,7 @@ def train_with_trainer(model, examples: list, setup, cfg: TrainConfig, seed: int
         disable_tqdm=True,
         ddp_find_unused_parameters=False,
     )
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=0.0)
+    opt = make_optimizer(model, cfg)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(s, cfg) / cfg.lr)
     model.train()
     trainer = Trainer(model=model, args=args, train_dataset=examples[:n], optimizers=(opt, sched),

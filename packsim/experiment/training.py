@@ -34,7 +34,7 @@ from packsim.core.setups import Setup, get_setup
 from packsim.experiment.evaluation import scores_from_logits
 from packsim.experiment.results import RunResult, StepRecord
 
-__all__ = ["TrainConfig", "lr_at", "make_batches", "train"]
+__all__ = ["TrainConfig", "lr_at", "make_optimizer", "optimizer_step", "autocast", "make_batches", "train"]
 
 
 @dataclass
@@ -67,6 +67,26 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def make_optimizer(model, cfg: TrainConfig) -> torch.optim.AdamW:
+    """The course's optimiser: AdamW at ``cfg.lr`` and ``cfg.betas``, no weight decay."""
+    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=0.0)
+
+
+def optimizer_step(model, opt: torch.optim.Optimizer, step: int, cfg: TrainConfig) -> None:
+    """After the backward pass(es) of ``step`` (0-based): clip the gradient norm, update at ``lr_at(step)``."""
+    for group in opt.param_groups:
+        group["lr"] = lr_at(step, cfg)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+    opt.step()
+
+
+def autocast(device: torch.device):
+    """bf16 autocast on CUDA; on CPU the forward runs in float32 (autocast off)."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
 def make_batches(
     examples: Sequence,
     capacity: int,
@@ -89,12 +109,6 @@ def _check_budget(examples: Sequence, cfg: TrainConfig) -> None:
             f"got {len(examples)}: generate more (e.g. make_dataset(n_train={need}, ...)) or "
             "lower steps / examples_per_step."
         )
-
-
-def _autocast(device: torch.device):
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return torch.autocast("cpu", enabled=False)
 
 
 def _group_losses(logits: torch.Tensor, batch: PackedBatch, groups: Sequence[str] | None) -> dict:
@@ -142,7 +156,7 @@ def train(
     step_groups = None if groups is None else [groups[i : i + per_step] for i in range(0, n, per_step)]
     device = model_device(model)
     torch.manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=0.0)
+    opt = make_optimizer(model, cfg)
     run = RunResult(setup=setup.name, seed=seed, data=data)
 
     def emit(kind: str, step: int, values: dict) -> None:
@@ -157,15 +171,12 @@ def train(
         model.train()
         t0 = time.perf_counter()
         batch = batch.to(device)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        with _autocast(device):
+        with autocast(device):
             logits = forward(model, batch, backend=cfg.backend)  # (B, T, V)
         loss = packed_cross_entropy(logits.float(), batch.labels)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
-        opt.step()
+        optimizer_step(model, opt, step, cfg)
         reported = loss.item()  # syncs, so the step time below is complete
         dt = time.perf_counter() - t0
         elapsed += dt

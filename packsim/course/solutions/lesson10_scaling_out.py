@@ -12,7 +12,10 @@ def global_loss(sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
 
 
 def backward_scale(counts: torch.Tensor) -> torch.Tensor:
-    """counts (R, M) -> (R, M): R / total, so that DDP's average over R ranks leaves sum / total."""
+    """counts (R, M) -> (R, M): R / total, so that DDP's average over R ranks leaves sum / total.
+
+    The library's step applies the same factor: ``packsim.experiment.data_parallel.data_parallel_step``.
+    """
     R = counts.shape[0]
     total = counts.sum()
     scale = R / total if total > 0 else 0.0
