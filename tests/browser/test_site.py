@@ -7,6 +7,7 @@ and opened in Chromium, where every request that is not a local file is aborted 
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -81,8 +82,23 @@ def test_pages_share_one_copy_of_each_asset(site):
         assert re.search(r'<link[^>]*href="_static/jupyterlab.css"', text)
         assert "application/vnd.plotly.v1+json" not in text  # widgets keep the HTML version only
         assert '"align_content": null' not in text  # layouts keep their set properties only
+        state = _widget_state(text)
+        leaves = [json.dumps([m["model_name"], m["state"]], sort_keys=True)
+                  for m in state.values() if m["model_name"].endswith(("LayoutModel", "StyleModel"))]
+        assert leaves and len(leaves) == len(set(leaves)), page  # equal layouts / styles shared
+        refs = set(re.findall(r"IPY_MODEL_([0-9a-f]+)", json.dumps(state)))
+        assert refs <= set(state), page  # ... and every reference still resolves
+    # The shared assets are 7.1 MB (plotly.js 4.8, widget manager 1.9, JupyterLab's CSS 0.2), so
+    # the eleven-lesson course fits its 10 MB budget only if a page stays a few hundred kB.
     total = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    assert total < 8e6, total
+    assert total < 7.5e6, total
+
+
+def _widget_state(page_text: str) -> dict:
+    found = re.search(r'<script type="application/vnd.jupyter.widget-state\+json">(.*?)</script>',
+                      page_text, re.S)
+    assert found, "no saved widget state in the page"
+    return json.loads(found.group(1))["state"]
 
 
 def _open_offline(browser, page_path):
