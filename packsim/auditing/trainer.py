@@ -299,7 +299,8 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
     findings = static_findings(trainer, view, impl)
     findings += [cache(view, base_out.cache, use_cache, where),
                  completion_only_loss(trainer, note, _inside_counts(p), report.probes["loss_coverage"]),
-                 accumulation, loss_across_devices(trainer, counts_items), examples_without_loss(p.labels, p.seq)]
+                 accumulation, loss_across_devices(trainer, counts_items),
+                 examples_without_loss(p.labels, p.seq, cut_across_rows=_wraps(trainer))]
     findings += report.findings  # boundary_fields, special_tokens (packsim.auditing.evidence)
     if batches > 1:
         verdicts = [f"batch {k}: {'PASS' if r.ok else 'FAIL (' + ', '.join(r.failed) + ')'}"
@@ -313,6 +314,13 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
     return replace(report, findings=findings, causes=fixes + report.causes,
                    forward=report.forward + _tolerance_note(report, base_out, trainer, tol),
                    seconds=time.perf_counter() - start)
+
+
+def _wraps(trainer) -> bool:
+    """TRL's wrapped packing: examples are cut wherever a row ends."""
+    args = trainer.args
+    return bool(is_sft(trainer) and getattr(args, "packing", False)
+                and getattr(args, "packing_strategy", "") == "wrapped")
 
 
 def _tolerance_note(report: AuditReport, base_out, trainer, given) -> str:

@@ -47,13 +47,18 @@ def truncated_records(lengths: list[tuple[int, int]], max_length: int | None) ->
                    f"{max_length} tokens before training")
 
 
-def examples_without_loss(labels, seq: torch.Tensor) -> Finding:
+def examples_without_loss(labels, seq: torch.Tensor, cut_across_rows: bool = False) -> Finding:
     """Examples (at least 2 tokens) with no counted label inside them: seq (B, T) example index, -1 padding.
 
     A label at token t counts for example k when t and t - 1 both belong to k (the label at an
     example's first token is predicted from the previous example, or not at all).
+    ``cut_across_rows``: the pipeline cuts examples wherever a row ends (TRL's wrapped packing), so
+    a piece holding only prompt tokens is expected and says nothing about truncation: skipped.
     """
     name = "truncated_examples"
+    if cut_across_rows:
+        return Finding(name, "skipped", "wrapped packing cuts examples wherever a row ends (see wrapped_packing), "
+                                        "so a piece without a counted label is not a sign of truncation")
     if labels is None:
         return Finding(name, "skipped", "the batch carries no labels, so examples without a counted label "
                                         "cannot be found")
