@@ -122,3 +122,25 @@ def test_trl_dpo_trainer_falls_back_to_padding(tmp_path, caplog):
     report = audit_logprobs(trainer.model.eval(), {k: batch[k] for k in ("input_ids", "attention_mask", "completion_mask")},
                             names=pair_names(2), use_cache=False)
     assert report.ok, report.text()
+
+
+def test_audit_trainer_on_a_dpo_trainer_reports_the_fallback_and_the_logprobs(tmp_path):
+    trl = pytest.importorskip("trl")
+    import datasets
+    from pipelines import save_tiny_checkpoint
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import packsim
+
+    path = save_tiny_checkpoint(tmp_path / "tiny")
+    data = datasets.Dataset.from_dict({"prompt": ["hello there", "how are you"],
+                                       "chosen": [" fine thanks", " good"], "rejected": [" no", " bad day"]})
+    args = trl.DPOConfig(output_dir=str(tmp_path / "out"), padding_free=True, per_device_train_batch_size=2,
+                         max_steps=1, report_to="none", save_strategy="no", use_cpu=True, bf16=False, seed=0)
+    trainer = trl.DPOTrainer(model=AutoModelForCausalLM.from_pretrained(path), args=args, train_dataset=data,
+                             processing_class=AutoTokenizer.from_pretrained(path))
+    result = packsim.audit_trainer(trainer)
+    finding = result.findings[0]
+    assert finding.name == "padding_free" and finding.failed and "fell back to padding" in finding.evidence
+    assert result.logprobs.ok and len(result.logprobs.sequences) == 4
+    assert result.logprobs.sequences[2].name == "pair 0 rejected" and not result.ok

@@ -40,6 +40,7 @@ from packsim.auditing.findings import (
     static_findings,
 )
 from packsim.auditing.pipeline import ForwardOutput, Pipeline, dict_roles, logits_of
+from packsim.auditing.preference import audit_dpo_trainer, is_dpo
 from packsim.auditing.report import AuditReport, Finding
 from packsim.auditing.truncation import examples_without_loss
 from packsim.core.boundaries import ROWS_SOURCE, find_boundaries
@@ -259,6 +260,8 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
                            f"{type(trainer).__name__}: for a model and one batch use packsim.audit.")
     if not isinstance(batches, int) or batches < 1:
         raise PacksimError(f"batches={batches!r}: audit at least 1 batch.")
+    if is_dpo(trainer):  # per-sequence log-probs, not a token loss: auditing/preference.py
+        return audit_dpo_trainer(trainer, tol=tol)
     start = time.perf_counter()
     model = trainer.model
     ga = max(int(getattr(trainer.args, "gradient_accumulation_steps", 1) or 1), 1)

@@ -106,11 +106,13 @@ class TrapTable:
     def header(self) -> str:
         v = self.versions
         measured = [c for c in self.cells if c.measured]
-        agree = sum(bool(c.agrees) for c in measured)
+        audited = [c for c in measured if c.agrees is not None]
+        agree = sum(bool(c.agrees) for c in audited)
+        verdict = (f"packsim.audit agrees with the perturbation in {agree}/{len(audited)}" if audited
+                   else "packsim.audit not run on these cells")
         return (f"Is a packed row isolated? Measured on transformers {v['transformers']}, torch "
                 f"{v['torch']}, {v['device']}, flex_attention {v['flex_attention']}; "
-                f"{len(measured)} cells measured in {self.seconds:.1f} s; packsim.audit agrees with "
-                f"the perturbation in {agree}/{len(measured)}.")
+                f"{len(measured)} cells measured in {self.seconds:.1f} s; {verdict}.")
 
     def text(self) -> str:
         notes = self._notes()

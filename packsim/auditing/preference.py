@@ -1,0 +1,81 @@
+"""Audit a TRL ``DPOTrainer`` as it is configured: does it pack, and do its per-sequence log-probs
+match each sequence run alone?
+
+A DPO loss is built from the summed completion log-probs of chosen and rejected sequences, so the
+check is :func:`packsim.auditing.logprobs.audit_logprobs` on the trainer's own first batch, through
+the trainer's model. Before that, :func:`audit_dpo_trainer` reads what the trainer really does
+with ``padding_free``: TRL 1.16 (``trl/trainer/dpo_trainer.py``, ``DPOTrainer.__init__``) logs a
+warning and sets ``self.padding_free = False`` ("Falling back to standard padding"), so rows come
+padded, one sequence per row: isolated, and not packed. Batch shapes: input_ids, attention_mask,
+completion_mask (2 * pairs, T), chosen rows first.
+
+Lessons: none directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from packsim.auditing.logprobs import LogprobReport, audit_logprobs, pair_names
+from packsim.auditing.report import Finding
+from packsim.core.boundaries import find_boundaries
+from packsim.core.errors import PacksimError
+
+__all__ = ["PreferenceAudit", "audit_dpo_trainer", "is_dpo"]
+
+
+def is_dpo(trainer) -> bool:
+    return any(c.__name__ == "DPOTrainer" for c in type(trainer).__mro__)
+
+
+@dataclass
+class PreferenceAudit:
+    """``findings`` (what the trainer does with packing) and ``logprobs`` (the per-sequence check)."""
+
+    findings: list[Finding]
+    logprobs: LogprobReport
+
+    @property
+    def ok(self) -> bool:
+        return self.logprobs.ok and not any(f.failed for f in self.findings)
+
+    def text(self) -> str:
+        lines = [f"{f.name}: {f.status.upper()}: {f.evidence}" + (f" Fix: {f.fix}" if f.failed else "")
+                 for f in self.findings]
+        return "\n".join([*lines, self.logprobs.text()])
+
+    def __str__(self) -> str:
+        return self.text()
+
+
+def audit_dpo_trainer(trainer, *, tol: float | None = None) -> PreferenceAudit:
+    """The padding-free finding and the log-prob check on the trainer's first training batch."""
+    if not is_dpo(trainer):
+        raise PacksimError(f"audit_dpo_trainer takes a trl.DPOTrainer, got {type(trainer).__name__}: "
+                           "use packsim.audit_trainer for Trainer / SFTTrainer.")
+    requested = bool(getattr(trainer.args, "padding_free", False))
+    actual = bool(getattr(trainer, "padding_free", requested))
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    fields = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor) and v.dim() == 2}
+    seq = find_boundaries(fields, missing="rows").seq_ids  # (B, T)
+    per_row = max(len(torch.unique(r[r >= 0])) for r in seq)
+    shape = tuple(fields["input_ids"].shape)
+    where = (f"args.padding_free={requested}, trainer.padding_free={actual}; the first batch is "
+             f"{shape[0]} row(s) of {shape[1]} tokens, at most {per_row} sequence(s) per row")
+    if requested and not actual:
+        finding = Finding("padding_free", "fail", f"{where}: TRL fell back to padding (a logged warning only)",
+                          "expect padded batches (set padding_free=False to say so), or pack with a trainer "
+                          "that supports it and audit that")
+    else:
+        finding = Finding("padding_free", "pass", f"{where}: the trainer does what its config says")
+    model = trainer.model
+    was = model.training
+    try:
+        model.eval()  # dropout off: packed and alone must see the same network
+        names = pair_names(shape[0] // 2) if per_row == 1 and shape[0] % 2 == 0 else None
+        report = audit_logprobs(model, fields, names=names, tol=tol, use_cache=False)
+    finally:
+        model.train(was)
+    return PreferenceAudit([finding], report)
