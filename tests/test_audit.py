@@ -18,6 +18,7 @@ from transformers import DataCollatorWithFlattening, GPT2Config, GPT2LMHeadModel
 import packsim
 from packsim import PackedBatch, PacksimError, Setup
 from packsim.auditing import AuditReport
+from packsim.auditing.features import response_mask_from_features
 from packsim.auditing.report import PROBES
 from packsim.cli import main
 from packsim.core.loss import IGNORE_INDEX, Role
@@ -60,10 +61,7 @@ def collated(examples, mask_prompt: bool = True) -> dict:
     return DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)(feats)
 
 
-def response_mask(examples) -> torch.Tensor:
-    """(1, N) bool: True on response tokens and EOS, in collator order."""
-    flags = [j >= ex.n_prompt for ex in examples for j in range(len(ex.tokens))]
-    return torch.tensor(flags)[None]
+response_mask = response_mask_from_features  # (1, N) bool: True on response tokens and EOS
 
 
 def seq_of(batch: dict) -> torch.Tensor:
@@ -188,7 +186,8 @@ def _dict_nothing_ignored(ex, m):
 FAULTS = {
     "default_causal_mask": (_causal_continuous, LEAK, "mask='causal'"),
     "reset_positions_but_causal_mask": (_causal_reset, LEAK, "mask='causal'"),
-    "mask_from_boundaries_off_by_one": (_off_by_one_mask, LEAK, "off-by-one"),
+    # the 4D mask disagrees with the other boundary fields: boundary_fields names it
+    "mask_from_boundaries_off_by_one": (_off_by_one_mask, LEAK | {"boundary_fields"}, "off-by-one"),
     "labels_include_prompt": (_labels(Role.PROMPT, True), {"loss_coverage"}, "prompt tokens"),
     "labels_include_padding": (_labels(Role.PAD, True), {"loss_coverage"}, "padding"),
     "boundary_token_counted": (_labels(Role.BOUNDARY, True), {"loss_coverage"}, "later example"),
@@ -234,7 +233,7 @@ def test_leak_in_one_layer_is_located(leak_in_layer_1, examples):
 
 def test_worst_pair_is_the_largest_cross_example_change(examples, models):
     batch = packed(examples, "loss_fix")
-    report = packsim.audit(models(), batch)
+    report = packsim.audit(models(), batch, max_examples=len(examples))  # every pair
     change = report.logit_change.clone().fill_diagonal_(0)
     i, j = divmod(int(change.argmax()), change.shape[0])
     pair = report.worst_pair
@@ -361,9 +360,11 @@ class _Wrapped(torch.nn.Module):
 
 def test_any_module_returning_logits_can_be_audited(examples, models):
     model = _Wrapped(models("eager"))
-    report = packsim.audit(model, collated(examples), response_mask(examples), use_cache=False)
+    report = packsim.audit(model, collated(examples), response_mask(examples), use_cache=False,
+                           examples=[ex.tokens for ex in examples])
     assert report.ok, report.table()
-    assert report.skipped == ["attention_mass"]  # a bare tensor carries no attentions
+    # a bare tensor carries no attentions; no config, so no special tokens to read
+    assert report.skipped == ["attention_mass", "special_tokens"]
     assert report.probes["positions"].details["kind"] == "RoPE"
     leaky = packsim.audit(model, collated(examples), response_mask(examples), use_cache=True)
     assert set(leaky.failed) == LEAK_NO_PROBS
@@ -444,13 +445,20 @@ def test_trl_padding_free_collator(examples, models):
 # ----------------------------------------------------------------------------- bad input
 
 
-def test_batch_without_boundaries_is_refused(examples, models):
+def test_batch_without_boundaries_is_audited_by_its_tokens_or_refused(examples, models):
     b = collated(examples)
-    with pytest.raises(PacksimError, match="no example boundaries"):
-        packsim.audit(models("sdpa"), {"input_ids": b["input_ids"], "labels": b["labels"]})
+    bare = {"input_ids": b["input_ids"], "labels": b["labels"]}
+    report = packsim.audit(models("sdpa"), bare)  # no field, but a BOS starts each example
+    assert {"perturbation", "boundary_fields", "special_tokens"} <= set(report.failed), report.table()
+    assert report.boundaries.startswith("the special tokens") and len(report.example_ids) == len(examples)
     one_run = {"input_ids": b["input_ids"], "position_ids": torch.arange(b["input_ids"].shape[1])[None]}
+    assert "perturbation" in packsim.audit(models("sdpa"), one_run).failed
+    blind = build_model("tiny", vocab_size=VOCAB, attn_implementation="sdpa", seed=0)
+    blind.config.bos_token_id = blind.config.eos_token_id = None  # the tokens say nothing either
+    with pytest.raises(PacksimError, match="no example boundaries"):
+        packsim.audit(blind, bare)
     with pytest.raises(PacksimError, match=r"describes 1 example"):
-        packsim.audit(models("sdpa"), one_run)
+        packsim.audit(blind, one_run)
 
 
 @pytest.mark.parametrize("field", ["labels", "position_ids", "cu_seq_lens_q", "response_mask",
@@ -533,7 +541,11 @@ def test_audit_is_deterministic_and_takes_seconds(examples, models):
 def test_max_examples_limits_the_perturbed_examples(examples, models):
     report = packsim.audit(models(), packed(examples, "buggy"), max_examples=2)
     perturbed = ~torch.isnan(report.logit_change).all(dim=1)
-    assert perturbed.tolist() == [True, False, False, False, True]
+    alone = torch.tensor(report.probes["perturbation"].details["alone"])  # (S,) packed vs alone
+    j = int(alone.argmax())  # the most contaminated example and the one packed just before it
+    assert perturbed.nonzero().flatten().tolist() == [j - 1, j] and j > 0
+    clean = packsim.audit(models(), packed(examples, "correct"), max_examples=2)
+    assert (~torch.isnan(clean.logit_change).all(dim=1)).tolist() == [True, False, False, False, True]
 
 
 def test_cli_audits_each_setup(capsys):

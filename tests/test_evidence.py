@@ -235,9 +235,13 @@ def test_faulty_collator_is_caught_and_the_fix_passes(family, case, tmp_path):
 
 
 def test_audit_without_dataset_evidence_says_what_the_verdict_rests_on(tmp_path):
-    """packsim.audit on the batch alone: no examples given, fields agree -> boundary_fields skipped."""
+    """packsim.audit on the batch alone: the tokens corroborate the fields; without special ids, skipped."""
     trainer = trainer_for("mistral", Flatten(fields=ALL), tmp_path)
     batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    tokens = packsim.audit(trainer.model, batch, use_cache=False)
+    finding = next(f for f in tokens.findings if f.name == "boundary_fields")
+    assert finding.status == "pass" and "confirmed by the special tokens" in tokens.boundaries, tokens.table()
+    trainer.model.config.bos_token_id = trainer.model.config.eos_token_id = None  # nothing in the tokens
     report = packsim.audit(trainer.model, batch, use_cache=False)
     finding = next(f for f in report.findings if f.name == "boundary_fields")
     assert finding.status == "skipped" and "rests on the batch's own metadata" in finding.evidence

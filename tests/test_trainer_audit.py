@@ -90,13 +90,51 @@ def test_trl_bfd_packing_on_sdpa_passes(checkpoint, tmp_path):
     trainer = sft(checkpoint, tmp_path, packing=True)  # packing_strategy="bfd": padding-free rows
     report = packsim.audit_trainer(trainer)
     assert report.ok, report.table()
-    assert report.boundaries == "cu_seq_lens_q" and len(report.example_ids) == 8
+    # the examples come from TRL's packed dataset rows (split by seq_lengths), located in the batch
+    assert report.boundaries.startswith("the trainer's dataset examples") and len(report.example_ids) == 8
+    fields = next(f for f in report.findings if f.name == "boundary_fields")
+    assert fields.status == "pass" and "position_ids, cu_seq_lens_q, cu_seq_lens_k, seq_idx mark exactly these 8" \
+        in fields.evidence, fields.evidence
     assert {f.name: f.status for f in report.findings} == {
         "wrapped_packing": "pass", "padding_free_attention": "pass", "attention_mask": "pass",
         "flash_rows": "pass", "cache": "pass", "completion_only_loss": "pass",
         "loss_over_accumulation": "pass", "loss_across_devices": "skipped", "truncated_examples": "pass"}
     assert "use_cache=False" in report.forward and "attn_implementation='sdpa'" in report.forward
     assert agrees(report, trainer)
+
+
+class _LateRestart:
+    """Wraps a padding-free collator: position_ids restart one token after each example's first token."""
+
+    def __init__(self, collate):
+        self.collate = collate
+
+    def __call__(self, features):
+        batch = self.collate(features)
+        pos = batch["position_ids"].clone()  # (1, N)
+        starts = (pos[0] == 0).nonzero().flatten()[1:]
+        for s in starts.tolist():
+            end = s + 1
+            while end < pos.shape[1] and pos[0, end] != 0:
+                end += 1
+            pos[0, s] = pos[0, s - 1] + 1
+            pos[0, s + 1:end] = torch.arange(end - s - 1)
+        batch["position_ids"] = pos
+        for key in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx"):
+            batch.pop(key, None)  # only position_ids mark the examples, as DataCollatorWithFlattening's default
+        return batch
+
+
+def test_trl_bfd_with_positions_restarting_late_fails_with_the_field_named(checkpoint, tmp_path):
+    trainer = sft(checkpoint, tmp_path, packing=True)
+    trainer.data_collator = _LateRestart(trainer.data_collator)
+    report = packsim.audit_trainer(trainer)
+    assert {"perturbation", "gradient", "boundary_fields"} <= set(report.failed), report.table()
+    fields = next(f for f in report.findings if f.name == "boundary_fields")
+    assert "position_ids restart at token" in fields.evidence and ", the example starts at token" in fields.evidence
+    eos = next(f for f in report.findings if f.name == "special_tokens")
+    assert "8 of 8 examples end with EOS" in eos.evidence  # the symptom the fields hid ("EOS 1/1")
+    assert agrees(report, trainer)  # the test's own perturbation, boundaries from BOS
 
 
 def test_trl_wrapped_packing_fails_on_perturbation(checkpoint, tmp_path):

@@ -6,6 +6,9 @@ module           idea
 ``auditor``      :func:`audit`: run the probes on one model and one batch
 ``pipeline``     the forward under audit and what it knows about the batch
 ``probes``       perturbation, gradient, attention mass, loss coverage, positions
+``alone``        every example packed vs alone: the isolation check of constant cost
+``evidence``     where the examples are, independently of the batch's boundary fields
+``label_values`` every counted label checked by value (shifted, across a boundary, wrong)
 ``causes``       which field or kwarg most likely breaks isolation
 ``report``       :class:`AuditReport`: the verdict, the table, the HTML
 ``command``      ``packsim audit``

@@ -161,7 +161,7 @@ def audit_pipeline(p: Pipeline, *, max_examples: int = 4, tol: float | None = No
         for name in LEAK_PROBES:
             probes[name] = ProbeResult(name, "skipped", None, tol, why)
     else:
-        alone = alone_change(p, tol, seed)
+        alone = alone_change(p, tol, seed, base)
         chosen = probe_examples(S, max_examples, alone)
         probes["perturbation"], change = perturbation(p, base, chosen, tol, seed, alone)
         probes["gradient"], ratio = gradient(p, chosen, tol, seed)

@@ -51,6 +51,7 @@ class Evidence:
     seq: torch.Tensor | None
     source: str
     findings: list[Finding] = field(default_factory=list)
+    confirms: bool = False  # the evidence marks exactly the examples the batch's fields mark
 
     @property
     def independent(self) -> bool:
@@ -358,10 +359,16 @@ def collect(fields: Mapping, field_seq: torch.Tensor, examples, bos: set[int], e
     tok = special_tokens(ids, field_seq, bos, eos, True, "the tokens vs the examples the batch's fields mark")
     starts = token_starts(ids, real, bos, eos)
     if tok.failed and starts is not None:
-        seq = _seq_from_starts(starts | (run_starts(field_seq) & real), real)
+        seq = _seq_from_starts(starts.clone(), real)
         src = (f"the special tokens ({note}): a BOS starts an example and so does the token after an "
-               "EOS, besides where the batch's fields start one")
+               "EOS, where the batch's fields say otherwise")
         return Evidence(seq, src, [boundary_fields(fields, seq, src), tok])
+    if starts is not None and bool(torch.equal(starts & real, run_starts(field_seq) & real)):
+        # the tokens alone mark the same examples: a BOS starts each, or an EOS ends each
+        seq = _seq_from_starts(starts.clone(), real)
+        src = ("the special tokens (a BOS starts every example or an EOS ends every one, and nowhere "
+               f"else; {note})")
+        return Evidence(seq, src, [boundary_fields(fields, seq, src), tok], confirms=True)
     return Evidence(None, note, [boundary_fields(fields, None, note), tok])
 
 
@@ -376,4 +383,6 @@ def dict_evidence(model, batch: Mapping, examples=None) -> Evidence:
     if ev.seq is None:
         return Evidence(None, found.source + f" ({ev.source}: the verdict rests on the batch's own metadata)",
                         ev.findings)
+    if ev.confirms:
+        ev.source = f"{found.source}, confirmed by {ev.source}"
     return ev

@@ -10,8 +10,13 @@ attention implementation. Labels are left out of the probes' forwards (they chan
 the logits). It then adds configuration findings (:mod:`packsim.auditing.findings`) and measures the
 loss normalisation over gradient accumulation (:mod:`packsim.auditing.accumulation`).
 
-Where the examples are: the batch's own fields first (cu_seq_lens_q > seq_idx > position_ids
-restarts; one example per row without them). Where those mark at most one example per row, the
+Where the examples are: from evidence the collator did not write (:mod:`packsim.auditing.evidence`):
+the features it was given (the trainer's dataset items, TRL's packed rows split by ``seq_lengths``),
+each located as a contiguous run of the batch's input_ids, else the special tokens; every boundary
+field (position_ids, cu_seq_lens_q/k, seq_idx, a 4D mask) is checked against them
+(``boundary_fields``) and the probes run on them. Without such evidence, the batch's own fields
+(cu_seq_lens_q > seq_idx > position_ids restarts; one example per row without them), and the
+report says the verdict rests on them. Where the fields mark at most one example per row, the
 tokens decide: a BOS after a row's first token starts an example, and for TRL's wrapped packing the
 token after a run of EOS does too. Prompt/response: from the collated features' split
 (:func:`~packsim.auditing.features.response_mask_from_features`), all response for TRL's
@@ -141,7 +146,7 @@ def _evidence(trainer, model, view: BatchView, features) -> Evidence:
                                                 special_tokens(ids, view.seq, bos - eos, eos, False, "the tokens")])
     ev = collect(view.fields, view.field_seq, features, bos, eos, what="trainer's dataset examples of this batch")
     if ev.seq is not None:
-        view.seq, view.source = ev.seq, ev.source
+        view.seq, view.source = ev.seq, f"{view.source}, confirmed by {ev.source}" if ev.confirms else ev.source
     else:
         view.source += f" ({ev.source}: the verdict rests on the batch's own metadata)"
     return ev
