@@ -218,3 +218,11 @@ def test_unknown_normalise_and_trainer_batch(capsys):
     _fails(["--normalise", "median", "--steps", "1"], capsys, "unknown --normalise 'median'")
     _fails(["--engine", "trainer", "--nproc", "2", "--examples-per-step", "5", "--steps", "1"], capsys,
            "divisible by processes x --grad-accum (2 x 1)")
+
+
+def test_launch_runs_raises_with_the_runs_error(tmp_path):
+    from packsim.core.errors import PacksimError
+    from packsim.experiment.train_command import launch_runs
+
+    with pytest.raises(PacksimError, match="run 'bad' failed .*unknown --normalise 'median'"):
+        launch_runs({"bad": ["--normalise", "median", "--steps", "1", "--quiet"]}, tmp_path)

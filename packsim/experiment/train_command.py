@@ -28,6 +28,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -114,10 +115,14 @@ def launch_runs(runs: dict[str, list[str]], out: str | Path, threads: int = 1) -
         else:
             cmd = [sys.executable, "-m", "packsim", "train", *argv]
         print(f"{name:12} python {' '.join(cmd[1:])}", flush=True)
-        procs[name] = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        log = tempfile.TemporaryFile("w+")  # a file, not a pipe: a chatty run never blocks on a full pipe
+        procs[name] = (subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True), log)
     t0 = time.perf_counter()
-    for name, proc in procs.items():
-        _, err = proc.communicate()
+    for name, (proc, log) in procs.items():
+        proc.wait()
+        log.seek(0)
+        err = log.read()
+        log.close()
         if proc.returncode:
             raise PacksimError(f"packsim train run {name!r} failed (exit {proc.returncode}): {err[-1500:]}")
     print(f"{len(procs)} run(s) finished in {time.perf_counter() - t0:.0f} s", flush=True)
