@@ -293,3 +293,38 @@ def test_a_factory_file_that_fails_to_import_is_exit_2(root, capsys):
     assert "importing" in one_error_line(capsys)
     assert gate("--trainer", f"{bad}:make", "--model", root / "ckpt") == 2
     assert "cannot go with it" in one_error_line(capsys)
+
+
+# ----------------------------------------------------------------------------- the loss claim
+
+
+def test_a_dropped_completion_mask_is_not_measured_not_claimed(root, tmp_path):
+    import datasets
+    from transformers import AutoModelForCausalLM, DataCollatorWithFlattening, Trainer, TrainingArguments
+
+    import packsim
+    from packsim.core.tokenizer import BOS_ID, EOS_ID, encode
+
+    features = []
+    for p, c in PAIRS:
+        prompt, completion = [BOS_ID] + encode(p), encode(c) + [EOS_ID]
+        features.append({"input_ids": prompt + completion, "labels": [-100] * len(prompt) + completion,
+                         "completion_mask": [0] * len(prompt) + [1] * len(completion)})
+
+    def trainer(remove_unused_columns):
+        args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=1,
+                                 report_to="none", save_strategy="no", use_cpu=True, seed=0,
+                                 remove_unused_columns=remove_unused_columns)
+        return Trainer(model=AutoModelForCausalLM.from_pretrained(root / "ckpt", attn_implementation="sdpa"),
+                       args=args, train_dataset=datasets.Dataset.from_list(features),
+                       data_collator=DataCollatorWithFlattening())
+
+    dropped = trainer(True)
+    assert "completion_mask" not in dropped._remove_unused_columns(dropped.train_dataset).column_names  # ground truth
+    report = packsim.audit_trainer(dropped)
+    assert report.probes["loss_coverage"].details["counts"]["unknown"][1] > 0
+    assert "the loss counts only responses" not in report.verdict
+    assert "which labels are prompt and which response was not measured" in report.verdict
+    assert "completion_only_loss" in report.skipped
+    kept = packsim.audit_trainer(trainer(False))
+    assert kept.verdict.startswith("PASS") and "the loss counts only responses" in kept.verdict, kept.table()
