@@ -142,16 +142,15 @@ def test_attention_rows_ratios_and_work_counts(bench, tmp_path, capsys):
 
 
 def test_import_time_quick_counts_the_modules_import_packsim_loads(tmp_path):
-    out = run_script("import_time.py", tmp_path, "--quick")
+    out = run_script("import_time.py", tmp_path, "--quick", "--no-reference")  # torch's own import: not ours
     last_line_is_table(out)
     data = json.loads((tmp_path / "import_time.json").read_text())
     rows = {r["measurement"]: r for r in data["rows"]}
-    assert set(rows) == {"import packsim", "import torch, transformers", "packsim --help", "python -c pass"}
+    assert set(rows) == {"import packsim", "packsim --help", "python -c pass"}
     pk = rows["import packsim"]
     assert pk["packsim_file"] == str(ROOT / "packsim" / "__init__.py")  # this checkout was measured
     assert pk["packsim_modules"] == len(pk["packsim_module_names"]) >= 1
     assert "packsim.core.model" not in pk["packsim_module_names"]  # the lazy API loads no model code
-    assert rows["import torch, transformers"]["packsim_modules"] == 0
     assert all(r["seconds"]["n"] == 1 for r in data["rows"])  # --quick: one fresh process each
     bad = subprocess.run([sys.executable, str(BENCH / "import_time.py"), "--root", str(tmp_path)],
                          capture_output=True, text=True, timeout=60)
@@ -168,17 +167,6 @@ def test_throughput_quick_runs_and_both_modes_compute_the_same_loss(tmp_path):
     # same init, same examples, correct setup vs one example per row: same loss
     assert s["step0_loss"]["abs_diff"] < 1e-4
     assert s["token_ratio"] == pytest.approx(s["token_ceilings"]["4"])
-
-
-def test_audit_cost_quick_runs_and_records_the_audit_against_a_step(tmp_path):
-    out = run_script("audit_cost.py", tmp_path, "--quick")
-    last_line_is_table(out)
-    payload = json.loads((tmp_path / "audit_cost.json").read_text())
-    (run,) = payload["runs"]["after"]
-    assert "error" not in run, run
-    assert run["examples"] == 8 and run["batch_tokens"] > 0 and run["audit_failed"] == []
-    assert run["audit_s"] > 0 and run["step_s"] > 0 and run["forward_tokens"] >= 2  # baseline + alone at least
-    assert run["code"].startswith(str(ROOT))
 
 
 def test_gpu_script_parts_work_without_cuda(bench, tmp_path, capsys):

@@ -1,31 +1,13 @@
 """Spot-the-bug quizzes, the data: the YAML format, loading and validation, and grading.
 
-Quizzes live in YAML files so instructors can add their own; packsim ships some in
-``packsim/course/quizzes/*.yaml``. A file holds ``quizzes:``, a list of entries::
-
-    quizzes:
-      - name: labels-clone            # unique, used to pick the quiz
-        title: Labels for a packed row
-        kind: code                    # code | prose (code keeps lines and indentation)
-        intro: A teammate's collator. Mark every word that is wrong.   # optional
-        passage: |
-          labels = input_ids.clone()
-        bugs:                         # at least one
-          - word: input_ids.clone()   # a word of the passage (words are split on whitespace)
-            occurrence: 1             # optional: which occurrence counts (default: every one)
-            why: the loss then covers prompt, padding and boundary tokens ...
-          - words: [alone, safe]      # or: several words, marking any one finds this bug
-            why: ...
-        fine:                         # optional: why tempting words are actually right
-          labels: naming is not the problem ...
-
-A word matches when it equals the passage word with surrounding punctuation (``.,;:!?"'``)
-removed. :func:`load_quizzes` checks every field and raises a :class:`PacksimError` naming the
-file, the quiz and the field when something is wrong.
-
-Scoring (:func:`grade`): ``Score: n/m`` with ``m`` bugs and ``n`` = bugs found minus words
-marked by mistake (never below 0), so marking everything does not pay. The widget that shows a
-quiz is :mod:`packsim.viz.quizzes`.
+Quizzes live in YAML files so instructors can add their own (packsim ships some in
+``packsim/course/quizzes/*.yaml``): ``quizzes:``, a list of entries with a unique ``name``, a
+``title``, ``kind`` (``code`` keeps lines and indentation, or ``prose``), ``passage``, ``bugs``
+(each a ``word`` or ``words`` and ``why``) and optional ``intro`` / ``fine``; the format in full is
+in :func:`load_quizzes`, which validates every field and names the file, quiz and field when one
+is wrong. A word matches when it equals the passage word with surrounding punctuation removed.
+Scoring (:func:`grade`): ``Score: n/m`` with ``m`` bugs and ``n`` = bugs found minus words marked
+by mistake (never below 0). The widget that shows a quiz is :mod:`packsim.viz.quizzes`.
 
 Lessons: 09.
 """
@@ -251,7 +233,23 @@ def load_quizzes(path=None) -> list[QuizData]:
     """All quizzes of a YAML file or folder (default: the ones packsim ships), validated.
 
     Raises :class:`PacksimError` naming the file, the quiz and the field on malformed input,
-    and on two quizzes with the same name.
+    and on two quizzes with the same name. The format::
+
+        quizzes:
+          - name: labels-clone            # unique, used to pick the quiz
+            title: Labels for a packed row
+            kind: code                    # code | prose (code keeps lines and indentation)
+            intro: A teammate's collator. Mark every word that is wrong.   # optional
+            passage: |
+              labels = input_ids.clone()
+            bugs:                         # at least one
+              - word: input_ids.clone()   # a word of the passage (words are split on whitespace)
+                occurrence: 1             # optional: which occurrence counts (default: every one)
+                why: the loss then covers prompt, padding and boundary tokens ...
+              - words: [alone, safe]      # or: several words, marking any one finds this bug
+                why: ...
+            fine:                         # optional: why tempting words are actually right
+              labels: naming is not the problem ...
     """
     quizzes = [q for f in _files(path) for q in _read_file(f)]
     seen: dict[str, str] = {}
