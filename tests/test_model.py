@@ -8,9 +8,36 @@ from packsim.core.attention_backends import available_backends
 from packsim.core.batch import PackedBatch
 from packsim.core.errors import PacksimError
 from packsim.core.loss import token_losses
-from packsim.core.model import build_model, forward
+from packsim.core.model import MODEL_SIZES, build_model, forward, model_from_config, shared_model
 
 TOL = 1e-5
+
+
+def test_build_model_is_model_from_config_seeded():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = build_model("tiny", vocab_size=VOCAB, attn_implementation="sdpa", seed=3)
+    config = LlamaConfig(vocab_size=VOCAB, max_position_embeddings=4096, tie_word_embeddings=True,
+                         use_cache=False, pad_token_id=0, **MODEL_SIZES["tiny"])
+    torch.manual_seed(3)
+    by_hand = LlamaForCausalLM(config).eval()  # what build_model built before model_from_config
+    ours = model_from_config(config, attn_implementation="sdpa", seed=3)
+    for m in (model, ours):
+        assert type(m) is LlamaForCausalLM and not m.training and m.config._attn_implementation == "sdpa"
+        assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), by_hand.state_dict().values(),
+                                                     strict=True))
+
+
+def test_shared_model_builds_once_per_arguments():
+    calls = []
+
+    def build(name, scale=1):
+        calls.append((name, scale))
+        return torch.nn.Linear(scale, 1)
+
+    a, b = shared_model(build, "x"), shared_model(build, "x")
+    c = shared_model(build, "x", scale=2)
+    assert a is b and c is not a and calls == [("x", 1), ("x", 2)]
 
 
 def _cpu_backends(trains: bool = False):

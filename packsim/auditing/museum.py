@@ -12,8 +12,8 @@ visible in one batch's probes and are caught by the museum's checks (:mod:`packs
 
 Batches are transformers' ``DataCollatorWithFlattening`` rows (1, N) (``input_ids``, ``labels``,
 ``position_ids``, ``cu_seq_lens_q/k``) unless the story says otherwise; ``response_mask`` (1, N) is
-True on response tokens and the final EOS. Every link was checked against the stored public thread;
-the stories are ours. :func:`museum_table` runs every exhibit (buggy and fixed) and tabulates what
+True on response tokens and the final EOS (:func:`packsim.auditing.features.response_mask_from_features`).
+Every link was checked against the stored public thread; the stories are ours. :func:`museum_table` runs every exhibit (buggy and fixed) and tabulates what
 caught it. For lesson 07 and docs/audit.md; tests/test_museum.py runs every exhibit.
 
 Lessons: 07.
@@ -26,12 +26,12 @@ import random
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from functools import cache
 from unittest import mock
 
 import torch
 
 from packsim.auditing.auditor import audit
+from packsim.auditing.features import response_mask_from_features
 from packsim.auditing.loss_checks import (
     check_counted_labels,
     check_loss_normalisation,
@@ -41,27 +41,21 @@ from packsim.auditing.loss_checks import (
 from packsim.auditing.report import PROBES, AuditReport
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX
+from packsim.core.token_example import TokenExample
 
 VOCAB, BOS, EOS = 48, 1, 2
 SHAPES = ((4, 3), (5, 4), (3, 5))  # (prompt body, response body) per example
 
 
-@dataclass(frozen=True)
-class ToyExample:
-    """``tokens`` = [BOS] + prompt + response + [EOS]; the first ``n_prompt`` tokens are the prompt."""
-
-    tokens: tuple[int, ...]
-    n_prompt: int
-
-
-def examples(chat: bool = False, shapes=SHAPES, seed: int = 0) -> list[ToyExample]:
-    """Seeded toy examples; ``chat`` ends the user turn with an EOS (end of turn) as well."""
+def examples(chat: bool = False, shapes=SHAPES, seed: int = 0) -> list[TokenExample]:
+    """Seeded toy examples: ``tokens`` = [BOS] + prompt + response + [EOS], the first ``n_prompt``
+    the prompt; ``chat`` ends the user turn with an EOS (end of turn) as well."""
     rng = random.Random(seed)
     out = []
     for n_prompt, n_response in shapes:
         prompt = [BOS] + [rng.randrange(3, VOCAB) for _ in range(n_prompt)] + ([EOS] if chat else [])
-        out.append(ToyExample(tuple(prompt + [rng.randrange(3, VOCAB) for _ in range(n_response)] + [EOS]),
-                      len(prompt)))
+        out.append(TokenExample(tuple(prompt + [rng.randrange(3, VOCAB) for _ in range(n_response)] + [EOS]),
+                                len(prompt)))
     return out
 
 
@@ -76,17 +70,11 @@ def collate(exs, labels: str = "completion") -> dict:
     return DataCollatorWithFlattening(return_flash_attn_kwargs=True)(feats)
 
 
-def response_mask(exs) -> torch.Tensor:
-    """(1, N) bool, True on response tokens and EOS, in collator order."""
-    return torch.tensor([j >= ex.n_prompt for ex in exs for j in range(len(ex.tokens))])[None]
-
-
-@cache
 def tiny_llama(impl: str = "sdpa"):
     """The shared tiny Llama per attention implementation (same weights; never mutated here)."""
-    from packsim.core.model import build_model
+    from packsim.core.model import build_model, shared_model
 
-    return build_model("tiny", vocab_size=VOCAB, attn_implementation=impl, seed=0)
+    return shared_model(build_model, "tiny", vocab_size=VOCAB, attn_implementation=impl, seed=0)
 
 
 # ----------------------------------------------------------------------------- exhibits
@@ -140,7 +128,7 @@ def audit_exhibit(exhibit: Exhibit | str, fixed: bool = False) -> AuditReport:
 
 def _dict_case(batch: dict, exs, impl: str = "sdpa", **kwargs) -> Case:
     kwargs.setdefault("use_cache", False)
-    return Case(tiny_llama(impl), batch, {"response_mask": response_mask(exs), **kwargs})
+    return Case(tiny_llama(impl), batch, {"response_mask": response_mask_from_features(exs), **kwargs})
 
 
 @contextmanager
@@ -194,7 +182,7 @@ def _cache(buggy: bool) -> Case:
 
     model = build_model("tiny", vocab_size=VOCAB, attn_implementation="sdpa", seed=0).train()
     model.config.use_cache = True  # a hand-built config's default; no use_cache in the call
-    return Case(model, collate(exs), {"response_mask": response_mask(exs)})
+    return Case(model, collate(exs), {"response_mask": response_mask_from_features(exs)})
 
 
 def _positions_only(buggy: bool) -> Case:
@@ -231,7 +219,7 @@ def _end_of_turn(buggy: bool) -> Case:
 
 def _no_response(buggy: bool) -> Case:
     max_length = 4 if buggy else 32  # truncation keeps the first max_length tokens of each example
-    exs = [ToyExample(e.tokens[:max_length], min(e.n_prompt, max_length)) for e in examples()]
+    exs = [TokenExample(e.tokens[:max_length], min(e.n_prompt, max_length)) for e in examples()]
     return _dict_case(collate(exs), exs)
 
 

@@ -63,6 +63,8 @@ def build_family(family: str, impl: str = "eager", seed: int = 0):
     """A tiny randomly initialised ``*ForCausalLM`` of ``family`` (fp32, eval mode)."""
     import transformers
 
+    from packsim.core.model import model_from_config
+
     if family not in FAMILIES:
         raise PacksimError(f"unknown family {family!r}: use one of {sorted(FAMILIES)}.")
     cls_name, kwargs, _ = FAMILIES[family]
@@ -70,9 +72,7 @@ def build_family(family: str, impl: str = "eager", seed: int = 0):
     if config_cls is None:
         raise PacksimError(f"transformers {transformers.__version__} has no {cls_name}: "
                            f"drop {family!r} from families=.")
-    torch.manual_seed(seed)
-    config = config_cls(**kwargs, **_IDS)
-    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=impl).eval()
+    return model_from_config(config_cls(**kwargs, **_IDS), attn_implementation=impl, seed=seed)
 
 
 POSITIONS = ("restart", "continuous")  # position_ids 0..L-1 per example | 0..T-1 over the row

@@ -7,6 +7,8 @@ tokens of the first example of each row changed (:func:`perturbation_change`; :f
 compares each example's packed logits with the example run alone instead, as lesson 04 does). The cell is "isolated" when no token of a later
 example moves by more than ``tol`` (fp32: 1e-5), else "leaks". Then :func:`packsim.audit` runs on
 the same model, batch and kwargs, and the cell records whether its verdict agrees.
+The perturbation here is written apart from the audit's perturbation probe on purpose: the table
+is the audit's ground truth, so one bug cannot hide in both (do not make one call the other).
 
 What a cell runs, the models and the conditions (columns) as batch dicts with their shapes, e.g.
 input_ids (1, 32) and position_ids (1, 32), is :mod:`packsim.auditing.trap_cases`; the result, a

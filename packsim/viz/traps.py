@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
-import torch
 
 from packsim.auditing.trap_cases import (
     CONDITIONS,
@@ -38,7 +37,6 @@ __all__ = ["TrapExplorer", "trap_explorer", "trap_figure", "trap_rule", "measure
 
 EXPLORER_IMPLS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
 _FLOOR = 1e-10  # bars of exactly 0 drawn at this height on the log axis (hover shows the value)
-_MODELS: dict[str, torch.nn.Module] = {}  # impl -> the tiny Llama (built once per implementation)
 _OPTION_CONDITION = {("mask", "ones"): "ones_mask", ("mask", "bool_4d"): "bool_4d",
                      ("mask", "float_4d"): "float_4d", ("use_cache", True): "cache",
                      ("rows", 2): "rows"}  # fmt: skip
@@ -54,12 +52,17 @@ def _check_impl(impl) -> str:
     return impl
 
 
+def _build(impl: str):
+    """The trap table's tiny Llama switched to ``impl`` (flash: a bf16 copy on CUDA)."""
+    model = build_family("llama", "eager")
+    return for_impl(model.cuda() if impl in FLASH_IMPLS else model, impl)
+
+
 def _model(impl: str):
-    """The trap table's tiny Llama switched to ``impl`` (flash: a bf16 copy on CUDA), cached."""
-    if impl not in _MODELS:
-        model = build_family("llama", "eager")
-        _MODELS[impl] = for_impl(model.cuda() if impl in FLASH_IMPLS else model, impl)
-    return _MODELS[impl]
+    """:func:`_build` once per implementation, shared by every redraw."""
+    from packsim.core.model import shared_model  # transformers' model classes: only when drawn
+
+    return shared_model(_build, impl)
 
 
 def measure_options(impl: str = "sdpa", positions: str = "restart", mask: str = "none",
