@@ -135,3 +135,25 @@ def test_quiz_reads_and_works_from_the_keyboard(dark_notebook_page, request):
                                                                  timeout=TIMEOUT_MS)
     nb.screenshot(request.node.name, "graded", quiz)
     _check_contrast(quiz, "quiz after grading")
+
+
+def test_plotly_figure_in_a_widget_follows_the_theme(dark_notebook_page, request):
+    """The figure's paper is transparent and its axis text takes the theme's font colour, so
+    the playground's figure reads on the dark page too (the CSS in packsim.viz.widget)."""
+    nb = dark_notebook_page
+    root = nb.page.locator(".packsim-playground")
+    plot = root.locator(".js-plotly-plot svg.main-svg").first
+    expect(plot).to_be_visible(timeout=TIMEOUT_MS)
+    nb.screenshot(request.node.name, "figure", root)
+    paper = plot.evaluate("s => getComputedStyle(s).backgroundColor")
+    assert paper in ("rgba(0, 0, 0, 0)", "transparent"), paper
+    fills = root.locator(".xtick text, .ytick text, text.gtitle").evaluate_all(
+        "ts => ts.map(t => getComputedStyle(t).fill)")
+    theme = nb.page.evaluate(
+        "getComputedStyle(document.body).getPropertyValue('--jp-ui-font-color1').trim()")
+    assert fills and theme, (fills, theme)
+    probe = nb.page.evaluate(
+        "c => { const d = document.createElement('div'); d.style.color = c; document.body.append(d);"
+        " const v = getComputedStyle(d).color; d.remove(); return v; }", theme)
+    assert set(fills) == {probe}, (set(fills), probe)
+    _check_contrast(root.locator(".packsim-table").first, "playground table")
