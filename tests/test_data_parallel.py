@@ -224,5 +224,5 @@ def test_launch_runs_raises_with_the_runs_error(tmp_path):
     from packsim.core.errors import PacksimError
     from packsim.experiment.train_command import launch_runs
 
-    with pytest.raises(PacksimError, match="run 'bad' failed .*unknown --normalise 'median'"):
+    with pytest.raises(PacksimError, match="run .bad. failed \\(unknown --normalise .median."):
         launch_runs({"bad": ["--normalise", "median", "--steps", "1", "--quiet"]}, tmp_path)
