@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -53,7 +54,7 @@ def _build(spec: dict):
                          num_attention_heads=4, max_position_embeddings=256, bos_token_id=1,
                          eos_token_id=2, pad_token_id=0, use_cache=False)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-    args = TrainingArguments(output_dir=spec["tmp"], per_device_train_batch_size=n, max_steps=1,
+    args = TrainingArguments(output_dir=tempfile.mkdtemp(prefix="audit_cost_"), per_device_train_batch_size=n, max_steps=1,
                              report_to="none", save_strategy="no", use_cpu=True, seed=0)
     trainer = Trainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(feats),
                       data_collator=DataCollatorWithFlattening())
@@ -124,10 +125,9 @@ def main(argv=None) -> int:
     if args.before:
         codes = {"before": str(Path(args.before).resolve()), **codes}
     runs: dict[str, list[dict]] = {name: [] for name in codes}
-    tmp = out / "audit_cost_tmp"
     for n in args.examples:
         for name, code in codes.items():
-            spec = {"examples": n, "repeats": args.repeats, "code": code, "tmp": str(tmp)}
+            spec = {"examples": n, "repeats": args.repeats, "code": code}
             runs[name].append(bu.run_worker(SCRIPT, spec, timeout_s=1800))
     payload = {"benchmark": "audit_cost", "machine": bu.machine_info(threads=1),
                "model": "LlamaForCausalLM hidden 128, 2 layers, sdpa, fp32, CPU, 1 thread",
