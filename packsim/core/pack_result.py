@@ -13,7 +13,7 @@ Arrays, not lists of ints and :class:`Piece` objects: a data loader slices token
 and ``length`` and cuts rows with ``row_offsets`` (as TRL's ``pack_dataset`` does with its Arrow
 offsets), and a million examples would be millions of Python objects (``benchmarks/packing.py``).
 
-Lessons: 01.
+Lessons: none directly.
 """
 
 from __future__ import annotations
