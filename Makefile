@@ -34,6 +34,7 @@ help:
 	@echo "make lab    set up (first run only) and open the course in JupyterLab"
 	@echo "make test   set up (first run only) and run the whole test suite"
 	@echo "make check  lint (ruff) and check notebooks carry no outputs"
+	@echo "make git-filter  (run by setup) strip notebook outputs from what git stores (nbstripout)"
 	@echo "make html   execute the course into static HTML in site/ (offline; PACKSIM_FAST=1 for the quick one)"
 	@echo "make bench  CPU benchmarks (packing vs TRL, attention, throughput; ~15-22 min) -> benchmarks/results"
 	@echo "make bench-quick  the same in quick mode (< 2 min) -> runs/bench-quick"
