@@ -32,7 +32,8 @@ SUBCOMMANDS = {
     "report": ("packsim.viz.report", "rebuild report.html from a comparison's results.json"),
     "audit": ("packsim.auditing.command",
               "pre-flight audit of a local checkpoint and JSONL data (--model DIR --data FILE "
-              "--collator NAME [--strict]); without --model, the built-in tiny pipeline"),
+              "--collator NAME) or of your own trainer (--trainer FILE.py:FUNC); exit 0 pass, 1 fault, "
+              "2 bad input, 3 not measured; without them, the built-in tiny pipeline"),
     "train": ("packsim.experiment.train_command", "train one setup on one process, or data-parallel under torchrun"),
 }
 

@@ -229,6 +229,16 @@ def broken():
     raise RuntimeError("no GPU here")
 
 
+def small_embedding():
+    from packsim.core.model import build_model
+    from packsim.core.tokenizer import build_tokenizer
+
+    trainer = make_trainer()
+    trainer.model = build_model("tiny", vocab_size=40)  # 40 embedding rows for a 51-token tokenizer
+    trainer.processing_class = build_tokenizer()
+    return trainer
+
+
 def not_a_trainer():
     return 42
 
@@ -275,7 +285,9 @@ def test_trainer_as_module_function(factory, capsys, monkeypatch):
 @pytest.mark.parametrize("spec, message", [
     ("FILE", "names no function"),
     ("/no/such/train.py:make_trainer", "no such file"),
-    ("FILE:nope", "defines no 'nope' (its functions: broken, in_bf16, leaking, make_trainer, not_a_trainer)"),
+    ("FILE:nope", "defines no 'nope' (its functions: broken, in_bf16, leaking, make_trainer, not_a_trainer, "
+                  "small_embedding)"),
+    ("FILE:small_embedding", "has 51 tokens but the model's embedding has 40 rows"),
     ("FILE:PAIRS", "PAIRS is a list, not a function"),
     ("FILE:broken", "the factory raised RuntimeError: no GPU here"),
     ("FILE:not_a_trainer", "returned int '42', not a transformers Trainer"),
@@ -300,7 +312,12 @@ def test_a_factory_file_that_fails_to_import_is_exit_2(root, capsys):
 
 def test_a_dropped_completion_mask_is_not_measured_not_claimed(root, tmp_path):
     import datasets
-    from transformers import AutoModelForCausalLM, DataCollatorWithFlattening, Trainer, TrainingArguments
+    from transformers import (
+        AutoModelForCausalLM,
+        DataCollatorWithFlattening,
+        Trainer,
+        TrainingArguments,
+    )
 
     import packsim
     from packsim.core.tokenizer import BOS_ID, EOS_ID, encode

@@ -134,6 +134,7 @@ def _gate_line(report) -> str:
 
 def _own_trainer(args) -> int:
     from packsim.auditing.factory import load_trainer
+    from packsim.auditing.preflight import check_tokenizer
     from packsim.auditing.trainer import audit_trainer
     from packsim.core.errors import PacksimError
 
@@ -146,6 +147,10 @@ def _own_trainer(args) -> int:
         raise PacksimError(f"--batches {args.batches}: must be at least 1.")
     _quiet()
     trainer = load_trainer(args.trainer)
+    tokenizer = getattr(trainer, "processing_class", None)
+    tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor wraps its tokenizer
+    if tokenizer is not None and hasattr(tokenizer, "__len__") and hasattr(trainer.model, "get_input_embeddings"):
+        check_tokenizer(trainer.model, tokenizer, [], f"--trainer {args.trainer}")
     try:
         report = audit_trainer(trainer, batches=args.batches)
     except PacksimError as err:
