@@ -30,7 +30,7 @@ What the installed transformers does (read in its source, measured by the cells)
 impl, columns the family kind's conditions). Shapes: input_ids (1, 32), position_ids (1, 32) or
 (3, 1, 32) / (4, 1, 32), seq_idx (1, 32) int32, cu_seq_lens_q/k (4,) int32.
 
-Lessons: none directly (lessons 04 and 07 print :func:`frontier_table`).
+Lessons: 04, 07, 09.
 """
 
 from __future__ import annotations
@@ -189,6 +189,7 @@ def frontier_cell(model, family: str, condition: str, *, tol: float = 1e-5, seed
     from packsim.auditing.traps import LEAK_PROBES
 
     batch, seq = frontier_batch(condition, seed)
+    model.eval()  # the audit of the previous cell may leave it in train mode (Bamba's fused path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

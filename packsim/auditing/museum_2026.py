@@ -15,7 +15,7 @@ exhibits). Pieces:
 
 Shapes: packed rows (1, N); per-token log-probs (N,); position_ids (3, 1, T) for mRoPE.
 
-Lessons: none directly (lesson 07 prints :func:`museum_2026_table`).
+Lessons: 07.
 """
 
 from __future__ import annotations
@@ -214,8 +214,8 @@ PIECES = {p.name: p for p in [
           "each example with the collator's positions vs the model's own", _positions_offset),
     Piece("hybrid_without_seq_idx", "A Mamba2 hybrid packed with position_ids only",
           ("https://github.com/huggingface/transformers/pull/35861",),
-          "Bamba gained padding-free training in transformers PR 35861, which derives the boundaries for "
-          "its Mamba2 layers from the batch. In the installed transformers the boundaries must arrive as "
+          "Bamba gained padding-free training in transformers PR 35861 (its review discusses deriving "
+          "cu_seq_lens from position_ids for the Mamba2 layers). In the installed transformers they must arrive as "
           "seq_idx (or cu_seqlens) at the causal_conv1d / mamba_ssm kernels; with position_ids only the "
           "conv and SSM state runs across every boundary, and on CPU the torch fallbacks ignore seq_idx "
           "(transformers then raises). Fix here: one example per row; on a GPU, seq_idx with the kernels.",
@@ -223,9 +223,11 @@ PIECES = {p.name: p for p in [
     Piece("packed_rows_dropped_at_world_size", "Packed rows dropped when they do not divide by the ranks",
           ("https://github.com/allenai/open-instruct/pull/1271", "https://github.com/allenai/open-instruct/issues/1295"),
           "grpo_fast.py packed a variable number of rows per step and, when that did not divide by the "
-          "world size, silently truncated up to world_size - 1 of them (drop_last). Fix: carry the excess "
-          "rows to the next step; a review comment on the PR warned that combined with world padding "
-          "this could train rows twice, so the probe checks both.",
+          "world size, silently truncated up to world_size - 1 of them (drop_last). The PR (closed "
+          "unmerged) carried the excess rows to the next step, and a review comment warned that with "
+          "world padding this could train rows twice. On issue 1295 (no rows per rank when there are fewer "
+          "rows than ranks) a reply says PR 1308 fixed it by packing less. The fix planted here is the carry-over; the "
+          "probe checks dropped and doubled rows.",
           "every packed row trained exactly once", _world_size),
 ]}
 
