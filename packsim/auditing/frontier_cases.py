@@ -44,7 +44,7 @@ import torch
 from packsim.auditing.trap_cases import ROWS, VOCAB
 from packsim.auditing.trap_results import Cell, TrapTable
 from packsim.core.errors import PacksimError
-from packsim.core.segments import example_positions
+from packsim.core.segments import cu_seqlens_from_lengths, example_positions
 
 __all__ = ["CUDA_REFUSAL", "FRONTIER_CONDITIONS", "FRONTIER_FAMILIES", "build_frontier", "frontier_batch",
            "frontier_cell", "frontier_table", "needs_cuda_reason"]
@@ -134,7 +134,7 @@ def frontier_batch(condition: str, seed: int = 0) -> tuple[dict, torch.Tensor]:
     if condition == "seq_idx":
         batch["seq_idx"] = seq.to(torch.int32)
     elif condition == "cu_seq_lens":
-        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)  # (S+1,)
+        cu = cu_seqlens_from_lengths(lengths)  # (S+1,)
         batch.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(lengths), max_length_k=max(lengths))
     elif condition == "positions_3d":
         batch["position_ids"] = pos[None].expand(3, 1, T).clone()  # (3, 1, T)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from packsim.core.errors import PacksimError
+from packsim.core.segments import cu_seqlens_from_lengths
 
 __all__ = ["PIECES", "Piece", "museum_2026_table"]
 
@@ -51,7 +52,7 @@ def _row(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(input_ids (N,), cu_seqlens (S+1,)) of three examples packed into one row."""
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, V, (sum(LENGTHS),), generator=gen)
-    cu = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()])
+    cu = cu_seqlens_from_lengths(LENGTHS)  # (S+1,)
     return ids, cu
 
 
