@@ -10,6 +10,7 @@ from toy import VOCAB, toy_examples
 from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
 
 import packsim
+from packsim.auditing.features import response_mask_from_features
 from packsim.core.collator import PackingCollator
 from packsim.core.data import make_examples
 from packsim.core.errors import PacksimError
@@ -31,8 +32,7 @@ def hf_flattened(examples) -> dict:
     return DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)(feats)
 
 
-def response_mask(examples) -> torch.Tensor:
-    return torch.tensor([j >= ex.n_prompt for ex in examples for j in range(len(ex.tokens))])[None]
+response_mask = response_mask_from_features  # (1, N) bool, True on response tokens and EOS
 
 
 def test_output_equals_data_collator_with_flattening(examples):

@@ -9,6 +9,7 @@ from transformers import DataCollatorWithFlattening
 
 from packsim import PackedBatch, PacksimError
 from packsim.auditing import AuditReport
+from packsim.auditing.features import response_mask_from_features
 from packsim.core.loss import IGNORE_INDEX
 from packsim.core.model import build_model
 from packsim.testing import assert_isolated
@@ -32,8 +33,7 @@ def collated(examples) -> dict:
     return DataCollatorWithFlattening(return_flash_attn_kwargs=True)(feats)
 
 
-def response_mask(examples) -> torch.Tensor:
-    return torch.tensor([j >= ex.n_prompt for ex in examples for j in range(len(ex.tokens))])[None]
+response_mask = response_mask_from_features  # (1, N) bool, True on response tokens and EOS
 
 
 def test_clean_collator_batch_passes_and_returns_the_report(examples, sdpa_model):

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 
 import torch
 
-from packsim.auditing import audit
+from packsim.auditing import audit, response_mask_from_features
 from packsim.core.batch import PackedBatch
 from packsim.core.collator import PackingCollator
 from packsim.core.data import make_examples
@@ -136,7 +136,7 @@ def mystery_reports() -> dict:
     examples = make_examples(5, seed=2)
     model = build_model("tiny", attn_implementation="eager", seed=0)
     collated = PackingCollator(return_flash_attn_kwargs=True)(examples)
-    mask = torch.tensor([j >= ex.n_prompt for ex in examples for j in range(len(ex.tokens))])[None]  # (1, N)
+    mask = response_mask_from_features(examples)  # (1, N)
     with_ones = {**collated, "attention_mask": torch.ones_like(collated["input_ids"])}
     packed = {s: PackedBatch.from_examples(examples, capacity=64, setup=s) for s in ("mask_fix", "loss_fix")}
     return {
@@ -204,7 +204,7 @@ def _collator_case(impl: str):
     model.config.use_cache = True  # LlamaConfig's default for a model built by hand
     batch = PackingCollator(return_flash_attn_kwargs=True)(examples)
     batch["attention_mask"] = torch.ones_like(batch["input_ids"])  # what a generic pipeline adds
-    mask = torch.tensor([j >= ex.n_prompt for ex in examples for j in range(len(ex.tokens))])[None]
+    mask = response_mask_from_features(examples)  # (1, N)
     return model, batch, mask
 
 
