@@ -63,3 +63,19 @@ def test_slim_outputs_drops_null_view_counts_and_shares_models():
 def test_css_minified_keeps_rules():
     css = "/* a comment */\n.a {\n    color: red;\n}\n\n\n/* b\n c */ .b{x:1}\n"
     assert _minify_css(css) == ".a {\ncolor: red;\n}\n.b{x:1}\n"
+
+
+def test_figure_html_is_rebuilt_with_short_floats():
+    import plotly.graph_objects as go
+    import plotly.io as pio
+    from nbformat.v4 import new_output
+
+    fig = go.Figure(go.Scatter(x=[0, 1, 2], y=[0.123456789, 1 / 3, 2.0]))
+    bundle = {"application/vnd.plotly.v1+json": {**fig.to_plotly_json(), "config": {"displaylogo": False}},
+              "text/html": pio.to_html(fig, include_plotlyjs=False, full_html=False)}
+    nb = new_notebook(cells=[new_code_cell("fig", outputs=[new_output("display_data", bundle)])])
+    assert "0.123456789" in bundle["text/html"]
+    assert slim_outputs(nb) > 0
+    html = nb.cells[0].outputs[0]["data"]["text/html"]
+    assert "Plotly.newPlot" in html and "0.12346" in html and "0.33333" in html
+    assert "0.123456789" not in html and "0.3333333" not in html and '"displaylogo": false' in html

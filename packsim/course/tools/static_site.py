@@ -164,7 +164,8 @@ def slim_outputs(nb) -> int:
     saved outputs (the page's widget manager draws the HTML), every unset (null) property of
     a saved ``LayoutModel`` (null is its default in ``@jupyter-widgets/base``; about 300 bytes
     per widget) and every null ``_view_count``, and all but one of equal layout / style models
-    (:func:`share_equal_models`). Returns the characters removed (counted as JSON).
+    (:func:`share_equal_models`); a figure's HTML version is rebuilt from its plotly JSON with
+    floats cut to ``FLOAT_DIGITS`` significant digits. Returns the characters removed.
     """
     plotlyjs, removed = get_plotlyjs(), 0
     for data, in_widget in _output_bundles(nb):
@@ -174,6 +175,11 @@ def slim_outputs(nb) -> int:
         if isinstance(html, str) and plotlyjs in html:
             data["text/html"] = html.replace(plotlyjs, "")
             removed += len(html) - len(data["text/html"])
+        if isinstance(html, str) and "Plotly.newPlot" in html and isinstance(data.get(_PLOTLY_MIME), dict):
+            # the page draws the HTML version: rebuild it from the figure with short floats
+            before = len(data["text/html"])
+            data["text/html"] = _figure_html(data[_PLOTLY_MIME])
+            removed += before - len(data["text/html"])
         if in_widget and html and _PLOTLY_MIME in data:
             removed += len(json.dumps(data.pop(_PLOTLY_MIME)))
     states = nb.metadata.get("widgets", {}).get(_WIDGET_STATE, {}).get("state", {})
@@ -188,6 +194,30 @@ def slim_outputs(nb) -> int:
             for k in unset:
                 del state[k]
     return removed + share_equal_models(states)
+
+
+FLOAT_DIGITS = 5  # significant digits a figure's floats keep on a page (a pixel is ~1/1000 of an axis)
+
+
+def _short_floats(value):
+    """``value`` (a figure's JSON) with every float rounded to FLOAT_DIGITS significant digits."""
+    if isinstance(value, float):
+        return float(f"{value:.{FLOAT_DIGITS}g}")
+    if isinstance(value, list):
+        return [_short_floats(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _short_floats(v) for k, v in value.items()}
+    return value
+
+
+def _figure_html(figure: dict) -> str:
+    """The HTML version of a plotly figure dict (no plotly.js: the page loads it once), its floats
+    shortened; about half of a training-curves figure's characters were float digits (06)."""
+    import plotly.io as pio
+
+    fig = _short_floats({k: v for k, v in figure.items() if k != "config"})
+    return pio.to_html(fig, include_plotlyjs=False, full_html=False, config=figure.get("config"),
+                       validate=False)
 
 
 def _is_leaf(model: dict) -> bool:
