@@ -169,6 +169,17 @@ def test_throughput_quick_runs_and_both_modes_compute_the_same_loss(tmp_path):
     assert s["token_ratio"] == pytest.approx(s["token_ceilings"]["4"])
 
 
+def test_audit_cost_quick_runs_and_records_the_audit_against_a_step(tmp_path):
+    out = run_script("audit_cost.py", tmp_path, "--quick")
+    last_line_is_table(out)
+    payload = json.loads((tmp_path / "audit_cost.json").read_text())
+    (run,) = payload["runs"]["after"]
+    assert "error" not in run, run
+    assert run["examples"] == 8 and run["batch_tokens"] > 0 and run["audit_failed"] == []
+    assert run["audit_s"] > 0 and run["step_s"] > 0 and run["forward_tokens"] >= 2  # baseline + alone at least
+    assert run["code"].startswith(str(ROOT))
+
+
 def test_gpu_script_parts_work_without_cuda(bench, tmp_path, capsys):
     gpu = bench("gpu")
     args = gpu.parse_args(["--quick"])
