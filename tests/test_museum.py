@@ -15,7 +15,9 @@ from packsim.auditing.museum import (
 )
 
 LINK = re.compile(r"^https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+$")
-CHECKS = {"counted_labels", "equal_token_weights"}
+# configuration checks a fixed exhibit may report (passing): the loss ones, and the independent
+# evidence that the boundary fields and special tokens agree with the examples
+CHECKS = {"counted_labels", "equal_token_weights", "boundary_fields", "special_tokens"}
 
 
 def test_the_museum_holds_at_least_eight_documented_bugs():
@@ -41,7 +43,9 @@ def test_exhibit_is_caught_and_its_fix_passes(name):
 def test_leak_exhibits_are_real_leaks_and_fixes_are_exact():
     for name in ("all_ones_mask", "positions_reset_without_mask"):
         assert audit_exhibit(name).probes["perturbation"].value > 1e-2
-        assert audit_exhibit(name, fixed=True).probes["perturbation"].value == 0.0
+        # the probe's value also compares each example packed vs run alone (other shapes, so
+        # float rounding of about 1e-7 in fp32): exact up to that, five orders below the leak
+        assert audit_exhibit(name, fixed=True).probes["perturbation"].value < 1e-6
 
 
 def test_museum_table_renders_for_docs():

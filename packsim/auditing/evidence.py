@@ -9,9 +9,10 @@ from independent evidence and checks every field against it:
    the collator was given (the trainer's dataset items; TRL's pre-packed rows are split by their
    ``seq_lengths``), each found as a contiguous run of ``input_ids`` in a row of the batch;
 2. **special tokens** (:func:`token_starts`, :func:`special_tokens`): a BOS (when it differs from
-   EOS) starts an example; the token after an EOS starts one. A BOS that does not start an
-   example or an EOS inside one is a finding when no dataset evidence overrules it (multi-turn
-   chat templates put EOS-like markers inside an example, so tokens alone are weaker evidence).
+   EOS) starts an example; only without a BOS, the token after an EOS starts one. A BOS that does
+   not start an example (or, without a BOS, an EOS inside one) is a finding when no dataset
+   evidence overrules it (multi-turn chat templates end turns with EOS-like markers, so tokens
+   alone are weaker evidence).
 
 :func:`field_starts` reads every boundary field into (B, T) bool "an example starts here";
 :func:`boundary_fields` compares each with the independent starts and names the field and the
@@ -136,14 +137,19 @@ def _find(rows, used, ex, r0: int, t0: int):
 
 
 def token_starts(ids: torch.Tensor, real: torch.Tensor, bos: set[int], eos: set[int]) -> torch.Tensor | None:
-    """(B, T) bool: a BOS starts an example, and so does the token after a run of EOS; None without both ids."""
+    """(B, T) bool: a BOS starts an example; without a BOS, the token after a run of EOS does.
+
+    With a BOS the EOS says nothing about starts (a multi-turn template ends each turn with it).
+    None without either id.
+    """
     if not bos and not eos:
         return None
     dev = ids.device
     is_bos = torch.isin(ids, torch.tensor(sorted(bos), device=dev)) if bos else torch.zeros_like(real)
     is_eos = torch.isin(ids, torch.tensor(sorted(eos), device=dev)) if eos else torch.zeros_like(real)
     starts = is_bos & real
-    starts[:, 1:] |= is_eos[:, :-1] & ~is_eos[:, 1:] & real[:, 1:]
+    if not bos:  # the EOS rule only without a BOS: a chat template may end turns with EOS
+        starts[:, 1:] |= is_eos[:, :-1] & ~is_eos[:, 1:] & real[:, 1:]
     starts[:, 0] = real[:, 0]
     return starts
 
@@ -304,8 +310,10 @@ def special_tokens(ids: torch.Tensor, seq: torch.Tensor, bos: set[int], eos: set
         parts.append(f"{int((is_eos & ends).sum())} of {n} examples end with EOS")
         if bool(inside.any()):
             r, t = (int(v) for v in inside.nonzero()[0])
-            bad.append(f"{int(inside.sum())} EOS token(s) sit inside an example (first at "
-                       f"{_where(ids.shape[0], r, t)})")
+            where = (f"{int(inside.sum())} EOS token(s) sit inside an example (first at "
+                     f"{_where(ids.shape[0], r, t)})")
+            # with a BOS marking the starts, an EOS inside an example is a turn's end, not a fault
+            (parts if bos else bad).append(where)
     text = f"{what}: " + ", ".join(parts) + ("; " + "; ".join(bad) if bad else "")
     if bad and judged:
         return Finding("special_tokens", "fail",
@@ -360,8 +368,8 @@ def collect(fields: Mapping, field_seq: torch.Tensor, examples, bos: set[int], e
     starts = token_starts(ids, real, bos, eos)
     if tok.failed and starts is not None:
         seq = _seq_from_starts(starts.clone(), real)
-        src = (f"the special tokens ({note}): a BOS starts an example and so does the token after an "
-               "EOS, where the batch's fields say otherwise")
+        src = (f"the special tokens ({note}): " + ("a BOS starts an example" if bos else
+               "the token after an EOS starts an example") + ", where the batch's fields say otherwise")
         return Evidence(seq, src, [boundary_fields(fields, seq, src), tok])
     if starts is not None and bool(torch.equal(starts & real, run_starts(field_seq) & real)):
         # the tokens alone mark the same examples: a BOS starts each, or an EOS ends each

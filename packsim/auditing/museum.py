@@ -308,7 +308,7 @@ EXHIBITS = {e.name: e for e in [
             "the batch was -100 and the mean loss was 0/0. Fix: raise max_length or drop prompt-only "
             "examples; the PR proposes a warning when a batch counts no label. Caught by the museum's "
             "counted_labels check: the audit's probes see nothing wrong with any single token.",
-            _no_response, frozenset({"counted_labels"}), "no label is counted"),
+            _no_response, frozenset({"counted_labels", "loss_coverage"}), "no label is counted"),
     Exhibit("prompt_in_loss_chat_template", "Prompt tokens counted when packing a chat template",
             (f"{_TRL}/issues/3728",),
             "After SFT with packing the model kept emitting the turn-start token. Cause: "

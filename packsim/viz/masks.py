@@ -28,7 +28,6 @@ from packsim.viz.widget import (
     row_dropdown,
     show_figure,
     style_html,
-    token_glyphs,
 )
 
 __all__ = ["MaskExplorer", "mask_explorer", "mask_figure", "row_sparsity", "BLOCK_SIZES", "allowed_pairs_figure"]
@@ -58,7 +57,6 @@ def _default_batch(examples_or_batch, capacity: int, seed: int):
 def _figure(batch, row: int, block_size: int) -> go.Figure:
     seq = batch.seq_ids[row]  # (T,)
     T = seq.numel()
-    glyphs = token_glyphs(batch.input_ids[row])
     masks = {"causal": causal_mask(T), "block_diagonal": block_diagonal_mask(seq)}  # (T, T) bool
     doc, plain = row_sparsity(seq, block_size), row_sparsity(seq, block_size, document=False)
     titles = (
@@ -68,8 +66,6 @@ def _figure(batch, row: int, block_size: int) -> go.Figure:
         f"(causal alone: {plain.skipped})",
     )
     fig = make_subplots(rows=1, cols=3, subplot_titles=titles, horizontal_spacing=0.06)
-    labels = [f"{k} {g!r}" for k, g in enumerate(glyphs)]
-    pairs = [[f"query {q}<br>key {k}" for k in labels] for q in labels]  # (T, T) hover text
     grid_lines = [k - 0.5 for k in range(block_size, T, block_size)]
     for col, m in enumerate(masks.values(), start=1):
         fig.add_trace(
@@ -79,8 +75,9 @@ def _figure(batch, row: int, block_size: int) -> go.Figure:
                 zmax=1,
                 showscale=False,
                 colorscale=[[0, "#f4f4f4"], [1, "#3182bd"]],
-                customdata=pairs,
-                hovertemplate="%{customdata}<br>may attend: %{z}<extra></extra>",
+                # token indices from x / y: a (T, T) table of hover strings would be most of
+                # the figure's size (370 kB of lesson 03's static page at T = 64)
+                hovertemplate="query token %{y}<br>key token %{x}<br>may attend: %{z}<extra></extra>",
             ),
             row=1,
             col=col,
