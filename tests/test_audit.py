@@ -8,7 +8,6 @@ on CPU: leaks move another example's logits by ~0.1-1, isolation gives exactly 0
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import pytest
 import torch
@@ -528,14 +527,12 @@ def test_report_renders_text_and_html(examples, models):
     assert str(report) == text
 
 
-def test_audit_is_deterministic_and_takes_seconds(examples, models):
+def test_audit_is_deterministic(examples, models):
+    """Same seed, same numbers (its cost is measured in benchmarks/audit_cost.py, not here)."""
     batch = packed(examples, "buggy")
-    start = time.perf_counter()
     a = packsim.audit(models(), batch, seed=1)
-    elapsed = time.perf_counter() - start
     b = packsim.audit(models(), batch, seed=1)
     assert torch.equal(torch.nan_to_num(a.logit_change), torch.nan_to_num(b.logit_change))
-    assert elapsed < 10, f"one audit of the tiny model took {elapsed:.1f} s (measured ~0.1 s)"
 
 
 def test_max_examples_limits_the_perturbed_examples(examples, models):

@@ -48,22 +48,12 @@ def _groups(lengths: list[int], budget: int) -> list[list[int]]:
     return groups + ([cur] if cur else [])
 
 
-def _dropout_active(model) -> bool:
-    """Would a forward draw dropout masks (train mode and some dropout probability above 0)?"""
-    if not model.training:
-        return False
-    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
-        return True
-    config = getattr(model, "config", None)
-    return any(float(getattr(config, k, 0) or 0) > 0 for k in ("attention_dropout", "hidden_dropout"))
-
-
 def alone_change(p: Pipeline, tol: float, seed: int,
                  base: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(S,) max |packed - alone| logit change per example and (S,) first offset over ``tol``; None if it cannot run.
 
     ``base`` (B, T, V): the pipeline's baseline logits, reused as the packed side when the model
-    draws no dropout (else the packed forward is rerun in eval mode).
+    is in eval mode (else the packed forward is rerun in eval mode, like the alone side).
     """
     if p.run_alone is None:
         return None
@@ -78,7 +68,9 @@ def alone_change(p: Pipeline, tol: float, seed: int,
     device = ids.device
     change = torch.zeros(S)
     offset = torch.full((S,), -1, dtype=torch.long)
-    reuse = base is not None and not _dropout_active(p.model)
+    # in train mode the baseline may carry dropout that no config field shows (a module's own
+    # attention_dropout attribute): rerun the packed side in eval mode then, as the alone side runs
+    reuse = base is not None and not p.model.training
     with _eval(p.model), torch.no_grad(), same_randomness(seed, device):
         packed = base if reuse else p.run().logits.float()  # (B, T, V)
         for group in _groups(lengths, max(B * T, max(lengths))):
