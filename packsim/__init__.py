@@ -16,8 +16,7 @@ The stable API (every name in ``__all__``, loaded on first use so ``import packs
   (:func:`~packsim.testing.assert_isolated`) are subpackages, imported by name.
 """
 
-import importlib
-
+from packsim.core.lazy import lazy_names
 from packsim.core.version import __version__
 
 # public name -> the module that defines it (imported on first access, PEP 562)
@@ -50,16 +49,5 @@ _HOMES = {
 __all__ = sorted(_HOMES) + ["__version__"]
 
 
-def __getattr__(name: str):
-    """Load a public name's module on first access; ``packsim.viz`` / ``packsim.testing`` too."""
-    if name in _HOMES:
-        value = getattr(importlib.import_module(_HOMES[name]), name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-    if name in ("viz", "testing", "core", "auditing", "experiment", "course"):
-        return importlib.import_module(f".{name}", __name__)
-    raise AttributeError(f"module 'packsim' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, globals(),
+                                  ("viz", "testing", "core", "auditing", "experiment", "course"))

@@ -43,6 +43,18 @@ def test_python_m_packsim_behaves_like_the_script(args):
         assert as_module.stderr == "packsim compare: error: --seeds 0: must be at least 1.\n"
 
 
+def test_import_packsim_and_help_load_no_library_module():
+    """`import packsim` loads the lazy-name machinery only; `packsim --help` imports no torch."""
+    code = ("import sys\nimport packsim\nprint(sorted(m for m in sys.modules if m.startswith('packsim')))\n"
+            "print('torch' in sys.modules)\nfrom packsim.cli import main\ntry:\n    main(['--help'])\n"
+            "except SystemExit:\n    pass\nprint('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == "['packsim', 'packsim.core', 'packsim.core.lazy', 'packsim.core.version']"
+    assert lines[1] == "False" and lines[-1] == "False"
+
+
 def test_only_the_chosen_subcommand_is_imported():
     """`packsim compare` must not need plotly (only `packsim report` does): a GPU box may lack it."""
     code = ("import sys\nfrom packsim.cli import main\ntry:\n    main(['compare', '--help'])\n"

@@ -32,7 +32,7 @@ Importing the package loads none of them: each public name loads its module on f
 Lessons: none directly (lessons 07 and 09 call :func:`packsim.audit`).
 """
 
-import importlib
+from packsim.core.lazy import lazy_names
 
 # public name -> the module that defines it (imported on first access, PEP 562)
 _HOMES = {
@@ -55,13 +55,4 @@ _HOMES = {
 __all__ = sorted(_HOMES)
 
 
-def __getattr__(name: str):
-    if name in _HOMES:
-        value = getattr(importlib.import_module(_HOMES[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'packsim.auditing' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, globals())

@@ -16,7 +16,7 @@ first use); :func:`use_figure_config` sets the offline plotly config, once per l
 Lessons: 01, 02, 03, 04, 05, 06, 07, 08, 10.
 """
 
-import importlib
+from packsim.core.lazy import lazy_names
 
 # public name -> the module that defines it (imported on first access, PEP 562)
 _HOMES = {
@@ -51,13 +51,4 @@ _HOMES = {
 __all__ = sorted(_HOMES)
 
 
-def __getattr__(name: str):
-    if name in _HOMES:
-        value = getattr(importlib.import_module(_HOMES[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'packsim.viz' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, globals())
