@@ -30,9 +30,14 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _in_package(path: Path) -> bool:
+    """A file of the package itself: every folder from packsim/ down to it has an __init__.py."""
+    return all((d / "__init__.py").exists() for d in path.parents if d.is_relative_to(PACKAGE))
+
+
 @cache
 def modules() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if _in_package(p)}
 
 
 def layer(module: str) -> str:

@@ -34,7 +34,7 @@ from packsim.course.tools.notebook_tools import NotebookRunError, execute, find_
 __all__ = ["NPM_PACKAGES", "build_page", "build_site", "slim_outputs", "share_equal_models", "install_widget_assets", "main"]
 
 NPM_PACKAGES = ("@jupyter-widgets/html-manager@^1.0.15",)
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]  # packsim/course/tools/static_site.py -> the repository
 DEFAULT_NPM_DIR = ROOT / "build" / "web"
 STATIC = "_static"
 MANAGER_JS = f"{STATIC}/html-manager/embed.js"
