@@ -11,6 +11,7 @@ The stable API (every name in ``__all__``, loaded on first use so ``import packs
 - :func:`train`, :class:`TrainConfig`, :func:`evaluate_isolated`, :class:`Results` -- the experiment;
 - :func:`audit`, :func:`audit_trainer`, :class:`AuditReport` -- detect contamination in a packed pipeline;
   :class:`AuditCallback` -- the same audit when ``trainer.train()`` starts, stopping a leaking run;
+  :func:`audit_logprobs` -- per-sequence log-probs packed vs alone (DPO pairs, RL groups);
 - :func:`get_device`, :func:`fast_mode`, :class:`PacksimError`, ``__version__``;
 - ``packsim.viz`` (widgets and figures: plotly, ipywidgets) and ``packsim.testing``
   (:func:`~packsim.testing.assert_isolated`) are subpackages, imported by name.

@@ -127,3 +127,11 @@ def test_library_errors_stay_packsim_errors_in_python():
         experiment_config("tasks", setups=["nonsense"])
     with pytest.raises(PacksimError, match="no results at"):
         Results.load("no/such/folder")
+
+
+def test_public_api_docstring_and_all_agree():
+    """Every name in packsim.__all__ is in the package docstring and resolves."""
+    import packsim
+
+    assert [n for n in packsim.__all__ if n not in packsim.__doc__] == []
+    assert all(getattr(packsim, n) is not None for n in packsim.__all__)
