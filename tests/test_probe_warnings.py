@@ -33,12 +33,17 @@ class _Catch(logging.Handler):
 def caught():
     """Every record logged under transformers' sdpa logger (transformers' loggers don't propagate
     to the root logger, so caplog would miss them); warning_once's cache cleared first."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()  # another test may have set it to errors only
+    hf_logging.set_verbosity_warning()
     logging.Logger.warning_once.cache_clear()
     handler, lg = _Catch(), logging.getLogger("transformers.integrations.sdpa_attention")
     lg.addHandler(handler)
     yield handler.messages
     lg.removeHandler(handler)
     logging.Logger.warning_once.cache_clear()
+    hf_logging.set_verbosity(verbosity)
 
 
 def _model_and_batch():
