@@ -43,3 +43,29 @@ def test_one_example_per_row_passes_and_attention_only_models_get_none(bamba):
     assert hybrid_state(bamba, one).status == "pass"
     assert stateful_layers(build_family("llama")) == []
     assert hybrid_state(build_family("llama"), batch) is None
+
+
+def test_seq_idx_refused_on_cpu_is_not_measured_naming_the_layer(bamba):
+    """transformers refuses seq_idx on the torch fallback: the audit says NOT MEASURED (needs the
+    CUDA kernel, BambaMixer named), never PASS, never the ValueError."""
+    if torch.cuda.is_available() and importlib.util.find_spec("causal_conv1d"):
+        pytest.skip("the kernels are installed: seq_idx runs, the audit measures it")
+    batch, _ = frontier_batch("seq_idx")
+    with pytest.raises(ValueError, match="can't keep packed sequences apart"), torch.no_grad():
+        bamba(**batch, use_cache=False)  # ground truth: the forward itself cannot run here
+    report = audit(bamba, batch, use_cache=False)
+    assert report.status == "not measured" and not report.verdict.startswith("PASS")
+    finding = next(f for f in report.findings if f.name == "hybrid_state")
+    assert finding.status == "skipped"
+    assert "BambaMixer" in finding.evidence and "needs the CUDA kernel (causal_conv1d / mamba_ssm / fla)" in finding.evidence
+    for name in ("perturbation", "gradient", "attention_mass"):
+        assert report.probes[name].status == "skipped" and "needs the CUDA kernel" in report.probes[name].summary
+    labelled = {**batch, "labels": batch["input_ids"].clone()}  # the probes that need no forward still run
+    assert audit(bamba, labelled, use_cache=False).probes["loss_coverage"].status != "skipped"
+
+
+def test_other_value_errors_still_raise():
+    from packsim.auditing.hybrid_findings import kernel_refusal
+
+    assert kernel_refusal(build_family("llama"), ValueError("can't keep packed sequences apart without x")) == ""
+    assert kernel_refusal(build_frontier("bamba"), ValueError("something else")) == ""

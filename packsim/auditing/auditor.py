@@ -41,7 +41,7 @@ import torch
 from packsim.auditing.alone import alone_change
 from packsim.auditing.causes import likely_causes
 from packsim.auditing.evidence import dict_evidence
-from packsim.auditing.hybrid_findings import hybrid_state
+from packsim.auditing.hybrid_findings import hybrid_state, kernel_refusal, refused_report
 from packsim.auditing.pipeline import (
     ForwardOutput,
     Pipeline,
@@ -131,7 +131,7 @@ def audit(model, batch, response_mask=None, *, examples=None, max_examples: int 
     report, _ = audit_pipeline(p, max_examples=max_examples, tol=tol, seed=seed, start=start,
                                findings=findings)
     hybrid = hybrid_state(model, batch)  # stateful (SSM / conv) layers: None for attention-only models
-    if hybrid:
+    if hybrid and not any(f.name == "hybrid_state" for f in report.findings):  # refused: already there
         report.findings.append(hybrid)
     return report
 
@@ -150,7 +150,14 @@ def audit_pipeline(p: Pipeline, *, max_examples: int = 4, tol: float | None = No
     :func:`packsim.audit_trainer` both end here.
     """
     start = time.perf_counter() if start is None else start
-    base_out = baseline(p, seed)
+    try:
+        base_out = baseline(p, seed)
+    except ValueError as err:  # a hybrid's torch fallback refusing seq_idx: NOT MEASURED, not a traceback
+        refused = kernel_refusal(p.model, err)
+        if not refused:
+            raise
+        tol = TOLERANCE.get(next(p.model.parameters()).dtype, 1e-5) if tol is None else float(tol)
+        return refused_report(p, refused, tol, start, findings, LEAK_PROBES)
     base = base_out.logits.float()  # (B, T, V)
     tol = TOLERANCE.get(base_out.logits.dtype, 1e-5) if tol is None else float(tol)
     S = len(p.example_ids)

@@ -41,6 +41,7 @@ from dataclasses import replace
 
 import torch
 
+from packsim.auditing.hybrid_findings import CUDA_REFUSAL
 from packsim.auditing.trap_cases import ROWS, VOCAB
 from packsim.auditing.trap_results import Cell, TrapTable
 from packsim.core.errors import PacksimError
@@ -85,8 +86,6 @@ FRONTIER_CONDITIONS = {
     "positions_4rows": "position_ids (4, 1, 32): text positions prepended to the three rope rows",
     "ones_mask_4rows": "the 4-row position_ids plus an all-ones 2D attention_mask",
 }
-# what transformers' hub_kernels wrapper raises when a packed-sequence kwarg reaches a torch fallback
-CUDA_REFUSAL = "can't keep packed sequences apart without"
 
 
 def _vl_config(transformers):
@@ -100,25 +99,25 @@ def _vl_config(transformers):
 
 
 def build_frontier(family: str, impl: str = "sdpa", seed: int = 0):
-    """A tiny randomly initialised model of ``family`` (fp32, eval mode, ``attn_implementation=impl``)."""
+    """A tiny randomly initialised model of ``family`` (fp32, eval mode, ``attn_implementation=impl``),
+    built by :func:`packsim.core.model.model_from_config`."""
     import transformers
+
+    from packsim.core.model import model_from_config
 
     if family not in FRONTIER_FAMILIES:
         raise PacksimError(f"unknown family {family!r}: use one of {sorted(FRONTIER_FAMILIES)}.")
     _, cls_name, kwargs, _ = FRONTIER_FAMILIES[family]
     if getattr(transformers, cls_name, None) is None:
         raise PacksimError(f"transformers {transformers.__version__} has no {cls_name}: drop {family!r}.")
-    torch.manual_seed(seed)
+    if family == "qwen2_vl":  # the full VLM; its text stack runs when no pixels are given
+        return model_from_config(_vl_config(transformers), impl, seed,
+                                 auto_class=transformers.AutoModelForImageTextToText, quiet=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if family == "qwen2_vl":  # the full VLM; its text stack runs when no pixels are given
-            model = transformers.Qwen2VLForConditionalGeneration._from_config(
-                _vl_config(transformers), attn_implementation=impl)
-        else:
-            config = getattr(transformers, cls_name)(**kwargs, **_IDS)
-            attn = {} if family == "mamba2" else {"attn_implementation": impl}  # no attention layer
-            model = transformers.AutoModelForCausalLM.from_config(config, **attn)
-    return model.eval()
+        config = getattr(transformers, cls_name)(**kwargs, **_IDS)
+    attn = None if family == "mamba2" else impl  # no attention layer
+    return model_from_config(config, attn, seed, quiet=True)
 
 
 def frontier_batch(condition: str, seed: int = 0) -> tuple[dict, torch.Tensor]:

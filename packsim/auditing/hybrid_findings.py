@@ -7,7 +7,9 @@ the CUDA packages ``causal_conv1d``, ``mamba_ssm`` and ``flash-linear-attention`
 torch fallbacks ignore the boundary kwargs, and transformers raises when ``seq_idx`` reaches one
 (:mod:`packsim.auditing.frontier_cases` measures every case). :func:`hybrid_state` names the
 stateful layer types and fails a packed batch that cannot isolate here; it returns None for a model
-without such layers, so any audit can call it on every pipeline.
+without such layers, so any audit can call it on every pipeline. When the pipeline's own forward is
+refused that way (``seq_idx`` on CPU), nothing can be measured: :func:`refused_report` turns the
+refusal into a NOT MEASURED report whose ``hybrid_state`` finding names the layer and the kernel.
 
 Lessons: none directly (packsim.audit adds the finding; lessons 04 and 07 show the table).
 """
@@ -16,17 +18,25 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import time
 from collections.abc import Mapping
 
 import torch
 
-from packsim.auditing.report import Finding
+from packsim.auditing.pipeline import ForwardOutput
+from packsim.auditing.probes import loss_coverage, positions_probe
+from packsim.auditing.report import AuditReport, Finding, ProbeResult
 
-__all__ = ["KERNEL_PACKAGES", "hybrid_state", "stateful_layers"]
+__all__ = ["CUDA_REFUSAL", "KERNEL_PACKAGES", "hybrid_state", "kernel_refusal", "refused_report",
+           "stateful_layers"]
 
 # module class names whose forward carries a conv / recurrent state along the sequence
 _STATEFUL = re.compile(r"(Mixer|MambaLayer|GatedDeltaNet|ShortConv|LinearAttention|Mamba\w*Block)$")
 KERNEL_PACKAGES = ("causal_conv1d", "mamba_ssm", "fla")  # import names the boundary-aware kernels live in
+# what transformers' hub_kernels wrapper raises when a packed-sequence kwarg reaches a torch fallback
+# (integrations/hub_kernels.py, use_kernel_func_from_hub_with_fallback's ``wrapped``)
+CUDA_REFUSAL = "can't keep packed sequences apart without"
+NEEDS_KERNEL = "not measured: needs the CUDA kernel (causal_conv1d / mamba_ssm / fla)"
 
 
 def stateful_layers(model) -> list[str]:
@@ -51,13 +61,61 @@ def _examples_per_row(fields: Mapping) -> int:
     return int(((pos[:, 1:] <= pos[:, :-1]).sum(-1) + 1).max())
 
 
-def hybrid_state(model, batch) -> Finding | None:
+def kernel_refusal(model, err: BaseException) -> str:
+    """transformers' refusal message when ``err`` is its torch fallback refusing a packed kwarg on a
+    model with stateful layers (the first line), else ''."""
+    text = str(err)
+    if isinstance(err, ValueError) and CUDA_REFUSAL in text and stateful_layers(model):
+        return text.splitlines()[0][:200]
+    return ""
+
+
+def _refused_finding(names: str, refused: str) -> Finding:
+    return Finding("hybrid_state", "skipped",
+                   f"isolation of {names} {NEEDS_KERNEL}: the batch's boundary fields reach the torch "
+                   f"fallback and transformers refuses them here ({refused}), so this pipeline's forward "
+                   "cannot run on this machine, and whether it keeps the examples apart is not known",
+                   "audit on a GPU with causal_conv1d and mamba_ssm (Mamba2 / short conv) or "
+                   "flash-linear-attention (gated DeltaNet) installed; here, drop seq_idx to measure the "
+                   "packed row without it (it leaks), or put one example per row")
+
+
+def refused_report(p, refused: str, tol: float, start: float, findings=None,
+                   leak_probes=("perturbation", "gradient", "attention_mass")):
+    """(NOT MEASURED report, a stand-in forward output) for a pipeline whose forward transformers refused.
+
+    The leak probes are skipped with the refusal as the reason; loss coverage and positions still run
+    (they need no packed forward); the ``hybrid_state`` finding names the layer types and the kernels.
+    The stand-in output has logits of width 0 (B, T, 0) in the model's dtype: no forward ran.
+    """
+    names = ", ".join(stateful_layers(p.model))
+    why = f"{NEEDS_KERNEL} for {names}: {refused}"
+    probes = {name: ProbeResult(name, "skipped", None, tol, why) for name in leak_probes}
+    probes["loss_coverage"] = loss_coverage(p)
+    probes["positions"] = positions_probe(p, tol)
+    S = len(p.example_ids)
+    report = AuditReport(probes=probes, boundaries=p.boundaries, example_ids=p.example_ids, forward=p.forward,
+                         logit_change=torch.full((S, S), float("nan")), gradient_ratio=None,
+                         attention_outside=None, worst_pair=None, causes=[],
+                         seconds=time.perf_counter() - start,
+                         findings=[*(findings or []), _refused_finding(names, refused)])
+    dtype = next(p.model.parameters()).dtype
+    return report, ForwardOutput(torch.empty((*p.input_ids.shape, 0), dtype=dtype))
+
+
+def hybrid_state(model, batch, refused: str = "") -> Finding | None:
     """Fail when ``model`` has stateful layers and the batch packs several examples per row that the
-    installed kernels cannot keep apart; None when the model has no such layer or the batch is not a dict."""
+    installed kernels cannot keep apart; None when the model has no such layer or the batch is not a dict.
+
+    ``refused``: transformers' refusal of this batch's forward (:func:`kernel_refusal`): the finding
+    is then "not measured: needs the CUDA kernel", naming the layer (skipped, never a pass).
+    """
     layers = stateful_layers(model)
     if not layers or not isinstance(batch, Mapping):
         return None
     names = ", ".join(layers)
+    if refused:
+        return _refused_finding(names, refused)
     per_row = _examples_per_row(batch)
     if per_row < 2:
         return Finding("hybrid_state", "pass", f"{names} carry state along the row; every row holds one "

@@ -17,6 +17,7 @@ Lessons: 00, 01, 02, 04, 05, 06, 07, 08, 09.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
 
@@ -81,15 +82,22 @@ def build_model(
     return model_from_config(config, seed=seed)
 
 
-def model_from_config(config, attn_implementation: str | None = None, seed: int = 0):
+def model_from_config(config, attn_implementation: str | None = None, seed: int = 0, *,
+                      auto_class=AutoModelForCausalLM, quiet: bool = False):
     """A randomly initialised ``*ForCausalLM`` of ``config``'s family, in eval mode (no download).
 
     Seeded with ``torch.manual_seed(seed)`` first: the same config and seed give the same
-    weights. ``attn_implementation`` overrides the config's.
+    weights. ``attn_implementation`` overrides the config's. ``auto_class``: the transformers auto
+    class that maps the config to a model (e.g. ``AutoModelForImageTextToText`` for a VLM, whose
+    text stack runs when no pixels are given). ``quiet=True`` drops the Python warnings building
+    it raises (e.g. config fields a tiny model sets on purpose).
     """
     torch.manual_seed(seed)
     kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
-    return AutoModelForCausalLM.from_config(config, **kwargs).eval()
+    with warnings.catch_warnings():
+        if quiet:
+            warnings.simplefilter("ignore")
+        return auto_class.from_config(config, **kwargs).eval()
 
 
 _SHARED: dict[tuple, torch.nn.Module] = {}
