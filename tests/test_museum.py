@@ -9,10 +9,12 @@ import pytest
 
 from packsim import PacksimError
 from packsim.auditing.museum import (
+    AUDITED,
     EXHIBITS,
     audit_exhibit,
     museum_table,
 )
+from packsim.auditing.museum_2026 import PIECES
 
 LINK = re.compile(r"^https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+$")
 # configuration checks a fixed exhibit may report (passing): the loss ones, and the independent
@@ -21,17 +23,33 @@ CHECKS = {"counted_labels", "equal_token_weights", "boundary_fields", "special_t
 
 
 def test_the_museum_holds_at_least_eight_documented_bugs():
-    assert len(EXHIBITS) >= 8
-    for name, ex in EXHIBITS.items():
+    assert len(AUDITED) >= 8
+    for name, ex in AUDITED.items():
         assert ex.name == name and ex.links and all(LINK.match(link) for link in ex.links), ex.links
         assert len(ex.story) > 200 and ex.expected and ex.evidence, name
-    caught_by_audit = [e for e in EXHIBITS.values() if not e.expected & CHECKS]
+    caught_by_audit = [e for e in AUDITED.values() if not e.expected & CHECKS]
     assert len(caught_by_audit) >= 8  # the audit alone catches at least eight of them
 
 
-@pytest.mark.parametrize("name", list(EXHIBITS))
+def test_exhibits_hold_the_2026_pieces_too():
+    assert list(EXHIBITS) == [*AUDITED, *PIECES] and all(EXHIBITS[n] is PIECES[n] for n in PIECES)
+    for name, piece in PIECES.items():
+        assert piece.name == name and piece.links and all(LINK.match(link) for link in piece.links), piece.links
+    with pytest.raises(PacksimError, match="checked by its own probe"):
+        audit_exhibit("label_roll_across_boundary")
+    with pytest.raises(PacksimError, match="unknown exhibit"):
+        audit_exhibit("nope")
+
+
+def test_museum_table_runs_a_piece_like_an_exhibit():
+    md = museum_table(["boundary_label", "label_roll_across_boundary"]).to_markdown()
+    assert "https://github.com/verl-project/verl/issues/6475" in md
+    assert md.count("| yes |") == 2 and "NOT CAUGHT" not in md
+
+
+@pytest.mark.parametrize("name", list(AUDITED))
 def test_exhibit_is_caught_and_its_fix_passes(name):
-    exhibit = EXHIBITS[name]
+    exhibit = AUDITED[name]
     buggy = audit_exhibit(name)
     assert set(buggy.failed) == set(exhibit.expected), buggy.table()
     assert exhibit.evidence in buggy.table(), buggy.table()

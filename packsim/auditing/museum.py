@@ -13,15 +13,16 @@ visible in one batch's probes and are caught by the museum's checks (:mod:`packs
 Batches are transformers' ``DataCollatorWithFlattening`` rows (1, N) (``input_ids``, ``labels``,
 ``position_ids``, ``cu_seq_lens_q/k``) unless the story says otherwise; ``response_mask`` (1, N) is
 True on response tokens and the final EOS (:func:`packsim.auditing.features.response_mask_from_features`).
-Every link was checked against the stored public thread; the stories are ours. :func:`museum_table` runs every exhibit (buggy and fixed) and tabulates what
-caught it. For lesson 07 and docs/audit.md; tests/test_museum.py runs every exhibit.
+Every link was checked against the stored public thread; the stories are ours. ``AUDITED`` holds
+these exhibits; ``EXHIBITS`` holds them and the 2025-26 pieces of :mod:`packsim.auditing.museum_2026`
+(each checked by its own probe). :func:`museum_table` runs every one (buggy and fixed) and tabulates
+what caught it. For lesson 07 and docs/audit.md; tests/test_museum.py runs every exhibit.
 
 Lessons: 07.
 """
 
 from __future__ import annotations
 
-import html
 import random
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
@@ -38,6 +39,8 @@ from packsim.auditing.loss_checks import (
     global_token_mean,
     mean_of_means,
 )
+from packsim.auditing.museum_2026 import PIECES, Piece, piece_row
+from packsim.auditing.museum_table import MuseumTable
 from packsim.auditing.report import PROBES, AuditReport
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX
@@ -115,7 +118,13 @@ def audit_exhibit(exhibit: Exhibit | str, fixed: bool = False) -> AuditReport:
     ``report.failed`` then names the failed probes and checks (``counted_labels`` for dict batches,
     ``equal_token_weights`` where the exhibit accumulates micro-batches).
     """
-    ex = EXHIBITS[exhibit] if isinstance(exhibit, str) else exhibit
+    if isinstance(exhibit, str) and exhibit in PIECES or isinstance(exhibit, Piece):
+        name = exhibit if isinstance(exhibit, str) else exhibit.name
+        raise PacksimError(f"{name!r} is a 2025-26 piece checked by its own probe, not by one audit: "
+                           f"run EXHIBITS[{name!r}].run(buggy) or museum_table([{name!r}]).")
+    if isinstance(exhibit, str) and exhibit not in AUDITED:
+        raise PacksimError(f"unknown exhibit {exhibit!r}: use one of {list(AUDITED)}.")
+    ex = AUDITED[exhibit] if isinstance(exhibit, str) else exhibit
     case = ex.build(not fixed)
     with case.context():
         report = audit(case.model, case.batch, **case.kwargs)
@@ -240,7 +249,7 @@ def _accumulation(buggy: bool) -> Case:
 
 _LEAK, _LEAK_SDPA = frozenset(("perturbation", "gradient", "attention_mass")), frozenset(("perturbation", "gradient"))
 _TRL, _HF = "https://github.com/huggingface/trl", "https://github.com/huggingface/transformers"
-EXHIBITS = {e.name: e for e in [
+AUDITED = {e.name: e for e in [
     Exhibit("trl_eos_only_packing", "TRL's early packing: EOS between examples, one causal mask",
             (f"{_TRL}/issues/805", f"{_TRL}/issues/3067"),
             "A user asked whether packed SFT examples can see each other when only an EOS separates "
@@ -330,28 +339,6 @@ EXHIBITS = {e.name: e for e in [
 # ----------------------------------------------------------------------------- the table
 
 
-@dataclass
-class MuseumTable:
-    """One row per exhibit: (name, bug, link, what caught it, buggy failed, fixed passes)."""
-
-    rows: list[tuple[str, str, str, str, bool]]
-
-    def to_markdown(self) -> str:
-        lines = ["| bug | link | caught by | fixed version passes |", "|---|---|---|---|"]
-        lines += [f"| {bug} | {link} | {caught} | {'yes' if ok else 'NO'} |" for _, bug, link, caught, ok in self.rows]
-        return "\n".join(lines)
-
-    def __str__(self) -> str:
-        return self.to_markdown()
-
-    def _repr_html_(self) -> str:
-        body = "".join(f"<tr><td>{html.escape(bug)}</td><td><a href='{link}'>{html.escape(link)}</a></td>"
-                       f"<td>{html.escape(caught)}</td><td>{'yes' if ok else 'NO'}</td></tr>"
-                       for _, bug, link, caught, ok in self.rows)
-        return ("<table><tr><th>bug</th><th>link</th><th>caught by</th><th>fixed passes</th></tr>"
-                f"{body}</table>")
-
-
 def _caught_by(report: AuditReport) -> str:
     probes = [name for name in report.failed if name in PROBES]
     checks = [name for name in report.failed if name not in PROBES]
@@ -359,17 +346,25 @@ def _caught_by(report: AuditReport) -> str:
     return "; ".join(parts) or "NOT CAUGHT"
 
 
+# every bug of the museum: the audited exhibits above, then the 2025-26 pieces (each checked by its
+# own probe: Piece.run(buggy) -> (caught, evidence))
+EXHIBITS: dict[str, Exhibit | Piece] = {**AUDITED, **PIECES}
+
+
 def museum_table(names=None) -> MuseumTable:
-    """Run every exhibit (or ``names``), buggy and fixed, and tabulate what caught each bug."""
+    """Run every exhibit and piece (or ``names``), buggy and fixed, and tabulate what caught each bug."""
     chosen = list(EXHIBITS) if names is None else list(names)
     unknown = [n for n in chosen if n not in EXHIBITS]
     if unknown:
         raise PacksimError(f"unknown exhibit(s) {unknown}: use some of {list(EXHIBITS)}.")
     rows = []
     for name in chosen:
+        if name in PIECES:
+            rows.append(piece_row(PIECES[name]))
+            continue
         bug, fixed = audit_exhibit(name), audit_exhibit(name, fixed=True)
         rows.append((name, EXHIBITS[name].title, EXHIBITS[name].links[0], _caught_by(bug), not fixed.failed))
     return MuseumTable(rows)
 
 
-__all__ = ["EXHIBITS", "Case", "Exhibit", "MuseumTable", "audit_exhibit", "museum_table"]
+__all__ = ["AUDITED", "EXHIBITS", "Case", "Exhibit", "MuseumTable", "audit_exhibit", "museum_table"]

@@ -4,8 +4,8 @@ on a tiny model (or the data path it lives in), caught by a probe, and its fix p
 Each :class:`Piece` has a story (only what the linked thread or the installed code says), the
 link (checked against the stored public thread), the probe that catches it, and ``run(buggy)``
 -> (caught, evidence). :func:`museum_2026_table` runs every piece buggy and fixed and returns a
-:class:`~packsim.auditing.museum.MuseumTable` (the same table lesson 07 prints for the older
-exhibits). Pieces:
+:class:`~packsim.auditing.museum_table.MuseumTable` (the same table lesson 07 prints for the older
+exhibits); ``museum.EXHIBITS`` holds every piece too. Pieces:
 
 - ``label_roll_across_boundary``: labels made with ``torch.roll`` over a packed 1D row;
 - ``mrope_3d_taken_as_packed``: 3-row mRoPE position_ids classified as a packed row;
@@ -27,10 +27,11 @@ from dataclasses import dataclass
 
 import torch
 
+from packsim.auditing.museum_table import MuseumTable
 from packsim.core.errors import PacksimError
 from packsim.core.segments import cu_seqlens_from_lengths
 
-__all__ = ["PIECES", "Piece", "museum_2026_table"]
+__all__ = ["PIECES", "Piece", "museum_2026_table", "piece_row"]
 
 V = 96
 LENGTHS = (7, 9, 6)  # the packed examples
@@ -233,18 +234,17 @@ PIECES = {p.name: p for p in [
 ]}
 
 
-def museum_2026_table(names=None):
-    """Run every piece (or ``names``) buggy and fixed -> :class:`~packsim.auditing.museum.MuseumTable`."""
-    from packsim.auditing.museum import MuseumTable
+def piece_row(piece: Piece) -> tuple[str, str, str, str, bool]:
+    """The piece run buggy and fixed -> its museum-table row (name, title, link, caught by, fix passes)."""
+    caught, _ = piece.run(True)
+    fixed_caught, _ = piece.run(False)
+    return piece.name, piece.title, piece.links[0], piece.probe if caught else "NOT CAUGHT", not fixed_caught
 
+
+def museum_2026_table(names=None) -> MuseumTable:
+    """Run every piece (or ``names``) buggy and fixed -> :class:`~packsim.auditing.museum_table.MuseumTable`."""
     chosen = list(PIECES) if names is None else list(names)
     unknown = [n for n in chosen if n not in PIECES]
     if unknown:
         raise PacksimError(f"unknown piece(s) {unknown}: use some of {list(PIECES)}.")
-    rows = []
-    for name in chosen:
-        piece = PIECES[name]
-        caught, _ = piece.run(True)
-        fixed_caught, _ = piece.run(False)
-        rows.append((name, piece.title, piece.links[0], piece.probe if caught else "NOT CAUGHT", not fixed_caught))
-    return MuseumTable(rows)
+    return MuseumTable([piece_row(PIECES[name]) for name in chosen])

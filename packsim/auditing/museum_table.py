@@ -1,0 +1,37 @@
+"""The museum's table: one row per bug, what caught it and whether its fix passes.
+
+Both halves of the museum print through it: the audited exhibits (:mod:`packsim.auditing.museum`)
+and the 2025-26 pieces (:mod:`packsim.auditing.museum_2026`). It lives apart from both so each can
+build a table and ``museum.EXHIBITS`` can hold the pieces without an import cycle.
+
+Lessons: none directly (museum_table and museum_2026_table return it; lesson 07 prints them).
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+__all__ = ["MuseumTable"]
+
+
+@dataclass
+class MuseumTable:
+    """One row per exhibit: (name, bug, link, what caught it, fixed passes)."""
+
+    rows: list[tuple[str, str, str, str, bool]]
+
+    def to_markdown(self) -> str:
+        lines = ["| bug | link | caught by | fixed version passes |", "|---|---|---|---|"]
+        lines += [f"| {bug} | {link} | {caught} | {'yes' if ok else 'NO'} |" for _, bug, link, caught, ok in self.rows]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.to_markdown()
+
+    def _repr_html_(self) -> str:
+        body = "".join(f"<tr><td>{html.escape(bug)}</td><td><a href='{link}'>{html.escape(link)}</a></td>"
+                       f"<td>{html.escape(caught)}</td><td>{'yes' if ok else 'NO'}</td></tr>"
+                       for _, bug, link, caught, ok in self.rows)
+        return ("<table><tr><th>bug</th><th>link</th><th>caught by</th><th>fixed passes</th></tr>"
+                f"{body}</table>")
