@@ -6,7 +6,9 @@
 - ``packsim audit``: run the contamination audit on the built-in tiny pipeline under each setup.
 
 Each subcommand lives in the module it belongs to, which provides ``add_arguments(parser)`` and
-``run(args) -> int``; this file only wires them up (imports are lazy so ``--help`` is fast).
+``run(args) -> int``; this file only wires them up. Imports are lazy and the options come from
+modules that do not import torch (``train``'s from :mod:`packsim.experiment.train_options`), so
+``--help`` and a bad option answer at once (tests/test_cli.py checks that torch stays unloaded).
 
 Bad input never ends in a traceback: an option argparse rejects, or a :class:`PacksimError`
 (or an ``OSError`` on a path) raised by a subcommand, prints one line on stderr,
@@ -25,7 +27,7 @@ import sys
 from packsim.core.errors import PacksimError
 from packsim.core.version import __version__
 
-# name -> (module, help)
+# name -> (module with run(args), help); OPTIONS names the module with add_arguments where it differs
 SUBCOMMANDS = {
     "doctor": ("packsim.course.check_env", "check the environment: packages, device, attention backends"),
     "compare": ("packsim.compare_command", "train setups side by side; write results.json and report.html"),
@@ -36,6 +38,7 @@ SUBCOMMANDS = {
               "2 bad input, 3 not measured; without them, the built-in tiny pipeline"),
     "train": ("packsim.experiment.train_command", "train one setup on one process, or data-parallel under torchrun"),
 }
+OPTIONS = {"train": "packsim.experiment.train_options"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, (module, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
-        if name == chosen:  # import only the module that runs (report's needs plotly, compare's not)
-            _module(module).add_arguments(p)
+        if name == chosen:  # only the chosen command's options, from a module without torch
+            _module(OPTIONS.get(name, module)).add_arguments(p)
     args = parser.parse_args(argv)
     try:
         return int(_module(args._module).run(args) or 0)

@@ -5,7 +5,8 @@ input raises :class:`PacksimError`, which :mod:`packsim.cli` prints as one line.
 :func:`~packsim.experiment.comparison.run_comparison` trains setups x seeds and writes
 ``DIR/results.json`` and the models; this command adds ``DIR/report.html`` (where plotly is installed; else one line says it was
 skipped); the summary table (mean over seeds per setup) prints last. No part of
-the command needs plotly.
+the command needs plotly. The options import nothing heavy (torch comes with the run), so
+``--help`` and a bad option answer at once.
 
 Lessons: none directly (lesson 06 runs the comparison from Python).
 """
@@ -15,9 +16,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 
-from packsim.core.device import get_device
 from packsim.core.errors import PacksimError
-from packsim.experiment.comparison import DESIGNS, experiment_config, run_comparison
+from packsim.experiment.run_mode import DESIGNS
 
 __all__ = ["add_arguments", "run"]
 
@@ -50,6 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """``packsim compare``: check every option (setups, numbers, device, output folder), then train."""
     from packsim.core.cli_args import check_at_least, writable_dir
+    from packsim.core.device import get_device
+    from packsim.experiment.comparison import experiment_config, run_comparison
 
     check_at_least(args, {"--seeds": 1, "--steps": 1, "--examples-per-step": 1, "--n-test": 1,
                           "--throughput-steps": 0, "--entities": 1, "--copies": 1, "--jobs": 1})

@@ -64,6 +64,20 @@ def test_only_the_chosen_subcommand_is_imported():
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
+@pytest.mark.parametrize("argv", [["compare", "--bogus"], ["compare", "--data", "nope"], ["train", "--bogus"],
+                                  ["train", "--steps", "x"], ["train", "--help"], ["audit", "--bogus"],
+                                  ["audit", "--help"], ["report", "--bogus"], ["doctor", "--bogus"]])
+def test_a_bad_option_answers_without_importing_torch(argv):
+    """An option argparse rejects (or --help) answers before torch loads: in well under a second."""
+    code = (f"import sys\nfrom packsim.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit as e:\n"
+            "    print('exit', e.code, file=sys.stderr)\nprint('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False"
+    assert out.stderr.strip().splitlines()[-1] == ("exit 0" if "--help" in argv else "exit 2")
+    assert "Traceback" not in out.stderr
+
+
 # ---- bad input: one line on stderr, exit 2, nothing trained or lost --------------------------
 
 BAD_INPUT = {  # id: (argv, what the line says); TMP is a temp folder, FILE a regular file in it
@@ -101,12 +115,12 @@ def paths(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("argv, says", BAD_INPUT.values(), ids=BAD_INPUT.keys())
 def test_bad_input_prints_one_line_and_exits_2(argv, says, paths, capsys, monkeypatch):
-    import packsim.compare_command as compare_command
+    import packsim.experiment.comparison as comparison
 
     def no_training(*args, **kwargs):
         raise AssertionError("bad input must be rejected before any training starts")
 
-    monkeypatch.setattr(compare_command, "run_comparison", no_training)
+    monkeypatch.setattr(comparison, "run_comparison", no_training)  # compare_command imports it in run()
     fill = lambda s: s.replace("TMP", paths["TMP"]).replace("FILE", paths["FILE"]).replace(  # noqa: E731
         "RESULTS", paths["RESULTS"])
     with pytest.raises(SystemExit) as exc:

@@ -11,14 +11,12 @@ As a gate it audits the pipeline a run would train and prints the report:
 Exit codes (:data:`EXIT_CODES`), so a CI job or a launch script can stop before training: 0 the
 audit passed, 1 it found a fault, 2 bad input or setup (one line on stderr, never a traceback),
 3 nothing could be measured (e.g. one example per batch: isolation untested, not a pass).
+The options import nothing heavy (torch comes with the run), so a bad option answers at once.
 
 Lessons: none directly.
 """
 
 from __future__ import annotations
-
-from packsim.auditing.auditor import audit
-from packsim.core.batch import PackedBatch
 
 EXIT_CODES = {0: "the audit passed", 1: "the audit found a fault (a leak, a wrong label, a bad setting)",
               2: "bad input or setup (unreadable or non-UTF-8 data, not a checkpoint, a tokenizer that "
@@ -65,6 +63,8 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     """Audit the built-in tiny pipeline (make_examples + build_model) under each setup; print tables."""
+    from packsim.auditing.auditor import audit
+    from packsim.core.batch import PackedBatch
     from packsim.core.data import make_examples
     from packsim.core.errors import PacksimError
     from packsim.core.model import build_model

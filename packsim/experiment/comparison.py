@@ -46,13 +46,12 @@ from packsim.experiment.evaluation import evaluate_isolated, evaluate_packed, he
 from packsim.experiment.facts import make_facts
 from packsim.experiment.model_files import load_weights, model_path, save_weights
 from packsim.experiment.results import Results, RunResult, StepRecord
-from packsim.experiment.run_mode import fast_mode
+from packsim.experiment.run_mode import DESIGNS, fast_mode
 from packsim.experiment.throughput import measure_throughput
 from packsim.experiment.training import TrainConfig, train
 
 __all__ = ["ExperimentConfig", "DESIGNS", "experiment_config", "run_comparison", "load_model"]
 
-DESIGNS = ("tasks", "facts")
 DEFAULT_SETUPS = {
     "full": ("buggy", "correct", "mask_fix", "loss_fix", "padded"),
     "fast": ("buggy", "correct"),
