@@ -37,3 +37,18 @@ def test_the_bugs_are_real():
     rows = [len(pack([rng.randrange(20, 200) for _ in range(24)], 512)) for _ in range(3)]
     caught, evidence = PIECES["packed_rows_dropped_at_world_size"].run(True)
     assert caught and evidence.startswith(f"{sum(n % 4 for n in rows)} of {sum(rows)} packed rows never trained")
+
+
+def test_the_dpo_fallback_is_real():
+    """Ground truth from the trainer itself: asked for padding_free, it keeps one sequence per row."""
+    from packsim.auditing.museum_2026 import _dpo_trainer
+
+    trainer = _dpo_trainer(padding_free=True)
+    assert trainer.args.padding_free is True and trainer.padding_free is False
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    assert "position_ids" not in batch and batch["input_ids"].shape[0] == 4  # 2 chosen + 2 rejected rows
+    assert bool((batch["attention_mask"] == 0).any())  # padded, not packed
+    caught, evidence = PIECES["dpo_padding_free_fallback"].run(True)
+    assert caught and "fell back to padding" in evidence and "isolated" in evidence
+    fixed_caught, evidence = PIECES["dpo_padding_free_fallback"].run(False)
+    assert not fixed_caught and evidence.startswith("pass")

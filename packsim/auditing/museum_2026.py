@@ -11,7 +11,8 @@ exhibits); ``museum.EXHIBITS`` holds every piece too. Pieces:
 - ``mrope_3d_taken_as_packed``: 3-row mRoPE position_ids classified as a packed row;
 - ``positions_at_an_offset``: 0-based collator positions for a model numbering from 2;
 - ``hybrid_without_seq_idx``: a Mamba2 hybrid (Bamba) packed with position_ids only;
-- ``packed_rows_dropped_at_world_size``: packed rows that do not divide by the ranks.
+- ``packed_rows_dropped_at_world_size``: packed rows that do not divide by the ranks;
+- ``dpo_padding_free_fallback``: TRL's DPOTrainer turning ``padding_free=True`` into padding.
 
 Shapes: packed rows (1, N); per-token log-probs (N,); position_ids (3, 1, T) for mRoPE.
 
@@ -190,6 +191,52 @@ def _world_size(buggy: bool) -> tuple[bool, str]:
                     f"({sum(pending.values())} pending)")
 
 
+# ----------------------------------------------------------------------------- trl#2469 / PR 6972
+
+
+def _dpo_trainer(padding_free: bool):
+    """A TRL ``DPOTrainer`` on packsim's tiny Llama and character tokenizer, two preference pairs (CPU)."""
+    import copy
+    import logging
+    import tempfile
+
+    import datasets
+    import trl
+
+    from packsim.core.model import build_model
+    from packsim.core.tokenizer import build_tokenizer
+
+    tok = copy.deepcopy(build_tokenizer())  # the cached one is shared: TRL may set fields on it
+    model = build_model("tiny", vocab_size=len(tok), attn_implementation="sdpa")
+    data = datasets.Dataset.from_dict({"prompt": ["hello there", "how are you"],
+                                       "chosen": [" fine thanks", " good"], "rejected": [" no", " bad day"]})
+    args = trl.DPOConfig(output_dir=tempfile.mkdtemp(prefix="packsim-dpo-"), padding_free=padding_free,
+                         per_device_train_batch_size=2, max_steps=1, report_to="none", save_strategy="no",
+                         use_cpu=True, bf16=False, seed=0)
+    bars = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    quiet = logging.getLogger("trl")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # the fallback warning is what the piece measures, not what it prints
+    try:  # ref_model given: TRL would otherwise reload the policy by its (empty) name_or_path
+        return trl.DPOTrainer(model=model, ref_model=copy.deepcopy(model), args=args, train_dataset=data,
+                              processing_class=tok)
+    finally:
+        quiet.setLevel(level)
+        if bars:
+            datasets.enable_progress_bars()
+
+
+def _dpo_fallback(buggy: bool) -> tuple[bool, str]:
+    """audit_trainer on a DPOTrainer asked for padding_free=True (buggy) or saying padding_free=False (fixed)."""
+    from packsim.auditing.trainer import audit_trainer
+
+    result = audit_trainer(_dpo_trainer(padding_free=buggy))
+    finding = next(f for f in result.findings if f.name == "padding_free")
+    caught = not result.ok
+    return caught, f"{finding.status}: {finding.evidence}; log-probs {result.logprobs.status}"
+
+
 _HF = "https://github.com/huggingface/transformers"
 PIECES = {p.name: p for p in [
     Piece("label_roll_across_boundary", "torch.roll labels over a packed row",
@@ -231,6 +278,18 @@ PIECES = {p.name: p for p in [
           "rows than ranks) a reply says PR 1308 fixed it by packing less. The fix planted here is the carry-over; the "
           "probe checks dropped and doubled rows.",
           "every packed row trained exactly once", _world_size),
+    Piece("dpo_padding_free_fallback", "TRL DPO's padding_free=True silently trains padded rows",
+          ("https://github.com/huggingface/trl/pull/6972", "https://github.com/huggingface/trl/pull/7014",
+           "https://github.com/huggingface/trl/issues/2469"),
+          "Since the DPO refactor, TRL's DPOTrainer.__init__ (trl/trainer/dpo_trainer.py, installed 1.16) "
+          "answers padding_free=True with a logged warning ('Falling back to standard padding') and sets "
+          "self.padding_free = False: a run configured to pack trains one padded sequence per row, with "
+          "none of the memory saving the docs promised. PR 6972 (open) and PR 7014 (merged) document it; "
+          "packed DPO itself is issue 2469 (open). The log-probs stay isolated (padding is safe), so only a "
+          "check of what the trainer really does catches it. Fix here: say padding_free=False, so the "
+          "config states what runs.",
+          "audit_trainer's padding_free finding (trainer.padding_free vs args, the first batch's rows)",
+          _dpo_fallback),
 ]}
 
 
