@@ -7,6 +7,7 @@ times, and reports the median and min-max:
   ``packsim`` modules (and modules in all) it left in ``sys.modules``;
 - ``packsim --help``: wall-clock seconds of the whole ``python -m packsim --help`` process
   (the console script runs the same ``packsim.cli:main``), interpreter start included;
+- ``packsim compare|train|audit --bogus``: the same for a bad option (exit 2, one line);
 - ``import torch, transformers``: the reference, what any fine-tuning script pays anyway;
 - ``python -c pass``: the interpreter's own start, for scale.
 
@@ -43,7 +44,11 @@ print(json.dumps({{"s": s, "packsim_modules": sorted(mods), "all_modules": len(s
 """
 
 IMPORTS = {"import packsim": "import packsim", "import torch, transformers": "import torch, transformers"}
-PROCESSES = {"packsim --help": ["-m", "packsim", "--help"], "python -c pass": ["-c", "pass"]}
+PROCESSES = {"packsim --help": ["-m", "packsim", "--help"],  # a bad option exits 2, one line
+             "packsim compare --bogus": ["-m", "packsim", "compare", "--bogus"],
+             "packsim train --bogus": ["-m", "packsim", "train", "--bogus"],
+             "packsim audit --bogus": ["-m", "packsim", "audit", "--bogus"],
+             "python -c pass": ["-c", "pass"]}
 
 
 def _env(root: Path) -> dict:
@@ -60,12 +65,12 @@ def measure_import(statement: str, root: Path, timeout: float = 300) -> dict:
 
 
 def measure_process(args: list[str], root: Path, timeout: float = 300) -> float:
-    """Wall-clock seconds of one fresh ``python *args`` process (it must exit 0)."""
+    """Wall-clock seconds of one fresh ``python *args`` process (exit 0, or 2 for a bad option)."""
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=root,
                           env=_env(root), timeout=timeout)
     s = time.perf_counter() - t0
-    if proc.returncode != 0:
+    if proc.returncode != (2 if "--bogus" in args else 0):
         raise RuntimeError(f"python {' '.join(args)} exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
     return s
 
