@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from toy import VOCAB, toy_examples
 
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+# Two cores: one thread per pytest-xdist worker (two workers fill them), else up to two.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, torch.get_num_threads())))
 
 
 @pytest.fixture
