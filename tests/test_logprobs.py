@@ -144,3 +144,17 @@ def test_audit_trainer_on_a_dpo_trainer_reports_the_fallback_and_the_logprobs(tm
     assert finding.name == "padding_free" and finding.failed and "fell back to padding" in finding.evidence
     assert result.logprobs.ok and len(result.logprobs.sequences) == 4
     assert result.logprobs.sequences[2].name == "pair 0 rejected" and not result.ok
+
+
+def test_left_padded_rows_are_isolated_and_the_padding_is_not_a_sequence():
+    """GRPO-style rows: the prompt left-padded. Ground truth here: each row's real tokens alone."""
+    llama = build_family("llama")
+    ids = torch.tensor([[0, 0, 5, 6, 7, 8, 9], [4, 5, 6, 7, 8, 9, 10]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]])
+    comp = torch.tensor([[0, 0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 1, 1, 1]])
+    report = audit_logprobs(llama, {"input_ids": ids, "attention_mask": mask, "completion_mask": comp}, use_cache=False)
+    with torch.no_grad():
+        x = ids[0, 2:][None]
+        lp = torch.log_softmax(llama(input_ids=x).logits[0, :-1].double(), -1).gather(-1, x[0, 1:, None])[:, 0]
+    assert report.ok and len(report.sequences) == 2
+    assert abs(report.sequences[0].alone - float(lp[-3:].sum())) < 1e-9 and report.sequences[0].tokens == 3

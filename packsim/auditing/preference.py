@@ -32,7 +32,8 @@ def is_dpo(trainer) -> bool:
 
 @dataclass
 class PreferenceAudit:
-    """``findings`` (what the trainer does with packing) and ``logprobs`` (the per-sequence check)."""
+    """``findings`` (what the trainer does with packing) and ``logprobs`` (the per-sequence check);
+    :func:`packsim.auditing.grpo.audit_grpo_trainer` returns one too."""
 
     findings: list[Finding]
     logprobs: LogprobReport

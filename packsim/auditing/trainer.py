@@ -44,6 +44,7 @@ from packsim.auditing.findings import (
     loss_across_devices,
     static_findings,
 )
+from packsim.auditing.grpo import audit_grpo_trainer, is_grpo
 from packsim.auditing.pipeline import ForwardOutput, Pipeline, dict_roles, logits_of
 from packsim.auditing.preference import audit_dpo_trainer, is_dpo
 from packsim.auditing.report import AuditReport, Finding
@@ -250,7 +251,9 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
     """Audit a configured ``transformers.Trainer`` / ``trl.SFTTrainer`` before (or instead of) training.
 
     Args:
-        trainer: the trainer as built for the run (model, args, train_dataset, collator).
+        trainer: the trainer as built for the run (model, args, train_dataset, collator). A TRL
+            ``DPOTrainer`` / ``GRPOTrainer`` gets the per-sequence log-prob audit instead
+            (:mod:`packsim.auditing.preference`, :mod:`packsim.auditing.grpo`).
         batches: how many training batches to audit (the report shows the worst; a ``batches``
             finding lists each). Gradient accumulation draws at least
             ``gradient_accumulation_steps`` batches for the loss-normalisation measurement.
@@ -267,6 +270,8 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
         raise PacksimError(f"batches={batches!r}: audit at least 1 batch.")
     if is_dpo(trainer):  # per-sequence log-probs, not a token loss: auditing/preference.py
         return audit_dpo_trainer(trainer, tol=tol)
+    if is_grpo(trainer):  # log-probs of the trainer's own completions: auditing/grpo.py
+        return audit_grpo_trainer(trainer, tol=tol)
     start = time.perf_counter()
     model = trainer.model
     ga = max(int(getattr(trainer.args, "gradient_accumulation_steps", 1) or 1), 1)
