@@ -606,3 +606,66 @@ def test_packing_stats_rejects_mismatched_packs():
         packing_stats([4, 7, 1, 5], packs, 8)
     with pytest.raises(PacksimError, match="example 4 is in no pack"):
         packing_stats([4, 7, 1, 5, 2], packs, 10)
+
+
+# --- the wrapped packer against the numpy version it replaced (issue 24) ------------------------
+# A verbatim copy of packsim.core.packing._pack_wrapped before issue 24 (a binary search per cut,
+# one fresh array per step); the new one must give the same arrays.
+
+
+def _previous_numpy_wrapped(sizes: np.ndarray, capacity: int) -> tuple[np.ndarray, ...]:
+    n = len(sizes)
+    if not n:
+        return sizes, sizes, sizes, np.zeros(1, dtype=np.int64)
+    bounds = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(sizes, out=bounds[1:])
+    cuts = np.arange(capacity, bounds[-1], capacity, dtype=np.int64)
+    after = np.searchsorted(bounds, cuts)
+    inside = bounds[after] != cuts
+    cut_at = after[inside]
+    n_pieces = n + len(cut_at)
+    added = cut_at + np.arange(len(cut_at))
+    is_added = np.zeros(n_pieces, dtype=np.int64)
+    is_added[added] = 1
+    index = np.arange(n_pieces) - np.cumsum(is_added)
+    piece_start = np.empty(n_pieces + 1, dtype=np.int64)
+    np.take(bounds, index, out=piece_start[:-1])
+    piece_start[added] = cuts[inside]
+    piece_start[-1] = bounds[-1]
+    start = np.zeros(n_pieces, dtype=np.int64)
+    start[added] = cuts[inside] - bounds[cut_at - 1]
+    row_offsets = np.empty(len(cuts) + 2, dtype=np.int64)
+    row_offsets[0], row_offsets[-1] = 0, n_pieces
+    row_offsets[1:-1] = after + np.cumsum(inside) - inside
+    return index, start, np.diff(piece_start), row_offsets
+
+
+def _same_wrapped(lengths, capacity: int) -> None:
+    sizes = np.asarray(lengths, dtype=np.int64)
+    got = pack_arrays(sizes, capacity, "wrapped")
+    want = _previous_numpy_wrapped(sizes, capacity)
+    for name, a, b in zip(("index", "start", "length", "row_offsets"), (got.index, got.start, got.length,
+                          got.row_offsets), want, strict=True):
+        assert a.dtype == b.dtype and np.array_equal(a, b), (name, list(lengths), capacity)
+
+
+def test_wrapped_equals_the_previous_numpy_version_on_random_cases():
+    """5000 seeded cases: short and long examples, cuts on example starts, one-token rows."""
+    rng = np.random.default_rng(24)
+    for _ in range(5000):
+        capacity = int(rng.integers(1, 40))
+        n = int(rng.integers(1, 60))
+        high = int(rng.choice([2, capacity + 1, 4 * capacity + 2]))
+        _same_wrapped(rng.integers(1, high, n), capacity)
+    for capacity in (1, 4, 8):  # every example start on a cut, and every cut on one
+        _same_wrapped([capacity] * 7, capacity)
+        _same_wrapped([capacity // 2 or 1] * 9, capacity)
+
+
+def test_wrapped_equals_the_previous_numpy_version_on_large_mixes():
+    rng = np.random.default_rng(7)
+    bimodal = np.where(rng.random(50_000) < 0.75, rng.lognormal(4.4, 0.7, 50_000), rng.lognormal(6.5, 0.6, 50_000))
+    mixes = (np.clip(np.rint(bimodal), 2, 4096).astype(np.int64), rng.integers(1, 513, 50_000))
+    for lengths in mixes:
+        for capacity in (512, 2048, 8192):
+            _same_wrapped(lengths, capacity)

@@ -185,9 +185,8 @@ def _check_choice(name: str, value: object, choices: tuple[str, ...], example: s
 def _check_lengths(lengths: object) -> np.ndarray:
     """Validate example lengths and return them as an int64 array of shape ``(n_examples,)``."""
     sizes = _as_int_array(lengths)
-    bad = np.flatnonzero(sizes <= 0)
-    if bad.size:
-        i = int(bad[0])
+    if sizes.size and sizes.min() <= 0:  # one pass, no temporary array, in the common case
+        i = int(np.argmax(sizes <= 0))
         raise PacksimError(
             f"example {i} has length {sizes[i]}: every example needs at least 1 token; "
             "drop empty examples before packing."
@@ -227,37 +226,60 @@ def _as_int_array(lengths: object) -> np.ndarray:
 def _pack_wrapped(sizes: np.ndarray, capacity: int) -> tuple[np.ndarray, ...]:
     """Concatenate in data order and cut every ``capacity`` tokens (examples may straddle cuts).
 
-    Returns the ``(index, start, length, row_offsets)`` arrays of :class:`PackArrays`. In numpy,
-    no loop over examples: a cut that falls inside an example adds one piece (the rest of that
-    example), placed right after it, so the pieces in token order are the examples with one
-    piece inserted per such cut; a row is then a run of consecutive pieces, starting at the piece
-    that starts at its cut.
+    Returns the ``(index, start, length, row_offsets)`` arrays of :class:`PackArrays`, views of one
+    buffer. The pieces in token order are the examples with one piece added after each cut that
+    falls inside an example (the rest of it); row r starts at the piece at its cut, token
+    ``r * capacity``. In numpy, no loop over examples, and few passes over few arrays: the time
+    goes to writing fresh memory (page faults), so the outputs share one large allocation (which
+    numpy backs with huge pages) and are written in place; which example each cut falls in comes
+    from counting example starts per row (``bincount``), not a binary search per cut.
     """
     n = len(sizes)
     if not n:
         return sizes, sizes, sizes, np.zeros(1, dtype=np.int64)
-    bounds = np.zeros(n + 1, dtype=np.int64)  # (n + 1,) token offset where each example starts
+    bounds = np.empty(n + 1, dtype=np.int64)  # (n + 1,) token offset of each example start, total last
+    bounds[0] = 0
     np.cumsum(sizes, out=bounds[1:])
-    cuts = np.arange(capacity, bounds[-1], capacity, dtype=np.int64)  # (n_rows - 1,) row starts
-    after = np.searchsorted(bounds, cuts)  # first example starting at or after each cut
-    inside = bounds[after] != cuts  # the cut splits example after - 1
-    cut_at = after[inside]  # (k,) the example after each cut example
-    n_pieces = n + len(cut_at)
-    added = cut_at + np.arange(len(cut_at))  # (k,) where the added pieces go, after earlier ones
-    is_added = np.zeros(n_pieces, dtype=np.int64)
-    is_added[added] = 1
-    index = np.arange(n_pieces) - np.cumsum(is_added)  # (n_pieces,) example of each piece
-    piece_start = np.empty(n_pieces + 1, dtype=np.int64)  # token offsets, total last
-    np.take(bounds, index, out=piece_start[:-1])  # an example's first piece starts with it,
-    piece_start[added] = cuts[inside]  # an added piece at its cut
-    piece_start[-1] = bounds[-1]
-    start = np.zeros(n_pieces, dtype=np.int64)  # (n_pieces,) inside the example
-    start[added] = cuts[inside] - bounds[cut_at - 1]
-    row_offsets = np.empty(len(cuts) + 2, dtype=np.int64)  # (n_rows + 1,)
+    total = int(bounds[-1])
+    n_rows = -(-total // capacity)
+    # examples starting before the cut of row r (token r * capacity), r = 1 .. n_rows - 1:
+    # bounds[i] < r * capacity exactly when bounds[i] // capacity < r
+    after = np.bincount(bounds[:-1] // capacity, minlength=n_rows)[:-1]  # (n_rows - 1,) starts per row
+    np.cumsum(after, out=after)
+    cuts = np.arange(capacity, n_rows * capacity, capacity, dtype=np.int64)  # (n_rows - 1,) cut tokens
+    inside = np.take(bounds, after) != cuts  # (n_rows - 1,) the cut splits example after - 1
+    all_inside = bool(inside.all())
+    n_cut = len(cuts) if all_inside else int(np.count_nonzero(inside))
+    n_pieces = n + n_cut
+    buf = np.empty(3 * n_pieces + n_rows + 1, dtype=np.int64)
+    index, start, length = buf[:n_pieces], buf[n_pieces : 2 * n_pieces], buf[2 * n_pieces : 3 * n_pieces]
+    row_offsets = buf[3 * n_pieces :]  # (n_rows + 1,)
+    # the piece at a cut comes after the examples starting before it and the earlier added pieces
     row_offsets[0], row_offsets[-1] = 0, n_pieces
-    # the piece at each cut, whether added or an example start, sits after the earlier additions
-    row_offsets[1:-1] = after + np.cumsum(inside) - inside
-    return index, start, np.diff(piece_start), row_offsets
+    at_cut = row_offsets[1:-1]
+    if all_inside:
+        np.add(after, np.arange(n_cut, dtype=np.int64), out=at_cut)
+        added, cut_tok, cut_ex = at_cut, cuts, after  # (n_cut,) each: position, token, example + 1
+    else:
+        np.cumsum(inside, out=at_cut)
+        at_cut -= inside
+        at_cut += after
+        added, cut_tok, cut_ex = at_cut[inside], cuts[inside], after[inside]
+    cut_ex -= 1  # (n_cut,) the example each added piece continues
+    # index: every piece after the first that is not an added piece starts the next example
+    index.fill(1)
+    index[0] = 0
+    index[added] = 0
+    np.cumsum(index, out=index)
+    # token offset of each piece (in start for now): its example's start, or its cut
+    np.take(bounds, index, out=start, mode="clip")  # clip: not buffered, index is in range
+    start[added] = cut_tok
+    np.subtract(start[1:], start[:-1], out=length[:-1])
+    length[-1] = total - start[-1]
+    start.fill(0)
+    cut_tok -= np.take(bounds, cut_ex)  # cuts now hold the added pieces' starts inside their examples
+    start[added] = cut_tok
+    return index, start, length, row_offsets
 
 
 def _pack_sequential(item_sizes: np.ndarray, capacity: int) -> np.ndarray:
