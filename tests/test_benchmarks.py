@@ -57,13 +57,18 @@ def bench():
 
 def test_packing_quick_runs_and_reports_every_packer(tmp_path):
     out = run_script("packing.py", tmp_path, "--quick", "--sizes", "2000", "--uniform-sizes", "500",
-                     "--capacities", "512", "--repeats", "1")
+                     "--bimodal-sizes", "300", "--capacities", "512", "--repeats", "1")
     last_line_is_table(out)
     data = json.loads((tmp_path / "packing.json").read_text())
     rows = {(r["mix"], r["packer"]): r for r in data["rows"]}
     packers = {p for _, p in rows}
     assert {"wrapped", "ffd", "bfd", "bfd_split"} <= packers
     assert ("uniform", "bfd_split") not in rows  # uniform [1, 512]: nothing to split at 512
+    wrapped = rows[("bimodal", "wrapped")]  # the bare-numpy references timed in the same rounds
+    assert set(wrapped["numpy"]) == set(wrapped["ratio_vs_numpy"]) == {"cumsum", "write"}
+    assert set(wrapped["lists"]["ratio_vs_numpy"]) == {"cumsum", "write"}
+    assert all(len(ref["times"]) == wrapped["rounds"] for ref in wrapped["numpy"].values())
+    assert isinstance(wrapped["load_1min"], float)
     bfd = rows[("long_tailed", "bfd")]
     assert bfd["packs"] >= bfd["lower_bound"] == -(-bfd["tokens"] // 512)
     assert bfd["fill"] == pytest.approx(bfd["tokens"] / (bfd["packs"] * 512))
@@ -74,7 +79,8 @@ def test_packing_quick_runs_and_reports_every_packer(tmp_path):
         assert split["tokens"] == rows[("long_tailed", "trl_bfd_split_1batch")]["tokens"] > bfd["tokens"]
         targets = " ".join(t["target"] for t in data["targets"])
         for name in ("packsim wrapped at least as fast as trl_wrapped,",
-                     "packsim wrapped at least as fast as trl_wrapped_1batch,",
+                     "packsim wrapped 5x faster than trl_wrapped_1batch,",
+                     "pack() lists (wrapped) at least as fast as trl_wrapped_1batch",
                      "packsim bfd_split faster than trl_bfd_split,"):
             assert name in targets
 
@@ -82,7 +88,7 @@ def test_packing_quick_runs_and_reports_every_packer(tmp_path):
 def test_packing_skips_trl_cleanly_when_it_does_not_import(bench, tmp_path, monkeypatch, capsys):
     packing = bench("packing")
     monkeypatch.setitem(sys.modules, "trl", None)  # `import trl` now raises ImportError
-    assert packing.main(["--sizes", "500", "--uniform-sizes", "200", "--capacities", "512",
+    assert packing.main(["--sizes", "500", "--uniform-sizes", "200", "--bimodal-sizes", "200", "--capacities", "512",
                          "--repeats", "1", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "TRL columns skipped: TRL is not importable here" in out
@@ -94,8 +100,8 @@ def test_packing_skips_trl_cleanly_when_it_does_not_import(bench, tmp_path, monk
 
 def test_packing_runs_only_the_packers_asked_for(bench, tmp_path, capsys):
     packing = bench("packing")
-    assert packing.main(["--sizes", "300", "--uniform-sizes", "100", "--capacities", "256", "--repeats", "1",
-                         "--packers", "wrapped,bfd", "--no-trl", "--out", str(tmp_path)]) == 0
+    assert packing.main(["--sizes", "300", "--uniform-sizes", "100", "--bimodal-sizes", "100", "--capacities", "256",
+                         "--repeats", "1", "--packers", "wrapped,bfd", "--no-trl", "--out", str(tmp_path)]) == 0
     last_line_is_table(capsys.readouterr().out)
     data = json.loads((tmp_path / "packing.json").read_text())
     assert {r["packer"] for r in data["rows"]} == {"wrapped", "bfd"}
@@ -106,7 +112,7 @@ def test_packing_runs_only_the_packers_asked_for(bench, tmp_path, capsys):
 
 def test_packing_merge_keeps_the_rows_not_rerun_and_says_where_they_came_from(bench, tmp_path, capsys):
     packing = bench("packing")
-    common = ["--sizes", "300", "--uniform-sizes", "100", "--capacities", "256", "--repeats", "1", "--no-trl",
+    common = ["--sizes", "300", "--uniform-sizes", "100", "--bimodal-sizes", "100", "--capacities", "256", "--repeats", "1", "--no-trl",
               "--out", str(tmp_path)]
     assert packing.main([*common, "--packers", "wrapped,bfd"]) == 0
     first = json.loads((tmp_path / "packing.json").read_text())
