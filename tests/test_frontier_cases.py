@@ -4,6 +4,7 @@ against an independent perturbation computed here, and packsim.audit agreeing wi
 import pytest
 import torch
 
+from packsim import audit
 from packsim.auditing.frontier_cases import (
     CUDA_REFUSAL,
     FRONTIER_FAMILIES,
@@ -11,6 +12,7 @@ from packsim.auditing.frontier_cases import (
     frontier_batch,
     frontier_table,
 )
+from packsim.auditing.hybrid_findings import stateful_layers
 from packsim.auditing.trap_cases import VOCAB
 from packsim.core.errors import PacksimError
 
@@ -46,6 +48,11 @@ def test_every_cell_agrees_with_an_independent_perturbation(table):
             if cell.status == "needs CUDA":
                 with pytest.raises(ValueError, match=CUDA_REFUSAL):
                     _perturbed_change(model, batch, seq)
+                report = audit(model, batch, use_cache=False)  # never PASS, never the ValueError
+                finding = next(f for f in report.findings if f.name == "hybrid_state")
+                assert report.status == "not measured" and finding.status == "skipped", report.verdict
+                assert "needs the CUDA kernel" in finding.evidence
+                assert all(layer in finding.evidence for layer in stateful_layers(model)), finding.evidence
                 continue
             moved = _perturbed_change(model, batch, seq)
             assert (moved > TOL) == (cell.status == "leaks"), (family, condition, moved, cell)
@@ -73,4 +80,4 @@ def test_bad_input():
         frontier_table("mrope", families=["bamba"])
     with pytest.raises(PacksimError, match="unknown family"):
         build_frontier("nope")
-    assert set(FRONTIER_FAMILIES) >= {"bamba", "qwen3_next", "lfm2", "qwen2_vl"}
+    assert set(FRONTIER_FAMILIES) >= {"bamba", "qwen3_next", "lfm2", "qwen2_vl", "zamba2", "granitemoehybrid", "falcon_h1"}

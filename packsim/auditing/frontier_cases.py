@@ -2,7 +2,8 @@
 models and a multimodal-RoPE (mRoPE) text stack, measured on the installed transformers.
 
 Each family is a tiny ``*ForCausalLM`` (2 layers, hidden 32, vocab 96, random weights, built from its
-config: no download). A cell runs one packed row of 32 tokens (three examples of 10, 13 and 9 tokens)
+config by :func:`packsim.core.model.model_from_config`: no download). Hybrid families: Bamba,
+Qwen3-Next, LFM2, Mamba2, Zamba2, GraniteMoeHybrid, FalconH1. A cell runs one packed row of 32 tokens (three examples of 10, 13 and 9 tokens)
 under one condition and compares each example's packed logits with the example run alone (input_ids
 (1, L), no positions, no mask): the cell is "isolated" when no token moves by more than ``tol``
 (fp32: 1e-5), "leaks" otherwise, and "needs CUDA" when transformers refuses to run the condition
@@ -30,7 +31,7 @@ What the installed transformers does (read in its source, measured by the cells)
 impl, columns the family kind's conditions). Shapes: input_ids (1, 32), position_ids (1, 32) or
 (3, 1, 32) / (4, 1, 32), seq_idx (1, 32) int32, cu_seq_lens_q/k (4,) int32.
 
-Lessons: 04, 07, 09.
+Lessons: A3, A6, A8.
 """
 
 from __future__ import annotations
@@ -70,6 +71,20 @@ FRONTIER_FAMILIES = {
     "mamba2": ("hybrid", "Mamba2Config", dict(hidden_size=32, num_hidden_layers=2, num_heads=4, head_dim=16,
                                                n_groups=1, state_size=16, chunk_size=8, expand=2),
                "Mamba2 mixers only (no attention layer: the impl does not apply)"),
+    "zamba2": ("hybrid", "Zamba2Config",
+               dict(hidden_size=32, num_hidden_layers=2, layers_block_type=["mamba", "hybrid"], mamba_d_state=16,
+                    mamba_expand=2, mamba_ngroups=1, n_mamba_heads=4, chunk_size=8, intermediate_size=64,
+                    num_attention_heads=4, num_key_value_heads=4, num_mem_blocks=1, adapter_rank=8,
+                    max_position_embeddings=256),
+               "Mamba2 mixer, then a Mamba2 mixer with the shared attention block"),
+    "granitemoehybrid": ("hybrid", "GraniteMoeHybridConfig",
+                         {**_BASE, **_MAMBA, "layer_types": ["mamba", "attention"], "num_local_experts": 2,
+                          "num_experts_per_tok": 1, "shared_intermediate_size": 32},
+                         "Mamba2 layer then an attention layer (MoE MLPs)"),
+    "falcon_h1": ("hybrid", "FalconH1Config",
+                  {**_BASE, "mamba_d_ssm": 64, "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_n_groups": 1,
+                   "mamba_d_state": 16, "mamba_chunk_size": 8, "mamba_expand": 2},
+                  "Mamba2 mixer and attention side by side in every layer"),
     "qwen2_vl": ("mrope", "Qwen2VLConfig", {}, "multimodal RoPE: 3 rope rows (t, h, w), text stack only"),
 }
 _KIND_CONDITIONS = {

@@ -45,7 +45,8 @@ def grpo_rows(trainer) -> dict:
     was, metrics = model.training, copy.deepcopy(trainer._metrics)
     try:
         model.eval()
-        with torch.random.fork_rng(devices=[]):
+        device = next(model.parameters()).device
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             raw = next(iter(trainer.get_train_dataloader()))
             out = trainer._prepare_inputs(raw)
     finally:
