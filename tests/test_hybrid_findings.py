@@ -69,3 +69,30 @@ def test_other_value_errors_still_raise():
 
     assert kernel_refusal(build_family("llama"), ValueError("can't keep packed sequences apart without x")) == ""
     assert kernel_refusal(build_frontier("bamba"), ValueError("something else")) == ""
+
+
+def test_a_trainer_whose_collator_gives_seq_idx_is_not_measured_on_cpu(bamba, tmp_path):
+    """A transformers Trainer packing with DataCollatorWithFlattening(return_seq_idx=True) on Bamba: its
+    own training step cannot run here; audit_trainer says not measured (needs the CUDA kernel), no traceback."""
+    if torch.cuda.is_available() and importlib.util.find_spec("causal_conv1d"):
+        pytest.skip("the kernels are installed: seq_idx runs, the audit measures it")
+    import datasets
+    from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
+
+    from packsim import audit_trainer
+
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(3, 90, (n,), generator=g).tolist() for n in (7, 9, 6, 8)]
+    data = datasets.Dataset.from_dict({"input_ids": rows})
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=1, report_to="none",
+                             use_cpu=True, save_strategy="no")
+    trainer = Trainer(model=bamba, args=args, train_dataset=data,
+                      data_collator=DataCollatorWithFlattening(return_seq_idx=True))
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    assert "seq_idx" in batch
+    with pytest.raises(ValueError, match="can't keep packed sequences apart"):
+        trainer.compute_loss(bamba, batch)  # ground truth: the trainer's own loss cannot run here
+    report = audit_trainer(trainer)
+    finding = next(f for f in report.findings if f.name == "hybrid_state")
+    assert finding.status == "skipped" and "BambaMixer" in finding.evidence and "needs the CUDA kernel" in finding.evidence
+    assert report.status != "pass" and report.probes["perturbation"].status == "skipped"

@@ -45,6 +45,7 @@ from packsim.auditing.findings import (
     static_findings,
 )
 from packsim.auditing.grpo import audit_grpo_trainer, is_grpo
+from packsim.auditing.hybrid_findings import kernel_refusal
 from packsim.auditing.pipeline import ForwardOutput, Pipeline, dict_roles, logits_of
 from packsim.auditing.preference import audit_dpo_trainer, is_dpo
 from packsim.auditing.report import AuditReport, Finding
@@ -301,7 +302,14 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
             return model(**rest, **forward_kwargs).logits
 
         model.eval()  # dropout off: the two forwards compared below must see the same network
-        accumulation = loss_over_accumulation(trainer, [b for b, _ in drawn], logits, autocast)
+        try:
+            accumulation = loss_over_accumulation(trainer, [b for b, _ in drawn], logits, autocast)
+        except ValueError as err:  # a hybrid's torch fallback refusing seq_idx: not measured here
+            refused = kernel_refusal(model, err)
+            if not refused:
+                raise
+            accumulation = Finding("loss_over_accumulation", "skipped", f"not measured: the forward is refused "
+                                   f"here ({refused})", "audit on a GPU with the kernels installed")
     finally:
         model.train(was_training)
     worst = max(range(len(results)), key=lambda k: (len(results[k][0].failed), -k))
