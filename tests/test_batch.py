@@ -190,3 +190,63 @@ def test_repr_is_a_one_line_summary(examples):
     b = PackedBatch.from_examples(examples, capacity=32, setup="correct")
     text = repr(b)
     assert text.startswith("PackedBatch(setup='correct', rows=") and "\n" not in text and "tensor" not in text
+
+
+# --- from_examples against the loop builder it replaced (issue 24) -------------------------------
+# The builder before issue 24, verbatim in substance: one Python loop over the pieces of pack_pieces.
+
+
+def _loop_reference(examples, capacity, setup, strategy, overflow, pad_id=0):
+    from packsim.core.packing import pack_pieces
+    from packsim.core.segments import Segment
+
+    parts = [(list(e.tokens), e.n_prompt) for e in examples]
+    packs = pack_pieces([len(t) for t, _ in parts], capacity, strategy=strategy, overflow=overflow)
+    if setup != "padded":
+        rows = packs
+    else:
+        rows = [[p] for p in sorted((p for pk in packs for p in pk), key=lambda p: (p.index, p.start))]
+    T = capacity if setup != "padded" else max(p.stop - p.start for row in rows for p in row)
+    B = len(rows)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    seq = torch.full((B, T), -1, dtype=torch.long)
+    roles = torch.full((B, T), int(Role.PAD), dtype=torch.uint8)
+    pos = torch.zeros((B, T), dtype=torch.long)
+    segments = []
+    for r, row in enumerate(rows):
+        t = 0
+        for p in row:
+            tokens, n_prompt = parts[p.index]
+            n = p.stop - p.start
+            ids[r, t:t + n] = torch.tensor(tokens[p.start:p.stop])
+            seq[r, t:t + n] = p.index
+            pos[r, t:t + n] = torch.arange(p.start, p.stop)
+            got = [Role.PROMPT if j < n_prompt else Role.EOS if j == len(tokens) - 1 else Role.RESPONSE
+                   for j in range(p.start, p.stop)]
+            got[0] = Role.FIRST if t == 0 else Role.BOUNDARY
+            roles[r, t:t + n] = torch.tensor(got, dtype=torch.uint8)
+            segments.append(Segment(r, t, t + n, p.index))
+            t += n
+        pos[r, t:] = torch.arange(T - t)
+    return ids, seq, roles, pos, segments
+
+
+@settings(max_examples=300, deadline=None)
+@given(shapes=SHAPES, seed=st.integers(0, 10**6), capacity=st.integers(2, 40),
+       strategy=st.sampled_from(["wrapped", "sequential", "ffd", "bfd"]),
+       setup=st.sampled_from(["correct", "buggy", "padded"]), overflow=st.sampled_from(["split", "truncate"]))
+def test_from_examples_equals_the_loop_builder(shapes, seed, capacity, strategy, setup, overflow):
+    examples = toy_examples(shapes, seed)
+    b = PackedBatch.from_examples(examples, capacity, setup, strategy=strategy, overflow=overflow, pad_id=3)
+    ids, seq, roles, pos, segments = _loop_reference(examples, capacity, setup, strategy, overflow, pad_id=3)
+    assert torch.equal(b.input_ids, ids) and torch.equal(b.seq_ids, seq) and torch.equal(b.roles, roles)
+    assert torch.equal(b.example_positions, pos)
+    assert b.segments == segments and list(b.segments) == segments and len(b.segments) == len(segments)
+    assert b.segments[-1] == segments[-1] and b.segments[:2] == segments[:2]
+    assert b.cu_seqlens.tolist() == [0, *torch.tensor([s.stop - s.start for s in segments]).cumsum(0).tolist()]
+
+
+def test_a_token_outside_the_vocabulary_names_its_example(examples):
+    bad = [*examples[:2], ToyExample((1, VOCAB + 5, 2), 1)]
+    with pytest.raises(PacksimError, match=f"example 2 has token id {VOCAB + 5} outside the vocabulary"):
+        PackedBatch.from_examples(bad, 64, vocab_size=VOCAB)

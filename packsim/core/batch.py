@@ -13,21 +13,24 @@ Two kinds of boundaries live here, and the difference matters:
   ``B*T`` tokens: one per row for the causal mask (examples see each other: the bug), one per
   example and per padding run for the block-diagonal mask.
 
-Lessons: 00, 01, 02, 05, 06, 07, 09.
+Lessons: 00, 01, 02, 05, 06, 07, 09, A2, A4, A6.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from itertools import chain
 
+import numpy as np
 import torch
 
+from packsim.core.batch_layout import layout
 from packsim.core.boundaries import find_boundaries
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX, Role, make_labels, response_mask
 from packsim.core.pack_stats import packing_stats
-from packsim.core.packing import Piece, pack_pieces
+from packsim.core.packing import pack_arrays
 from packsim.core.segments import (
     Segment,
     cu_seqlens_from_lengths,
@@ -61,32 +64,23 @@ def _validate(examples: Sequence, capacity: int, vocab_size: int | None) -> list
                 f"example {i} has no response tokens (n_prompt={n_prompt}, {len(tokens)} tokens): "
                 "every example needs at least one response token (its EOS counts); drop or fix it."
             )
-        if vocab_size is not None:
-            bad = [t for t in tokens if not 0 <= t < vocab_size]
-            if bad:
-                raise PacksimError(
-                    f"example {i} has token id {bad[0]} outside the vocabulary [0, {vocab_size}): "
-                    "encode with the same tokenizer the model was built for."
-                )
     return parts
 
 
-def _rows_for(lengths: list[int], capacity: int, setup: Setup, strategy: str, overflow: str):
-    """Rows as lists of Pieces: packs for packed setups, one piece per row for ``padded``."""
-    packs = pack_pieces(lengths, capacity, strategy=strategy, overflow=overflow)
-    if setup.packed:
-        return packs
-    pieces = sorted((p for pk in packs for p in pk), key=lambda p: (p.index, p.start))
-    return [[p] for p in pieces]
-
-
-def _piece_roles(start: int, stop: int, n_prompt: int, n_tokens: int, row_start: bool) -> list[int]:
-    roles = [
-        Role.PROMPT if j < n_prompt else Role.EOS if j == n_tokens - 1 else Role.RESPONSE
-        for j in range(start, stop)
-    ]
-    roles[0] = Role.FIRST if row_start else Role.BOUNDARY
-    return roles
+def _flat_tokens(parts, vocab_size: int | None) -> torch.Tensor:
+    """Every example's tokens concatenated, ``(sum(lengths),)`` long; ids checked against the vocabulary."""
+    n_tokens = sum(len(tokens) for tokens, _ in parts)
+    flat = torch.from_numpy(np.fromiter(chain.from_iterable(t for t, _ in parts), dtype=np.int64, count=n_tokens))
+    if vocab_size is not None:
+        bad = torch.nonzero((flat < 0) | (flat >= vocab_size))
+        if len(bad):
+            at = int(bad[0])
+            i = int(np.searchsorted(np.cumsum([len(t) for t, _ in parts]), at, side="right"))
+            raise PacksimError(
+                f"example {i} has token id {int(flat[at])} outside the vocabulary [0, {vocab_size}): "
+                "encode with the same tokenizer the model was built for."
+            )
+    return flat
 
 
 @dataclass(repr=False)
@@ -142,33 +136,13 @@ class PackedBatch:
         setup = get_setup(setup)
         parts = _validate(examples, capacity, vocab_size)
         lengths = [len(tokens) for tokens, _ in parts]
-        rows = _rows_for(lengths, capacity, setup, strategy, overflow)
-        T = capacity if setup.packed else max(p.stop - p.start for row in rows for p in row)
-        return cls._build(parts, rows, T, setup, capacity, strategy, pad_id, lengths)
-
-    @classmethod
-    def _build(cls, parts, rows: list[list[Piece]], T, setup, capacity, strategy, pad_id, lengths):
-        B = len(rows)
-        ids = torch.full((B, T), pad_id, dtype=torch.long)
-        seq = torch.full((B, T), -1, dtype=torch.long)
-        roles = torch.full((B, T), int(Role.PAD), dtype=torch.uint8)
-        reset_pos = torch.zeros((B, T), dtype=torch.long)
-        segments = []
-        for r, row in enumerate(rows):
-            t = 0
-            for p in row:
-                tokens, n_prompt = parts[p.index]
-                n = p.stop - p.start
-                ids[r, t : t + n] = torch.tensor(tokens[p.start : p.stop])
-                seq[r, t : t + n] = p.index
-                reset_pos[r, t : t + n] = torch.arange(p.start, p.stop)
-                roles[r, t : t + n] = torch.tensor(
-                    _piece_roles(p.start, p.stop, n_prompt, len(tokens), row_start=t == 0), dtype=torch.uint8
-                )
-                segments.append(Segment(r, t, t + n, p.index))
-                t += n
-            reset_pos[r, t:] = torch.arange(T - t)  # padding run: its own positions 0..n_pad-1
-        seg_lens = torch.tensor([s.stop - s.start for s in segments])
+        tokens = _flat_tokens(parts, vocab_size)
+        # the packs as arrays: no Python object per piece from here on (batch_layout)
+        arrays = pack_arrays(lengths, capacity, strategy=strategy, overflow=overflow)
+        T = capacity if setup.packed else int(arrays.length.max())
+        n_prompt = np.fromiter((k for _, k in parts), dtype=np.int64, count=len(parts))
+        ids, seq, roles, reset_pos, segments = layout(tokens, n_prompt, arrays, T, setup.packed, pad_id)
+        seg_lens = torch.from_numpy(segments.lengths())  # (S,) row-major
         cu = cu_seqlens_from_lengths(seg_lens)  # (S+1,)
         return cls(
             input_ids=ids,

@@ -1,0 +1,117 @@
+"""Laying packed pieces out in (B, T) rows from the packing arrays, with no Python object per piece.
+
+:meth:`packsim.core.batch.PackedBatch.from_examples` packs with
+:func:`packsim.core.packing.pack_arrays` and calls :func:`layout`: every tensor of the batch comes
+from a few whole-array gathers over the pieces (example, start, length, row offsets) and the
+examples' tokens concatenated once. The batch's ``segments`` are a :class:`Segments`, a sequence
+over the same arrays that makes a :class:`~packsim.core.segments.Segment` only when one is read.
+
+Lessons: none directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from packsim.core.loss import Role
+from packsim.core.pack_result import PackArrays
+from packsim.core.segments import Segment
+
+__all__ = ["Segments", "layout"]
+
+
+class Segments(Sequence):
+    """The pieces of a batch in row-major order as a read-only sequence of :class:`Segment`.
+
+    Backed by four ``(S,)`` int64 arrays (``row``, ``start``, ``stop`` in the row, ``example``);
+    indexing and iteration make ``Segment`` tuples on demand. Equal to any sequence of the same
+    segments (a list of ``Segment`` included).
+    """
+
+    def __init__(self, row: np.ndarray, start: np.ndarray, stop: np.ndarray, example: np.ndarray):
+        self._cols = (row, start, stop, example)
+
+    def __len__(self) -> int:
+        return len(self._cols[0])
+
+    def lengths(self) -> np.ndarray:
+        """Tokens in each segment, ``(S,)`` int64."""
+        return self._cols[2] - self._cols[1]
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return list(self)[k]
+        return Segment(*(int(c[k]) for c in self._cols))  # numpy raises IndexError past the end
+
+    def __iter__(self) -> Iterator[Segment]:
+        return (Segment(*fields) for fields in zip(*(c.tolist() for c in self._cols), strict=True))
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, Segments):
+            return all(np.array_equal(a, b) for a, b in zip(self._cols, other._cols, strict=True))
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"Segments({len(self)} pieces)"
+
+
+def layout(tokens: torch.Tensor, n_prompt: np.ndarray, arrays: PackArrays, T: int, packed: bool, pad_id: int):
+    """The (B, T) tensors of a batch and its :class:`Segments`, from the packing arrays.
+
+    Args:
+        tokens: every example's tokens concatenated in example order, ``(sum(lengths),)`` long.
+        n_prompt: prompt tokens of each example, ``(n_examples,)``.
+        arrays: the packs of the example lengths (``arrays.example_lengths``).
+        T: tokens per row. packed: False for one piece per row (the ``padded`` layout), pieces
+            then in example order.
+        pad_id: the token id of padding.
+
+    Returns:
+        ``(input_ids, seq_ids, roles, example_positions, segments)``: ids and seq ids ``-1`` on
+        padding, roles as :class:`Role` values, positions inside each example (padding runs count
+        0.. on their own).
+    """
+    # writable copies: torch.from_numpy warns on the read-only arrays of PackArrays
+    index, start, length = arrays.index.copy(), arrays.start.copy(), arrays.length.copy()  # (P,) each
+    row_offsets = arrays.row_offsets
+    if not packed:  # one piece per row, in example order
+        order = np.lexsort((start, index))
+        index, start, length = index[order], start[order], length[order]
+        row_offsets = np.arange(len(index) + 1)
+    B, P = len(row_offsets) - 1, len(index)
+    lengths = arrays.example_lengths.copy()
+    ex_off = np.zeros(len(lengths) + 1, dtype=np.int64)  # (n + 1,) where each example's tokens begin
+    np.cumsum(lengths, out=ex_off[1:])
+    before = np.zeros(P + 1, dtype=np.int64)  # (P + 1,) real tokens before each piece, row-major
+    np.cumsum(length, out=before[1:])
+    row = np.repeat(np.arange(B), np.diff(row_offsets))  # (P,) row of each piece
+    col = before[:-1] - before[row_offsets[:-1]][row]  # (P,) column where each piece starts
+    piece = torch.repeat_interleave(torch.arange(P), torch.from_numpy(length))  # (N,) piece of each token
+    within = torch.arange(int(before[-1])) - torch.from_numpy(before[:-1])[piece]  # (N,) offset in piece
+    example = torch.from_numpy(index)[piece]  # (N,)
+    pos = torch.from_numpy(start)[piece] + within  # (N,) position in its example
+    dst = torch.from_numpy(row * T + col)[piece] + within  # (N,) flat (B*T) place of each token
+    ids = torch.full((B * T,), pad_id, dtype=torch.long)
+    ids[dst] = tokens[torch.from_numpy(ex_off[:-1])[example] + pos]
+    seq = torch.full((B * T,), -1, dtype=torch.long)
+    seq[dst] = example
+    # padding runs: positions 0.. from the end of each row's tokens
+    row_len = torch.from_numpy(before[row_offsets[1:]] - before[row_offsets[:-1]])  # (B,)
+    cols = torch.arange(T).expand(B, T)
+    reset_pos = (cols - row_len[:, None]).clamp_min(0).reshape(-1)  # (B*T,) real tokens set below
+    reset_pos[dst] = pos
+    last = torch.from_numpy(lengths)[example] - 1
+    role = torch.where(pos < torch.from_numpy(n_prompt)[example], int(Role.PROMPT),
+                       torch.where(pos == last, int(Role.EOS), int(Role.RESPONSE)))
+    firsts = torch.from_numpy(before[:-1])  # (P,) each piece's first token in the real-token order
+    role[firsts] = torch.where(torch.from_numpy(col) == 0, int(Role.FIRST), int(Role.BOUNDARY))
+    roles = torch.full((B * T,), int(Role.PAD), dtype=torch.uint8)
+    roles[dst] = role.to(torch.uint8)
+    segments = Segments(row, col, col + length, index)
+    shape = (B, T)
+    return ids.view(shape), seq.view(shape), roles.view(shape), reset_pos.view(shape), segments
