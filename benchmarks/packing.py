@@ -358,6 +358,37 @@ def results_table(rows: list[dict]) -> str:
     return bu.markdown_table(headers, body)
 
 
+def wrapped_table(rows: list[dict]) -> str:
+    """The wrapped comparison of issue 24, one line per (mix, n, capacity): packsim ``pack_arrays``,
+    TRL as ``SFTTrainer`` calls it, TRL in one batch and the bare-numpy references, in seconds
+    (median), then each speed-up as median [min-max] of the per-round ratios (TRL time over
+    packsim time: above 1, packsim faster) and packsim's time over each bare-numpy reference."""
+    by_key = {(r["mix"], r["n"], r["capacity"], r["packer"]): r for r in rows}
+    body = []
+    for r in rows:
+        if r["packer"] != "wrapped":
+            continue
+        key = (r["mix"], r["n"], r["capacity"])
+        sft, one = by_key.get((*key, "trl_wrapped")), by_key.get((*key, "trl_wrapped_1batch"))
+        refs = r.get("numpy", {})
+
+        def faster(trl, timed):
+            return bu.fmt_spread(bu.paired_ratio(trl["times"], timed["times"])) if trl else "-"
+
+        body.append([
+            r["mix"], f"{r['n']:,}", r["capacity"], bu.fmt_num(r.get("load_1min")),
+            " / ".join(str(x["packs"]) if x else "-" for x in (r, sft, one)),
+            *(bu.fmt_num(x["time_s"]["median"]) if x else "-" for x in (r, sft, one, refs.get("cumsum"), refs.get("write"))),
+            faster(sft, r), faster(one, r),
+            *(bu.fmt_spread(r.get("ratio_vs_numpy", {}).get(f)) for f in NUMPY_REFS),
+            faster(one, r["lists"]) if "lists" in r else "-",
+        ])
+    headers = ["mix", "n", "cap", "load", "packs (packsim / TRL SFT / TRL 1 batch)", "pack_arrays s",
+               "TRL SFT s", "TRL 1 batch s", "numpy cumsum s", "numpy write s", "x faster than TRL SFT",
+               "x faster than TRL 1 batch", "x bare cumsum", "x bare write", "pack() lists: x faster than TRL 1 batch"]
+    return bu.markdown_table(headers, body)
+
+
 def targets_table(checks: list[dict]) -> str:
     return bu.markdown_table(
         ["target", "measured", "verdict"], [[c["target"], c["measured"], bu.verdict(c["ok"])] for c in checks]
@@ -465,6 +496,8 @@ def main(argv=None) -> int:
     kept = f"; kept the rows of {', '.join(merged_from['packers'])} from its previous run" if merged_from else ""
     print(f"\nwrote {path} ({payload['wall_s']:.0f} s; {payload['load']}{kept})\n")
     print(results_table(rows))
+    print()
+    print(wrapped_table(rows))
     print()
     if not has_trl:
         print("(TRL columns skipped: TRL not importable; the speed target needs it.)")
