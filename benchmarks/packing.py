@@ -225,7 +225,7 @@ def packer_call(name: str, lengths: np.ndarray, capacity: int, dataset, lists: b
 # ------------------------------------------------------------------------------ one configuration
 
 
-def bench_config(lengths, capacity: int, packers: list[str], dataset, repeats: int) -> dict:
+def bench_config(lengths, capacity: int, packers: list[str], dataset, repeats: int, clock=time.perf_counter) -> dict:
     """Time every packer on the same lengths, ``repeats`` rounds in rotating order.
 
     Returns ``{packer: {"times": [...], "time_s": summary, **stats}}``; stats come from round 0
@@ -244,9 +244,9 @@ def bench_config(lengths, capacity: int, packers: list[str], dataset, repeats: i
     for r in range(repeats):
         for key in keys[r % len(keys):] + keys[: r % len(keys)]:
             run, stats = calls[key]
-            t0 = time.perf_counter()
+            t0 = clock()
             result = run()
-            times[key].append(time.perf_counter() - t0)
+            times[key].append(clock() - t0)
             if r == 0 and key[1] is False:
                 out[key[0]].update(stats(result))
             del result
@@ -423,6 +423,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=3,
                     help="rounds per configuration (default 3; 2 x repeats + 1 up to 10k lengths)")
     ap.add_argument("--no-trl", action="store_true", help="skip TRL even if it is installed")
+    ap.add_argument("--mixes", help=f"comma list from {','.join(MIXES)} (default: all)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="wall: time.perf_counter (default); cpu: time.process_time, this process's CPU "
+                         "time, less moved by other jobs on a shared machine")
     ap.add_argument("--packers", help=f"comma list from {','.join([*PACKSIM, *TRL_PACKERS])} (default: all)")
     ap.add_argument("--out", help="results folder (default benchmarks/results, quick: runs/bench-quick)")
     ap.add_argument("--merge", action="store_true",
@@ -437,6 +441,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.repeats < 1:
         ap.error("--repeats must be >= 1")
     args.packers = bu.parse_paths(ap, args.packers, [*PACKSIM, *TRL_PACKERS]) if args.packers else None
+    args.mixes = bu.parse_paths(ap, args.mixes, list(MIXES)) if args.mixes else list(MIXES)
     return args
 
 
@@ -453,7 +458,9 @@ def main(argv=None) -> int:
         bench_config(warm, 512, packers, token_dataset(warm), 1)
     rows = []
     t_start = time.perf_counter()
-    for mix, sizes in (("long_tailed", args.sizes), ("uniform", args.uniform_sizes), ("bimodal", args.bimodal_sizes)):
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    mix_sizes = {"long_tailed": args.sizes, "uniform": args.uniform_sizes, "bimodal": args.bimodal_sizes}
+    for mix, sizes in ((m, mix_sizes[m]) for m in args.mixes):
         for n in sizes:
             lengths = make_lengths(mix, n)
             t0 = time.perf_counter()
@@ -464,7 +471,7 @@ def main(argv=None) -> int:
                 here = [p for p in packers if overflows or p not in SPLIT]
                 rounds = args.repeats if n > SMALL_N else 2 * args.repeats + 1  # ms each: noise
                 load = round(os.getloadavg()[0], 2)  # 1-min load average as this configuration starts
-                res = bench_config(lengths, cap, here, dataset, rounds)
+                res = bench_config(lengths, cap, here, dataset, rounds, clock)
                 add_ratios(res)
                 for p in here:
                     rows.append({"mix": mix, "n": n, "capacity": cap, "packer": p, "rounds": rounds, "load_1min": load,
@@ -486,6 +493,7 @@ def main(argv=None) -> int:
         "trl": trl_note if has_trl else f"not run: {trl_note}",
         "mixes": MIXES,
         "repeats": args.repeats,
+        "clock": args.clock,
         "wall_s": time.perf_counter() - t_start,
         "rows": rows,
         "targets": checks,

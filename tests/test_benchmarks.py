@@ -308,3 +308,14 @@ def test_gpu_check_logic_on_cpu_writes_one_json(bench, tmp_path, capsys):
     part = data["parts"][0]
     assert part["status"] == "ok" and part["returncode"] == 0
     assert {r["path"] for r in part["gpu"]["attention"]} == {"sdpa_dense", "blocked", "causal"}
+
+
+def test_packing_runs_only_the_mixes_asked_for_on_the_cpu_clock(bench, tmp_path, capsys):
+    packing = bench("packing")
+    assert packing.main(["--mixes", "bimodal", "--bimodal-sizes", "300", "--capacities", "256", "--repeats", "1",
+                         "--packers", "wrapped", "--no-trl", "--clock", "cpu", "--out", str(tmp_path)]) == 0
+    last_line_is_table(capsys.readouterr().out)
+    data = json.loads((tmp_path / "packing.json").read_text())
+    assert {(r["mix"], r["packer"]) for r in data["rows"]} == {("bimodal", "wrapped")} and data["clock"] == "cpu"
+    lengths = packing.make_lengths("bimodal", 20_000)  # the mix: 2..4096, a quarter long
+    assert lengths.min() >= 2 and lengths.max() <= 4096 and 0.15 < (lengths > 400).mean() < 0.3
