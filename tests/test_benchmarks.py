@@ -319,3 +319,12 @@ def test_packing_runs_only_the_mixes_asked_for_on_the_cpu_clock(bench, tmp_path,
     assert {(r["mix"], r["packer"]) for r in data["rows"]} == {("bimodal", "wrapped")} and data["clock"] == "cpu"
     lengths = packing.make_lengths("bimodal", 20_000)  # the mix: 2..4096, a quarter long
     assert lengths.min() >= 2 and lengths.max() <= 4096 and 0.15 < (lengths > 400).mean() < 0.3
+
+
+def test_from_examples_times_both_builders_and_checks_they_agree(bench, tmp_path, capsys):
+    from_examples = bench("from_examples")
+    assert from_examples.main(["--n", "200", "--capacity", "128", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    last_line_is_table(capsys.readouterr().out)
+    data = json.loads((tmp_path / "from_examples.json").read_text())
+    assert [r["strategy"] for r in data["rows"]] == ["bfd", "wrapped"] and data["n_examples"] == 200
+    assert all(len(r["arrays"]["times"]) == len(r["loop"]["times"]) == 1 for r in data["rows"])
