@@ -47,7 +47,8 @@ __all__ = ["PackedBatch"]
 def _example_parts(ex, i: int) -> tuple[list[int], int]:
     """(tokens, n_prompt) of example ``i``: Example-like (``.tokens``, ``.n_prompt``) or a prompt/response dict."""
     ex = as_example(ex, i, "example")
-    return list(ex.tokens), int(ex.n_prompt)
+    tokens = ex.tokens  # only read from here on: no copy (Example.tokens builds a fresh list)
+    return (tokens if isinstance(tokens, list | tuple) else list(tokens)), int(ex.n_prompt)
 
 
 def _validate(examples: Sequence, capacity: int, vocab_size: int | None) -> list[tuple[list[int], int]]:
