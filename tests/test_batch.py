@@ -250,3 +250,12 @@ def test_a_token_outside_the_vocabulary_names_its_example(examples):
     bad = [*examples[:2], ToyExample((1, VOCAB + 5, 2), 1)]
     with pytest.raises(PacksimError, match=f"example 2 has token id {VOCAB + 5} outside the vocabulary"):
         PackedBatch.from_examples(bad, 64, vocab_size=VOCAB)
+
+
+def test_segments_read_like_a_list_of_segments(examples):
+    b = PackedBatch.from_examples(examples, 32)
+    as_list = list(b.segments)
+    assert repr(b.segments) == f"Segments({as_list!r})" and b.segments[-1] == as_list[-1]
+    with pytest.raises(IndexError):
+        b.segments[len(as_list)]
+    assert b.segments != as_list[:-1] and b.segments == tuple(as_list)

@@ -57,7 +57,9 @@ class Segments(Sequence):
     __hash__ = None
 
     def __repr__(self) -> str:
-        return f"Segments({len(self)} pieces)"
+        if len(self) <= 12:  # a lesson's batch: show them all
+            return f"Segments({list(self)!r})"
+        return f"Segments({len(self)} pieces: {self[0]!r}, ..., {self[-1]!r})"
 
 
 def layout(tokens: torch.Tensor, n_prompt: np.ndarray, arrays: PackArrays, T: int, packed: bool, pad_id: int):
