@@ -23,7 +23,8 @@ from pipelines import PAIRS, one_thread  # noqa: E402, F401
 from transformers import Trainer, TrainingArguments  # noqa: E402
 
 import packsim  # noqa: E402
-from packsim.auditing.evidence import boundary_fields, feature_examples, locate  # noqa: E402
+from packsim.auditing.evidence import boundary_fields  # noqa: E402
+from packsim.auditing.locate import feature_examples, locate  # noqa: E402
 from packsim.core.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, encode  # noqa: E402
 
 transformers.logging.set_verbosity_error()

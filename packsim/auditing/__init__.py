@@ -8,6 +8,7 @@ module           idea
 ``probes``       perturbation, gradient, attention mass, loss coverage, positions
 ``alone``        every example packed vs alone: the isolation check of constant cost
 ``evidence``     where the examples are, independently of the batch's boundary fields
+``locate``       the collator's examples found in its batch, whole or cut short
 ``label_values`` every counted label checked by value (shifted, across a boundary, wrong)
 ``causes``       which field or kwarg most likely breaks isolation
 ``report``       :class:`AuditReport`: the verdict, the table, the HTML

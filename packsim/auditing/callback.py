@@ -44,8 +44,8 @@ class AuditFailed(RuntimeError):
 
     def __init__(self, report):
         self.report = report
-        super().__init__("packsim.AuditCallback stopped training before the first step: the audit of "
-                         "the training batches failed.\n" + report.table())
+        super().__init__("packsim.AuditCallback stopped training before the first step: the audit\n"
+                         "of the training batches failed.\n" + str(report))
 
 
 @contextmanager
@@ -108,7 +108,7 @@ class AuditCallback(TrainerCallback):
         if self.report.status == "fail":
             if self.warn_only:
                 warnings.warn("packsim.AuditCallback (warn_only): the audit of the training batches failed; "
-                              "training goes on.\n" + self.report.table(), UserWarning, stacklevel=2)
+                              "training goes on.\n" + str(self.report), UserWarning, stacklevel=2)
                 return control
             control.should_training_stop = True
             raise AuditFailed(self.report)

@@ -88,7 +88,7 @@ def run(args) -> int:
         batch = PackedBatch.from_examples(examples, capacity=args.capacity, setup=setup)
         report = audit(model, batch, seed=args.seed)
         print(f"=== setup {setup.name!r}: {batch!r}")
-        print(report.table())
+        print(report.console())
         print()
         summary.append((setup.name, "PASS" if report.ok else "FAIL", ", ".join(report.failed) or "-",
                         f"{report.seconds:.2f}s"))
@@ -156,7 +156,7 @@ def _own_trainer(args) -> int:
     except PacksimError as err:
         raise PacksimError(f"--trainer {args.trainer}: {err}") from None
     print(f"=== audit of the trainer from {args.trainer}: {type(trainer).__name__}")
-    print(report.table())
+    print(report.console())
     print(f"gate {_gate_line(report)}")
     return exit_code(report)
 
@@ -176,6 +176,6 @@ def _preflight(args) -> int:
                        batch_size=args.batch_size, max_length=args.max_length)
     print(f"=== pre-flight: model {args.model}, data {args.data}, collator {args.collator}, "
           f"attn {args.attn or 'sdpa'}")
-    print(report.table())
+    print(report.console())
     print(f"pre-flight {_gate_line(report)}")
     return exit_code(report)

@@ -5,14 +5,17 @@ mask) are what the collator wrote; a collator whose ``position_ids`` restart one
 writes wrong boundaries and a forward that follows them leaks. So the audit finds the examples
 from independent evidence and checks every field against it:
 
-1. **the examples themselves** (:func:`feature_examples`, :func:`locate`): the tokenized examples
-   the collator was given (the trainer's dataset items; TRL's pre-packed rows are split by their
-   ``seq_lengths``), each found as a contiguous run of ``input_ids`` in a row of the batch;
+1. **the examples themselves** (:mod:`packsim.auditing.locate`): the tokenized examples the
+   collator was given (the trainer's dataset items; TRL's pre-packed rows are split by their
+   ``seq_lengths``), each found as a contiguous run of ``input_ids`` in a row of the batch, or as
+   a prefix the collator cut short;
 2. **special tokens** (:func:`token_starts`, :func:`special_tokens`): a BOS (when it differs from
    EOS) starts an example; only without a BOS, the token after an EOS starts one. A BOS that does
-   not start an example (or, without a BOS, an EOS inside one) is a finding when no dataset
-   evidence overrules it (multi-turn chat templates end turns with EOS-like markers, so tokens
-   alone are weaker evidence).
+   not start an example is a finding when no dataset evidence overrules it. Without a BOS, an
+   EOS inside an example is one only when the EOS count ties to the example count (the EOS
+   tokens cut the rows into as many pieces as the fields mark examples: a boundary moved by a
+   token); a multi-turn chat template ends every turn with EOS, so more pieces than examples
+   cannot tell turns from merged examples, and the tokens are then not independent evidence.
 
 :func:`field_starts` reads every boundary field into (B, T) bool "an example starts here";
 :func:`boundary_fields` compares each with the independent starts and names the field and the
@@ -25,16 +28,17 @@ Lessons: none directly (packsim.audit and packsim.audit_trainer call it).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
 
+from packsim.auditing.locate import feature_examples, locate, locate_cut
 from packsim.auditing.report import Finding
 from packsim.core.segments import run_starts
 
-__all__ = ["Evidence", "boundary_fields", "collect", "dict_evidence", "feature_examples", "field_starts",
-           "locate", "special_ids", "special_tokens", "token_starts"]
+__all__ = ["Evidence", "boundary_fields", "collect", "dict_evidence", "field_starts", "special_ids",
+           "special_tokens", "token_starts"]
 
 # field -> how the report says "an example starts here" for it
 _VERB = {"position_ids": "restart", "cu_seq_lens_q": "has an offset", "cu_seq_lens_k": "has an offset",
@@ -53,87 +57,11 @@ class Evidence:
     source: str
     findings: list[Finding] = field(default_factory=list)
     confirms: bool = False  # the evidence marks exactly the examples the batch's fields mark
+    cut: dict[int, int] = field(default_factory=dict)  # example index -> tokens the collator kept
 
     @property
     def independent(self) -> bool:
         return self.seq is not None
-
-
-def _ids_list(values) -> list[int]:
-    if hasattr(values, "tolist"):
-        values = values.tolist()
-    return [int(v) for v in values]
-
-
-def feature_examples(features) -> list[list[int]] | None:
-    """The token ids of each example the collator was given, or None when the features do not say.
-
-    A feature is a dict with ``input_ids`` (split by ``seq_lengths`` when the dataset was packed
-    before collation, as TRL's ``pack_dataset`` does), or ``prompt_ids`` + ``response_ids`` /
-    ``completion_ids``, or an object with ``.tokens`` (a packsim Example).
-    """
-    if not features or isinstance(features, (Mapping, str, bytes)) or not isinstance(features, Sequence):
-        return None
-    out = []
-    for f in features:
-        if isinstance(f, Mapping) and "input_ids" in f:
-            ids = _ids_list(f["input_ids"])
-            lengths = _ids_list(f["seq_lengths"]) if f.get("seq_lengths") is not None else [len(ids)]
-            if sum(lengths) != len(ids):
-                return None
-            at = 0
-            for n in lengths:
-                out.append(ids[at:at + n])
-                at += n
-        elif isinstance(f, Mapping) and "prompt_ids" in f:
-            rest = next((k for k in ("response_ids", "completion_ids") if k in f), None)
-            if rest is None:
-                return None
-            out.append(_ids_list(f["prompt_ids"]) + _ids_list(f[rest]))
-        elif isinstance(f, Sequence) and not isinstance(f, (str, bytes, Mapping)):
-            out.append(_ids_list(f))
-        elif isinstance(f, torch.Tensor):
-            out.append(_ids_list(f.reshape(-1)))
-        elif hasattr(f, "tokens"):
-            out.append(_ids_list(f.tokens))
-        else:
-            return None
-    return [e for e in out if e] or None
-
-
-def locate(input_ids: torch.Tensor, examples: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
-    """Find each example as a contiguous run of tokens: -> (seq (B, T), indices of examples not found).
-
-    Examples are searched in order from where the previous one ended (collators keep the order),
-    then anywhere still free; tokens no example covers get -1.
-    """
-    B, T = input_ids.shape
-    rows = input_ids.tolist()
-    seq = torch.full((B, T), -1, dtype=torch.long)
-    used = [[False] * T for _ in range(B)]
-    missing = []
-    cur_r, cur_t = 0, 0
-    for k, ex in enumerate(examples):
-        n = len(ex)
-        hit = _find(rows, used, ex, cur_r, cur_t) or _find(rows, used, ex, 0, 0)
-        if hit is None:
-            missing.append(k)
-            continue
-        r, t = hit
-        seq[r, t:t + n] = k
-        used[r][t:t + n] = [True] * n
-        cur_r, cur_t = (r, t + n) if t + n < T else (r + 1, 0)
-    return seq.to(input_ids.device), missing
-
-
-def _find(rows, used, ex, r0: int, t0: int):
-    n = len(ex)
-    for r in range(r0, len(rows)):
-        row, free = rows[r], used[r]
-        for t in range(t0 if r == r0 else 0, len(row) - n + 1):
-            if row[t] == ex[0] and not free[t] and row[t:t + n] == ex and not any(free[t:t + n]):
-                return r, t
-    return None
 
 
 def token_starts(ids: torch.Tensor, real: torch.Tensor, bos: set[int], eos: set[int]) -> torch.Tensor | None:
@@ -348,24 +276,38 @@ def collect(fields: Mapping, field_seq: torch.Tensor, examples, bos: set[int], e
     """The independent boundaries of one batch and the ``boundary_fields`` / ``special_tokens`` findings.
 
     ``field_seq`` (B, T): the examples the batch's own fields mark (-1 padding). ``examples``:
-    the examples the collator was given (see :func:`feature_examples`), or None.
+    the examples the collator was given (see :func:`~packsim.auditing.locate.feature_examples`), or
+    None. Without them and without a BOS, the EOS tokens are evidence only where their count ties
+    to the fields' example count (one EOS run per example); else ``special_tokens`` is skipped.
     """
     ids = fields["input_ids"]
     exs = feature_examples(examples)
     if exs:
         seq, missing = locate(ids, exs)
-        if not missing:
-            src = f"the {what} ({len(exs)} examples located as contiguous runs of input_ids)"
+        cut = locate_cut(ids, exs, seq, missing, field_seq >= 0) if missing else {}
+        if len(cut) == len(missing):
+            src = f"the {what} ({len(exs)} examples located as contiguous runs of input_ids" + (
+                f"; {len(cut)} of them cut short by the collator, located by the tokens it kept)" if cut else ")")
             return Evidence(seq, src, [boundary_fields(fields, seq, src),
-                                       special_tokens(ids, seq, bos, eos, False, "the located examples")])
-        note = (f"{len(missing)} of {len(exs)} {what} are not contiguous runs of the batch's input_ids "
-                f"(first: example {missing[0]}; the collator changed or cut their tokens)")
+                                       special_tokens(ids, seq, bos, eos, False, "the located examples")], cut=cut)
+        first = next(k for k in missing if k not in cut)
+        note = (f"{len(missing) - len(cut)} of {len(exs)} {what} are not contiguous runs of the batch's "
+                f"input_ids (first: example {first}; the collator changed their tokens)")
     else:
         note = f"no {what}"
     bos = bos - eos  # GPT-2's <|endoftext|> is both: an end, not a start
     real = field_seq >= 0
-    tok = special_tokens(ids, field_seq, bos, eos, True, "the tokens vs the examples the batch's fields mark")
+    what_tok = "the tokens vs the examples the batch's fields mark"
+    tok = special_tokens(ids, field_seq, bos, eos, True, what_tok)
     starts = token_starts(ids, real, bos, eos)
+    if tok.failed and not bos and starts is not None:
+        n_tok, n_fields = int((starts & real).sum()), int((run_starts(field_seq) & real).sum())
+        if n_tok != n_fields:  # several EOS per example: turns or merged examples, the tokens cannot tell
+            text = special_tokens(ids, field_seq, bos, eos, False, what_tok).evidence
+            tok = Finding("special_tokens", "skipped", _untied(text, n_tok, n_fields))
+            note += (f"; the EOS tokens mark {n_tok} pieces where the fields mark {n_fields} examples, so "
+                     "they are not independent evidence")
+            return Evidence(None, note, [boundary_fields(fields, None, note), tok])
     if tok.failed and starts is not None:
         seq = _seq_from_starts(starts.clone(), real)
         src = (f"the special tokens ({note}): " + ("a BOS starts an example" if bos else
@@ -378,6 +320,15 @@ def collect(fields: Mapping, field_seq: torch.Tensor, examples, bos: set[int], e
                f"else; {note})")
         return Evidence(seq, src, [boundary_fields(fields, seq, src), tok], confirms=True)
     return Evidence(None, note, [boundary_fields(fields, None, note), tok])
+
+
+def _untied(text: str, n_tok: int, n_fields: int) -> str:
+    return (f"{text}; without a BOS the EOS tokens split the rows into {n_tok} pieces where the batch's "
+            f"fields mark {n_fields} examples, so the EOS count cannot be tied to the example count (a "
+            "multi-turn chat template ends every turn with EOS; merged examples look the same): the tokens "
+            "are not independent evidence here and the verdict rests on the batch's own metadata. To check "
+            "the boundaries, pass the examples (packsim.audit(..., examples=...); audit_trainer reads them "
+            "from the trainer's dataset)")
 
 
 def dict_evidence(model, batch: Mapping, examples=None) -> Evidence:

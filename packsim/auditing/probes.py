@@ -232,6 +232,10 @@ def loss_coverage(p: Pipeline) -> ProbeResult:
     A label at token t is counted when it is not -100 (t > 0 in its row: the shift drops t = 0).
     Values (:mod:`packsim.auditing.label_values`): a collator shift, a label across a boundary or
     a wrong token is its own problem; after a shift, roles are judged on the labels shifted back.
+    Without a prompt/response split (tokens of unknown role, e.g. a Trainer whose
+    ``remove_unused_columns=True`` dropped the features' ``completion_mask``) and nothing wrong
+    where it can judge, the probe is ``skipped`` ("not measured"), never a pass; counting every
+    token inside the examples still fails (any prompt is in the loss).
     """
     if p.labels is None:
         return ProbeResult("loss_coverage", "skipped", None, 0, "the batch carries no labels")
@@ -253,10 +257,22 @@ def loss_coverage(p: Pipeline) -> ProbeResult:
     if problems:
         summary += "; WRONG: " + "; ".join(text for _, _, text in problems)
     summary += " (" + "; ".join(p.role_notes) + ")"
+    details = {"counts": counts, "problems": [key for key, _, _ in problems],
+               "label_values": values, "convention": CONVENTION}
+    c, n = counts["unknown"]
+    if n and not problems:  # labels look right where they can be judged, the split cannot be
+        details.update(not_measured=NO_SPLIT, how_to_get=HOW_TO_SPLIT)
+        return ProbeResult("loss_coverage", "skipped", None, 0,
+                           f"not measured: {NO_SPLIT} ({c} of the {n} tokens inside the examples are "
+                           "counted, of either kind); checked: " + summary, details)
     return ProbeResult("loss_coverage", "fail" if problems else "pass",
-                       float(sum(n for _, n, _ in problems)), 0, summary,
-                       {"counts": counts, "problems": [key for key, _, _ in problems],
-                        "label_values": values, "convention": CONVENTION})
+                       float(sum(n for _, n, _ in problems)), 0, summary, details)
+
+
+NO_SPLIT = "no prompt/response split reached the audit, so it cannot tell prompt labels from response labels"
+HOW_TO_SPLIT = ("keep the split in what the audit sees: TrainingArguments(remove_unused_columns=False) so "
+                "the collator's features keep completion_mask (or prompt_ids + response_ids), or pass "
+                "response_mask= to packsim.audit")
 
 
 def _value_problems(kinds: dict, values: dict, shifted: bool) -> list[tuple[str, int, str]]:

@@ -10,11 +10,13 @@ Lessons: none directly (packsim.audit returns an AuditReport).
 from __future__ import annotations
 
 import html
+import textwrap
 from dataclasses import dataclass, field
 
 import torch
 
 PROBES = ("perturbation", "gradient", "attention_mass", "loss_coverage", "positions")
+WIDTH = 100  # columns of ``str(report)``; ``report.table()`` keeps one line per row
 
 
 @dataclass
@@ -167,14 +169,21 @@ class AuditReport:
     def _loss_claim(self) -> str:
         """What the verdict may say about the loss: only what the loss_coverage probe measured."""
         loss = self.probes.get("loss_coverage")
+        if loss is not None and "not_measured" in loss.details:
+            return ("; which labels are prompt and which response was not measured (no prompt/response split "
+                    "reached the audit), so the loss was not measured: only its padding, boundary and label "
+                    "values were checked.")
         if loss is None or loss.status == "skipped":
             return f"; the loss was not checked ({loss.summary if loss else 'no loss probe'})."
-        unknown = loss.details.get("counts", {}).get("unknown", (0, 0))[1]
-        if unknown:
-            return ("; which labels are prompt and which response was not measured (no prompt/response split "
-                    "reached the audit: pass response_mask, or keep completion_mask in the batch), so the loss "
-                    "was checked for padding and boundary labels only.")
         return " and the loss counts only responses."
+
+    def _boundary_claim(self) -> str:
+        """Whether the isolation verdict rests on independent boundaries or on the batch's own fields."""
+        fields = next((f for f in self.findings if f.name == "boundary_fields"), None)
+        if fields is None or fields.status != "skipped":
+            return ""
+        return (" as the batch's own boundary fields mark them (no independent evidence of where the "
+                "examples are: the verdict rests on the batch's own metadata)")
 
     @property
     def verdict(self) -> str:
@@ -187,7 +196,7 @@ class AuditReport:
             line = (f"NOT MEASURED: whether the {n} example(s) stay isolated could not be measured ({why}); "
                     "nothing failed, but this is not a pass.")
         elif self.ok:
-            line = f"PASS: {n} examples isolated{self._loss_claim()}"
+            line = f"PASS: {n} examples isolated{self._boundary_claim()}{self._loss_claim()}"
         else:
             parts = [f"FAIL ({', '.join(self.failed)}):"]
             if self.probes["perturbation"].failed and self.worst_pair is not None:
@@ -210,24 +219,28 @@ class AuditReport:
             out.append((p.name, p.status.upper(), value, thr, p.summary))
         return out
 
-    def table(self) -> str:
-        """The report as plain text: verdict, where boundaries came from, the probe table, causes."""
-        head = ("probe", "result", "value", "threshold", "evidence")
+    def table(self, width: int | None = None) -> str:
+        """The report as plain text: verdict, where boundaries came from, the probe table, causes.
+
+        ``width=None``: one line per row (logs, grep); an int wraps every long cell and line to
+        that many columns, words kept whole, nothing left out (``str(report)`` uses :data:`WIDTH`).
+        """
+        head = ("probe", "result", "value", "limit", "evidence")
         rows = [head, *self.rows()]
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
-        lines = [self.verdict,
-                 f"examples: {len(self.example_ids)}; boundaries from {self.boundaries}; "
-                 f"forward: {self.forward}; audit took {self.seconds:.2f} s"]
+        lines = _wrap(self.verdict, width)
+        lines += _wrap(f"examples: {len(self.example_ids)}; boundaries from {self.boundaries}; "
+                       f"forward: {self.forward}; audit took {self.seconds:.2f} s", width)
         for r in rows:
-            lines.append("  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4])
-        lines += self._notes()
+            lines += _wrap(r[4], width, "  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  ")
+        lines += [x for note in self._notes() for x in _wrap(note, width)]
         if self.findings:
             lines.append("findings (configuration checks):")
-            width = max(len(f.name) for f in self.findings)
+            name_w = max(len(f.name) for f in self.findings)
             for f in self.findings:
                 fix = f" Fix: {f.fix}" if f.failed and f.fix else ""
-                lines.append(f"  {f.name.ljust(width)}  {f.status.upper():7}  {_sentence(f.evidence)}{fix}")
-        lines += [f"likely cause: {c}" for c in self.causes]
+                lines += _wrap(f"{_sentence(f.evidence)}{fix}", width, f"  {f.name.ljust(name_w)}  {f.status.upper():7}  ")
+        lines += [x for c in self.causes for x in _wrap(f"likely cause: {c}", width)]
         return "\n".join(lines)
 
     def _notes(self) -> list[str]:
@@ -245,7 +258,7 @@ class AuditReport:
                          "gradient ratio can be smaller than the gradient row's maximum.")
         for name, p in self.probes.items():
             if p.status == "skipped":
-                how = HOW_TO_GET.get(name, "see the evidence column")
+                how = p.details.get("how_to_get") or HOW_TO_GET.get(name, "see the evidence column")
                 notes.append(f"skipped {name}: not measured, so it is neither a pass nor a fail. "
                              f"To get it: {how}.")
         return notes
@@ -282,6 +295,31 @@ class AuditReport:
         return self.to_html()
 
     def __str__(self) -> str:
-        return self.table()
+        return self.table(width=WIDTH)
+
+    def console(self, stream=None) -> str:
+        """The table for printing to ``stream`` (default ``sys.stdout``): :data:`WIDTH` columns on a
+        terminal, one line per row when it is a file or a CI log (``packsim audit`` prints this)."""
+        import sys
+
+        stream = sys.stdout if stream is None else stream
+        return self.table(width=WIDTH if getattr(stream, "isatty", lambda: False)() else None)
+
+
+def _wrap(text: str, width: int | None, first: str = "") -> list[str]:
+    """``first + text`` as lines of at most ``width`` columns, later lines indented under ``text``
+    when ``first`` is a table row's leading cells (else by two spaces); the text goes on the lines
+    below the cells when they leave it under 40 columns or too few for its longest word (a word
+    longer than a whole line is cut there, the only case); one line when width is None."""
+    if width is None:
+        return [first + text]
+    longest = max((len(word) for word in text.split()), default=0)
+    if first and (len(first) > width - 40 or longest > width - len(first)):
+        # the leading cells leave too little room (or a word would be cut): the text goes below them
+        return [first.rstrip()] + textwrap.wrap(text, width, initial_indent="    ", subsequent_indent="    ",
+                                                break_on_hyphens=False)
+    indent = " " * len(first) if first else "  "
+    return textwrap.wrap(text, width, initial_indent=first, subsequent_indent=indent,
+                         break_on_hyphens=False) or [first.rstrip()]
 
 

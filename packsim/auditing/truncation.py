@@ -1,28 +1,40 @@
 """Examples cut by truncation: a response cut short, or cut away so the example counts no label.
 
-Two views of the same fault:
+Views of the same fault:
 
 - :func:`truncated_records` (the pre-flight gate, which has the records): TRL's BFD packing
   truncates every tokenized example longer than ``max_length`` (``trl.data_utils._pack_bfd`` with
   ``on_seq_length_overflow="truncate"``), so a record of prompt + completion + EOS longer than it
   loses the end of its response, and one whose prompt alone fills it becomes a prompt-only row;
+- :func:`dataset_cuts` (the trainer's own dataset, after its preparation): TRL truncates while it
+  prepares the dataset (``SFTTrainer._prepare_dataset``: ``truncate`` without packing, ``pack_dataset``
+  with it), so the records are gone; an example exactly ``max_length`` tokens long that does not
+  end with the token the dataset's other examples end with (EOS) is one it cut;
+- :func:`collator_cuts` (the collator's features vs its batch): an example the collator was given
+  found in the batch only as a prefix that stops at a row's end, padding or the next example;
 - :func:`examples_without_loss` (any trainer's batch): examples in the batch with no counted label
   inside them (labels (B, T) vs the example index (B, T)); a response cut away leaves exactly that.
 
-Each returns a :class:`~packsim.auditing.report.Finding`. Used by :func:`packsim.audit_trainer` and
-``packsim audit --model``.
+:func:`truncated_examples` joins the last three into the ``truncated_examples`` finding of
+:func:`packsim.audit_trainer` (so of ``packsim audit --trainer`` and ``packsim.AuditCallback``);
+``packsim audit --model`` reports :func:`truncated_records`.
 
 Lessons: none directly.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
+from packsim.auditing.locate import feature_examples, locate, locate_cut
 from packsim.auditing.report import Finding
 from packsim.core.loss import IGNORE_INDEX
 
-__all__ = ["examples_without_loss", "truncated_records"]
+__all__ = ["collator_cuts", "dataset_cuts", "examples_without_loss", "truncated_examples", "truncated_records"]
+
+SCAN_ROWS = 50_000  # rows of the trainer's dataset read for dataset_cuts (the first ones)
 
 
 def truncated_records(lengths: list[tuple[int, int]], max_length: int | None) -> Finding:
@@ -83,3 +95,204 @@ def examples_without_loss(labels, seq: torch.Tensor, cut_across_rows: bool = Fal
                    "prompt fills it, or records without a response",
                    "raise max_length above the longest example, or drop the records longer than max_length "
                    "(and those without a response) before training")
+
+
+def _first(ks: list[int]) -> str:
+    return ", ".join(map(str, ks[:5])) + (" ..." if len(ks) > 5 else "")
+
+
+def _examples_arrow(dataset, n: int):
+    """(lengths, last tokens, counted(k) -> bool | None) of the first ``n`` rows, read as Arrow arrays."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    keep = [c for c in ("input_ids", "seq_lengths", "labels") if c in dataset.column_names]
+    table = dataset.select_columns(keep).with_format("arrow")[:n]
+    lengths, lasts, where = [], [], []  # where: (labels of the record batch or None, start) per example
+    for rb in table.to_batches():
+        ids = rb.column(rb.schema.get_field_index("input_ids"))
+        row_len = pc.list_value_length(ids).to_numpy(zero_copy_only=False)
+        ex_len = row_len
+        if "seq_lengths" in keep:
+            packed = pc.list_flatten(rb.column(rb.schema.get_field_index("seq_lengths"))).to_numpy(zero_copy_only=False)
+            ex_len = packed if int(packed.sum()) == int(row_len.sum()) else row_len
+        ex_len = ex_len[ex_len > 0].astype(np.int64)
+        ends = np.cumsum(ex_len)
+        if not len(ends):
+            continue
+        flat = pc.list_flatten(ids)
+        lasts.append(pc.take(flat, pa.array(ends - 1)).to_numpy(zero_copy_only=False))
+        lengths.append(ex_len)
+        labels = pc.list_flatten(rb.column(rb.schema.get_field_index("labels"))) if "labels" in keep else None
+        where += [(labels, int(s)) for s in ends - ex_len]
+    if not lengths:
+        return None
+    lengths, lasts = np.concatenate(lengths).tolist(), np.concatenate(lasts).tolist()
+
+    def counted(k):
+        labels, s = where[k]
+        if labels is None:
+            return None
+        piece = labels.slice(s + 1, lengths[k] - 1)
+        return bool(len(piece)) and bool(pc.any(pc.not_equal(piece, IGNORE_INDEX)).as_py())
+
+    return lengths, lasts, counted
+
+
+def _examples_loop(dataset, n: int):
+    """The same for any indexable dataset of dicts (a Python loop over its first ``n`` items)."""
+    lengths, lasts, labels_of = [], [], []
+    for i in range(n):
+        item = dataset[i]
+        if not hasattr(item, "get") or item.get("input_ids") is None:
+            return None
+        ids = [int(v) for v in (item["input_ids"].tolist() if hasattr(item["input_ids"], "tolist") else item["input_ids"])]
+        sl, labels = item.get("seq_lengths"), item.get("labels")
+        parts = [int(v) for v in sl] if sl is not None and sum(int(v) for v in sl) == len(ids) else [len(ids)]
+        at = 0
+        for m in parts:
+            if m:
+                lengths.append(m)
+                lasts.append(ids[at + m - 1])
+                labels_of.append(None if labels is None else [int(v) for v in labels[at + 1:at + m]])
+            at += m
+    if not lengths:
+        return None
+    return lengths, lasts, lambda k: None if labels_of[k] is None else any(v != IGNORE_INDEX for v in labels_of[k])
+
+
+def dataset_cuts(dataset, max_length: int | None, eos: set[int], limit: int = SCAN_ROWS) -> dict | None:
+    """Examples of a tokenized dataset cut at ``max_length``; None when the dataset cannot be read.
+
+    Rows with ``input_ids`` (split by ``seq_lengths`` when packed, as TRL packs them) and, when
+    present, ``labels``. ``max_length`` None: the longest example's length (where a tokenizer's
+    ``truncation=True`` leaves them). The ending token: EOS, or the one token at least 90% of the
+    shorter examples end with; without such a convention nothing is judged (``"ending"`` None).
+    Returns {"examples", "max_length", "given", "cut", "prompt_only", "ending", "rows", "capped"}.
+    """
+    try:
+        total = len(dataset)
+    except TypeError:  # an IterableDataset: not scanned
+        return None
+    arrow = hasattr(dataset, "with_format") and hasattr(dataset, "column_names")
+    if arrow and "input_ids" not in (dataset.column_names or []):
+        return None
+    n = min(total, limit if arrow else limit // 10)
+    read = _examples_arrow(dataset, n) if arrow else _examples_loop(dataset, n)
+    if read is None:
+        return None
+    lengths, lasts, counted = read
+    limit_len = max(lengths) if max_length is None else int(max_length)
+    shorter = Counter(last for m, last in zip(lengths, lasts, strict=True) if m < limit_len)
+    ending = set(eos)
+    if shorter:
+        token, count = shorter.most_common(1)[0]
+        total_short = sum(shorter.values())
+        if sum(c for t, c in shorter.items() if t in eos) < 0.9 * total_short:
+            ending = {token} if count >= 0.9 * total_short else set()
+    cut = [k for k, (m, last) in enumerate(zip(lengths, lasts, strict=True))
+           if ending and m == limit_len and last not in ending]
+    return {"examples": len(lengths), "max_length": limit_len, "given": max_length is not None, "cut": cut,
+            "prompt_only": [k for k in cut if counted(k) is False], "ending": sorted(ending) or None,
+            "ending_is_eos": bool(ending) and ending <= set(eos), "rows": n, "capped": n < total}
+
+
+def collator_cuts(features, input_ids: torch.Tensor, labels, real: torch.Tensor | None) -> dict | None:
+    """Examples the collator was given vs its batch: which it kept only a prefix of; None without features.
+
+    ``real`` (B, T) bool, False on padding (None: unknown). Returns {"examples", "cut" {k: (kept,
+    length)}, "prompt_only" (cut examples keeping no counted label), "unfound" (neither whole nor a
+    prefix: tokens changed, not judged)}.
+    """
+    exs = feature_examples(features)
+    if not exs:
+        return None
+    ids = torch.as_tensor(input_ids).cpu()
+    seq, missing = locate(ids, exs)
+    cut = locate_cut(ids, exs, seq, missing, None if real is None else real.cpu()) if missing else {}
+    prompt_only = []
+    if labels is not None:
+        lab = torch.as_tensor(labels).reshape(ids.shape).cpu()
+        for k in cut:
+            mine = seq == k
+            first = mine & ~torch.cat([torch.zeros_like(mine[:, :1]), mine[:, :-1]], 1)
+            if not bool((lab[mine & ~first] != IGNORE_INDEX).any()):
+                prompt_only.append(k)
+    return {"examples": len(exs), "cut": {k: (m, len(exs[k])) for k, m in cut.items()},
+            "prompt_only": prompt_only, "unfound": len(missing) - len(cut)}
+
+
+def _dataset_part(found: dict | None, sft_truncates: bool) -> tuple[str, str]:
+    """(text, "fail" / "pass" / "skipped") for the trainer's dataset."""
+    if found is None:
+        return "the trainer's dataset was not read (no input_ids column, or not a sized dataset)", "skipped"
+    n, L, cut = found["examples"], found["max_length"], found["cut"]
+    scope = f"the first {found['rows']} rows of the trainer's dataset" if found["capped"] else "the trainer's dataset"
+    at = f"max_length={L}" if found["given"] else f"{L} tokens, its longest example's length"
+    if found["ending"] is None:
+        return (f"{scope}: its examples shorter than {L} tokens end with different tokens, so a cut one "
+                "cannot be told by its last token (not judged)"), "skipped"
+    end = "EOS" if found["ending_is_eos"] else f"token {found['ending'][0]}, as the shorter ones do"
+    if not cut:
+        return f"{scope}: none of its {n} examples is cut at {at} (each ends with {end} or is shorter)", "pass"
+    dropped = (" (TRL drops the examples its truncation left without a label, so those are not counted)"
+               if sft_truncates else "")
+    return (f"{scope}: {len(cut)} of {n} examples are cut at {at} (exactly {L} tokens, not ending with {end}; "
+            f"examples {_first(cut)}), {len(found['prompt_only'])} of them keep no counted label "
+            f"(prompt-only){dropped}"), "fail"
+
+
+def _collator_part(found: dict | None) -> tuple[str, str]:
+    """(text, status) for the collator's features vs its batch."""
+    if found is None:
+        return "", "skipped"
+    cut, n = found["cut"], found["examples"]
+    unfound = (f"; {found['unfound']} not found whole or as a prefix (their tokens changed: not judged)"
+               if found["unfound"] else "")
+    if not cut:
+        return f"the collator: each of the {n} examples it was given is whole in the batch{unfound}", "pass"
+    kept = "; ".join(f"example {k} keeps {m} of {total} tokens" for k, (m, total) in list(cut.items())[:3])
+    return (f"the collator: {len(cut)} of the {n} examples it was given are cut short in the batch "
+            f"({kept}{' ...' if len(cut) > 3 else ''}), {len(found['prompt_only'])} of them keep no counted "
+            f"label (prompt-only){unfound}"), "fail"
+
+
+def _eos_ids(trainer) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(trainer, "processing_class", None), getattr(getattr(trainer, "model", None), "config", None)):
+        source = getattr(source, "tokenizer", source)  # a processor wraps its tokenizer
+        value = getattr(source, "eos_token_id", None)
+        ids |= {value} if isinstance(value, int) else {int(v) for v in (value or []) if v is not None}
+    return ids
+
+
+def truncated_examples(trainer, p, features, cut_across_rows: bool = False) -> Finding:
+    """The ``truncated_examples`` finding of :func:`packsim.audit_trainer`: dataset, collator, batch.
+
+    ``p``: the audited batch's :class:`~packsim.auditing.pipeline.Pipeline`; ``features``: what the
+    collator was given for it (None when unseen). Fails when any of the three finds a cut example.
+    """
+    batch = examples_without_loss(p.labels, p.seq, cut_across_rows)
+    if cut_across_rows:
+        return batch
+    args = getattr(trainer, "args", None)
+    max_length = getattr(args, "max_length", None)
+    if getattr(args, "truncation_mode", "keep_start") == "keep_end" and max_length is not None:
+        data = ("the trainer's dataset: truncation_mode='keep_end' keeps each example's end (its response), "
+                "so cuts at the front are not counted"), "skipped"
+    else:
+        sft = any(c.__name__ == "SFTTrainer" for c in type(trainer).__mro__)
+        data = _dataset_part(dataset_cuts(getattr(trainer, "train_dataset", None), max_length, _eos_ids(trainer)),
+                             sft and not getattr(args, "packing", False))
+    fields = p.context.get("fields", {}) if isinstance(p.context, dict) else {}
+    mask = fields.get("attention_mask")
+    real = mask.bool() if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+    coll = _collator_part(collator_cuts(features, p.input_ids, p.labels, real))
+    parts = [data, coll, (f"the audited batch: {batch.evidence}", batch.status)]
+    statuses = {s for t, s in parts if t}
+    status = "fail" if "fail" in statuses else "pass" if "pass" in statuses else "skipped"
+    fix = ("raise max_length above the longest example (SFTConfig(max_length=...), or the collator's or "
+           "tokenizer's max_length), or drop or shorten the examples longer than it (and those without a "
+           "response) before training") if status == "fail" else ""
+    return Finding("truncated_examples", status, "; ".join(t for t, _ in parts if t), fix)
