@@ -22,7 +22,7 @@ token after a run of EOS does too. Prompt/response: from the collated features' 
 (:func:`~packsim.auditing.features.response_mask_from_features`), all response for TRL's
 language-modelling data, else unknown. Used by lesson 07 and ``packsim audit --model``.
 
-Lessons: 07.
+Lessons: A6.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from packsim.auditing.hybrid_findings import kernel_refusal
 from packsim.auditing.pipeline import ForwardOutput, Pipeline, dict_roles, logits_of
 from packsim.auditing.preference import audit_dpo_trainer, is_dpo
 from packsim.auditing.report import AuditReport, Finding
-from packsim.auditing.truncation import examples_without_loss
+from packsim.auditing.truncation import truncated_examples
 from packsim.core.boundaries import ROWS_SOURCE, find_boundaries
 from packsim.core.errors import PacksimError
 from packsim.core.loss import Role
@@ -321,7 +321,7 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
     findings += [cache(view, base_out.cache, use_cache, where),
                  completion_only_loss(trainer, note, _inside_counts(p), report.probes["loss_coverage"]),
                  accumulation, loss_across_devices(trainer, counts_items),
-                 examples_without_loss(p.labels, p.seq, cut_across_rows=_wraps(trainer))]
+                 truncated_examples(trainer, p, drawn[worst][1], cut_across_rows=_wraps(trainer))]
     findings += report.findings  # boundary_fields, special_tokens (packsim.auditing.evidence)
     if batches > 1:
         verdicts = [f"batch {k}: {'PASS' if r.ok else 'FAIL (' + ', '.join(r.failed) + ')'}"
