@@ -79,3 +79,11 @@ def test_figure_html_is_rebuilt_with_short_floats():
     html = nb.cells[0].outputs[0]["data"]["text/html"]
     assert "Plotly.newPlot" in html and "0.12346" in html and "0.33333" in html
     assert "0.123456789" not in html and "0.3333333" not in html and '"displaylogo": false' in html
+
+
+def test_index_lists_core_lessons_and_appendices(tmp_path):
+    from packsim.course.tools.static_site import _index
+
+    rows = [(tmp_path / "01_why_pack.html", 3.0, "01 · Why pack"), (tmp_path / "A1_packing_stopwatch.html", 2.0, "A1 · x")]
+    page = _index(rows, fast=True)
+    assert "<td>core</td><td>01 · Why pack</td>" in page and "<td>appendix</td><td>A1 · x</td>" in page

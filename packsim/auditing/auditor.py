@@ -26,7 +26,7 @@ checked against it (:mod:`packsim.auditing.evidence`); the report says which.
 
 Used by the ``packsim audit`` command.
 
-Lessons: 07, 09.
+Lessons: 07, 09, A6.
 """
 
 

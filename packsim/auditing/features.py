@@ -21,7 +21,7 @@ Layouts: ``"flat"`` (1, N), the features back to back (DataCollatorWithFlattenin
 padding-free collator, PackingCollator); ``"padded"`` (B, T_max), one feature per row, padded on
 the ``padding_side`` with False.
 
-Lessons: 07.
+Lessons: 07, A6.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ without such layers, so any audit can call it on every pipeline. When the pipeli
 refused that way (``seq_idx`` on CPU), nothing can be measured: :func:`refused_report` turns the
 refusal into a NOT MEASURED report whose ``hybrid_state`` finding names the layer and the kernel.
 
-Lessons: none directly (packsim.audit adds the finding; lessons 04 and 07 show the table).
+Lessons: none directly (packsim.audit adds the finding; appendices A3 and A6 show the table).
 """
 
 from __future__ import annotations

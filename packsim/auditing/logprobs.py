@@ -16,7 +16,7 @@ name; 1 = the token's log-prob counts) or else ``labels != -100``; where the exa
 cu_seq_lens_q > seq_idx > position_ids restarts, attention_mask zeros as padding). Keys the model
 does not take (``completion_mask``, ``ref_*_logps``) are left out of the forward.
 
-Lessons: 09.
+Lessons: A8.
 """
 
 from __future__ import annotations

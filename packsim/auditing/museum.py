@@ -18,7 +18,7 @@ these exhibits; ``EXHIBITS`` holds them and the 2025-26 pieces of :mod:`packsim.
 (each checked by its own probe). :func:`museum_table` runs every one (buggy and fixed) and tabulates
 what caught it. For lesson 07 and docs/audit.md; tests/test_museum.py runs every exhibit.
 
-Lessons: 07.
+Lessons: A6.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ exhibits); ``museum.EXHIBITS`` holds every piece too. Pieces:
 
 Shapes: packed rows (1, N); per-token log-probs (N,); position_ids (3, 1, T) for mRoPE.
 
-Lessons: 07.
+Lessons: A6.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Both halves of the museum print through it: the audited exhibits (:mod:`packsim.
 and the 2025-26 pieces (:mod:`packsim.auditing.museum_2026`). It lives apart from both so each can
 build a table and ``museum.EXHIBITS`` can hold the pieces without an import cycle.
 
-Lessons: none directly (museum_table and museum_2026_table return it; lesson 07 prints them).
+Lessons: none directly (museum_table and museum_2026_table return it; appendix A6 prints them).
 """
 
 from __future__ import annotations

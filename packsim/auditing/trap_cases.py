@@ -14,7 +14,7 @@ options of :func:`packed_batch` (:data:`CONDITION_OPTIONS`), which builds any co
 positions x mask x use_cache x rows (the trap explorer widget uses it). The measuring is in
 :mod:`packsim.auditing.traps`.
 
-Lessons: none directly (lessons 04, 07 and 09 call :func:`packsim.auditing.traps.trap_table`).
+Lessons: none directly (lesson 04 calls :func:`packsim.auditing.traps.trap_table`).
 """
 
 from __future__ import annotations

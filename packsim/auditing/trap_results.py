@@ -7,7 +7,7 @@ verdict on the same forward. A :class:`TrapTable` holds the cells, rows (family,
 numbered footnote; "!" where the audit disagrees) or a plotly heatmap. The measuring is in
 :mod:`packsim.auditing.traps`.
 
-Lessons: none directly (lessons 04, 07 and 09 print the table :func:`packsim.auditing.traps.trap_table` returns).
+Lessons: none directly (lesson 04 prints the table :func:`packsim.auditing.traps.trap_table` returns).
 """
 
 from __future__ import annotations

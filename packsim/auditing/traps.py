@@ -27,7 +27,7 @@ Meant for lessons 04 and 07 and docs/audit.md, to print instead of prose claims,
 true when transformers changes. The full table (8 families x 5 implementations x 7 conditions) takes
 minutes on a 2-core CPU: pass ``families=`` / ``impls=`` / ``conditions=`` for a subset.
 
-Lessons: 04, 07, 09.
+Lessons: 04.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ the CPU default), ``flex`` (FlexAttention with a document ``BlockMask``, eager),
 (``flash_attn_varlen_func``) and ``torch_varlen`` (``torch.nn.attention.varlen.varlen_attn``).
 What each needs and ``backend="auto"``: :mod:`packsim.core.attention_backends`.
 
-Lessons: 03, 08.
+Lessons: 03, A7.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ FlexAttention has no backward on CPU in torch 2.13. :func:`resolve_backend` turn
 name) into the backend for q (total_q, H, D)'s device and dtype, with the reason; the choice is
 logged once at INFO on the ``packsim`` logger (:func:`log_choice`).
 
-Lessons: 03, 08.
+Lessons: 03, A7.
 """
 
 from __future__ import annotations

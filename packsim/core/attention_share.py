@@ -7,7 +7,7 @@ from :func:`packsim.core.model.attention_maps`) and ``seq_ids`` (B, T) long, -1 
 block-diagonal mask every share is exactly 0 (masked keys get probability 0); under a causal
 mask over the whole pack, every example after the first in a row reads its neighbours.
 
-Lessons: 02, 07.
+Lessons: 02, 07, A2.
 """
 
 from __future__ import annotations

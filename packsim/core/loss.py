@@ -8,7 +8,7 @@ it from the previous EOS is the boundary-token bug), ``PROMPT``, ``RESPONSE``, `
 so the model learns to stop) and ``UNKNOWN`` (the audit's role where a collator batch does not say
 prompt or response). Lesson 05 teaches this module step by step; lesson 07 audits it.
 
-Lessons: 05, 07.
+Lessons: 05, 07, A4, A6.
 """
 
 from __future__ import annotations

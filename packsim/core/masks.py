@@ -9,7 +9,7 @@ The correct mask for a pack is *block-diagonal causal*: causal inside each examp
 across examples. The buggy default is a plain causal mask over the whole pack, which lets every
 example read the ones packed before it. ``packsim.core.attention``'s dense backend uses these.
 
-Lessons: 02, 03, 04, 08, 09.
+Lessons: 02, 03, 04, 08, 09, A2, A7.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ This module converts between them, finds where runs start (:func:`run_starts`) a
 position in its run (:func:`example_positions`), and holds :class:`Segment` (row, [start, stop),
 example). Reading any batch's boundaries: :mod:`packsim.core.boundaries`.
 
-Lessons: 08, 09.
+Lessons: 08, 09, A7.
 """
 
 from __future__ import annotations

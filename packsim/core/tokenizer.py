@@ -12,7 +12,7 @@ call returns the same object, so don't mutate it). Calling it with special token
 Data generation uses :func:`encode_strict`, which refuses characters outside the vocabulary
 instead of silently turning them into ``<unk>``.
 
-Lessons: 01, 02, 05.
+Lessons: 01, 02, 05, A2, A4.
 """
 
 from __future__ import annotations

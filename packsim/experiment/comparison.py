@@ -15,7 +15,7 @@ the runs need no plotly) and, per run, the trained weights ``DIR/models/<setup>-
 (:func:`load_model`), which the leakage explorer can show. ``packsim compare`` is its command
 line (:mod:`packsim.compare_command`).
 
-Lessons: 06.
+Lessons: 06, A5.
 """
 
 from __future__ import annotations

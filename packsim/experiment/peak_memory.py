@@ -7,7 +7,7 @@ To make that rise honest, :func:`track_freed_memory` first asks glibc to hand ev
 each measurement starts with ``malloc_trim(0)``; otherwise freed memory stays in the process for
 reuse and a path could look free. CPU tensors only (a GPU has ``torch.cuda.max_memory_allocated``).
 
-Lessons: 08.
+Lessons: A7.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ benchmark; unset, the runs are the full ones the committed results come from. :d
 names the comparison's data designs (:mod:`packsim.experiment.comparison`), here so that the
 ``packsim compare`` options need no torch.
 
-Lessons: 00, 01, 02, 04, 05, 06, 07, 08, 09, 10.
+Lessons: 00, 01, 02, 05, 06, 07, 08, 09, 10, A1, A2, A3, A4, A5, A6, A7.
 """
 
 from __future__ import annotations

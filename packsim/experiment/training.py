@@ -12,7 +12,7 @@ and, live, to ``callback(record)`` (the curves widget's ``.callback``).
 
 Deterministic on CPU for a given seed. On CUDA it trains under bf16 autocast.
 
-Lessons: 01, 02, 05, 10.
+Lessons: 01, 02, 10, A1, A2, A4.
 """
 
 from __future__ import annotations

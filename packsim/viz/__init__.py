@@ -13,7 +13,7 @@ and the figures of :mod:`packsim.viz.scaling` (10); lesson figures: :func:`allow
 Importing this package changes nothing global and loads no widget (each name loads its module on
 first use); :func:`use_figure_config` sets the offline plotly config, once per lesson.
 
-Lessons: 01, 02, 03, 04, 05, 06, 07, 08, 10.
+Lessons: 01, 02, 03, 04, 05, 06, 07, 08, 10, A1, A2, A3, A4, A5, A6, A7.
 """
 
 from packsim.core.lazy import lazy_names

@@ -13,7 +13,7 @@ panel's setup, computed once when the widget is built (packs here are short: 48-
 numbers it shows are computed in :mod:`packsim.viz.leakage_data`, and its static figure is
 :mod:`packsim.viz.leakage_heatmap`.
 
-Lessons: 02, 06, 07.
+Lessons: 02, 06.
 """
 
 from __future__ import annotations

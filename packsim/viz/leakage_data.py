@@ -8,7 +8,7 @@ query's, (T, T) (:func:`row_weights`), for one layer and head or the mean over t
 (:func:`query_share`, :func:`packsim.core.attention_share.outside_share` of one query). The
 widget and the static figure that show these are in :mod:`packsim.viz.leakage`.
 
-Lessons: none directly (lessons 02, 06 and 07 open :func:`packsim.viz.leakage_explorer`).
+Lessons: none directly (lessons 02 and 06 open :func:`packsim.viz.leakage_explorer`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ of maps (L, B, H, T, T)), with lines at example boundaries and the mean share of
 each token's own example in its title; ``query`` outlines one query row. The interactive explorer
 is :mod:`packsim.viz.leakage`; its ``.figure()`` draws this for its current view.
 
-Lessons: 02.
+Lessons: A2.
 """
 
 from __future__ import annotations

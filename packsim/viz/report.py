@@ -9,7 +9,7 @@ The tables (:func:`summary_table`, :func:`final_rows`, :func:`card_table`) need 
 ``packsim compare`` prints its summary on a machine without it; the figures and
 :func:`write_report` import plotly (and :mod:`packsim.viz`) when called.
 
-Lessons: 06, 09.
+Lessons: 06, 09, A5.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@
 - :func:`layout` (title, height, margins, legend; titles wrapped at ``DESIGN_WIDTH`` so none
   collide) and :func:`add_boundaries` (example boundaries of a (T, T) map as one line trace).
 
-Lessons: 01, 02, 03, 04, 05, 06, 07, 08, 10.
+Lessons: 01, 02, 03, 04, 05, 06, 07, 08, 10, A1, A2, A3, A4, A5, A6, A7.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ The tiles and the numbers come from :mod:`packsim.core.tiles` (the one tile clas
 pairs of dense-mask SDPA (N^2, nothing skipped), of a causal kernel over the whole pack (the leaky
 setup) and of varlen (sum of L_i^2 / 2), and the tile counts of both views.
 
-Lessons: 08.
+Lessons: 08, A7.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 None}}`` for each ``path`` (``"dense"``, ``"blocked"``) and pack length ``N``; ``times`` are the
 seconds of one forward + backward each, ``mem`` the peak resident-memory rise (None off Linux).
 
-Lessons: 08.
+Lessons: A7.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
 and ``packsim.<attr>`` in a notebook's code cells to the module that defines it (``pack`` ->
 ``packsim.core.packing``). ``lessons_by_module(root)`` inverts that over all notebooks, and
 ``docstring_lessons(module)`` reads the ``Lessons: 01, 06.`` line every library module carries in
-its docstring (numbers, or 'none directly', then an optional note in parentheses).
+its docstring (lesson numbers and appendix names such as ``A6``, or 'none directly', then an
+optional note in parentheses).
 tests/test_lesson_map.py keeps the two in step, so a docstring never names a lesson
 that no longer uses the module, nor misses one that does.
 
@@ -93,14 +94,15 @@ def modules_used(notebook: Path | str) -> set[str]:
 
 
 def lesson_number(notebook: Path | str) -> str:
-    """``notebooks/06_train_side_by_side.ipynb`` -> ``"06"``."""
+    """``notebooks/06_train_side_by_side.ipynb`` -> ``"06"``; an appendix ``A6_real_stacks`` -> ``"A6"``."""
     return Path(notebook).name.split("_", 1)[0]
 
 
 def lessons_by_module(root: Path | str) -> dict[str, set[str]]:
     """module -> lesson numbers whose notebooks use it, over every notebook under ``root``."""
     out: dict[str, set[str]] = defaultdict(set)
-    for nb in sorted(Path(root).glob("[0-9][0-9]_*.ipynb")):
+    notebooks = [*Path(root).glob("[0-9][0-9]_*.ipynb"), *Path(root).glob("A[0-9]_*.ipynb")]
+    for nb in sorted(notebooks):
         for module in modules_used(nb):
             out[module].add(lesson_number(nb))
     return dict(out)
@@ -112,4 +114,4 @@ def docstring_lessons(module: str) -> set[str] | None:
     m = _LESSONS_RE.search(doc)
     if m is None:
         return None
-    return set(re.findall(r"\b\d\d\b", re.sub(r"\(.*?\)", "", m.group(1))))  # a (note) may follow
+    return set(re.findall(r"\b(?:\d\d|A\d)\b", re.sub(r"\(.*?\)", "", m.group(1))))  # a (note) may follow

@@ -29,6 +29,7 @@ import plotly
 from plotly.offline import get_plotlyjs
 
 from packsim.core.errors import PacksimError
+from packsim.course.tools.lesson_time import is_core
 from packsim.course.tools.notebook_tools import NotebookRunError, execute, find_notebooks
 
 __all__ = ["NPM_PACKAGES", "build_page", "build_site", "slim_outputs", "share_equal_models", "install_widget_assets", "main"]
@@ -279,7 +280,7 @@ def build_page(notebook: Path | str, site: Path | str, timeout: float = 600) -> 
 def _index(rows: list[tuple[Path, float, str]], fast: bool) -> str:
     items = "\n".join(
         f'<tr><td><a href="{html.escape(p.name)}">{html.escape(p.stem)}</a></td>'
-        f"<td>{html.escape(t)}</td><td>{s:.0f} s</td></tr>"
+        f"<td>{'core' if is_core(p) else 'appendix'}</td><td>{html.escape(t)}</td><td>{s:.0f} s</td></tr>"
         for p, s, t in rows
     )
     mode = "fast mode (PACKSIM_FAST=1)" if fast else "full mode"
@@ -290,7 +291,8 @@ def _index(rows: list[tuple[Path, float, str]], fast: bool) -> str:
         "<h1>packsim: pack sequences for LLM fine-tuning correctly</h1>"
         f"<p>The course notebooks, executed in {mode}. Figures and widgets are static here: "
         "open the notebooks in JupyterLab (<code>make lab</code>) to click and train.</p>"
-        f"<table><tr><th>notebook</th><th>lesson</th><th>built in</th></tr>{items}</table>"
+        "<p>The core path (lessons 00-09) tells the story end to end; the appendices are its deep dives.</p>"
+        f"<table><tr><th>notebook</th><th>part</th><th>lesson</th><th>built in</th></tr>{items}</table>"
     )
 
 
