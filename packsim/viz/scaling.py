@@ -102,7 +102,7 @@ def ranks_vs_one_figure(runs: dict[str, dict], reference: str = "one", loss: str
     return layout(fig, "R ranks against one process", height=400, below="legend")
 
 
-def rank_loads_figure(loads: dict[str, list[float]], cost: str = "attention work (sum of L^2)") -> go.Figure:
+def rank_loads_figure(loads: dict[str, list[float]], cost: str = "attention work (causal score pairs, sum of L(L+1)/2)") -> go.Figure:
     """Grouped bars: ``loads[method]`` is each rank's load; the legend gives each method's straggler ratio."""
     fig = go.Figure()
     for method, per_rank in loads.items():
