@@ -83,3 +83,15 @@ def test_cli_prints_every_notebook_and_the_core_total(capsys):
 def test_cli_without_notebooks_says_so(tmp_path, capsys):
     assert lt.main([str(tmp_path / "nope")]) == 2
     assert "no notebooks" in capsys.readouterr().err
+
+
+def test_each_lessons_stated_time_is_the_measured_one():
+    """A title cell's "about N minutes" is the tool's estimate, rounded (so it cannot drift)."""
+    stated = {}
+    for p in sorted(NOTEBOOKS.glob("*.ipynb")):
+        m = re.search(r"[Aa]bout (\d+) minutes", nbformat.read(p, as_version=4).cells[0].source)
+        if m:
+            stated[p.stem] = (int(m.group(1)), round(lt.lesson_time(p).minutes))
+    assert len(stated) >= 9, stated
+    wrong = {k: v for k, v in stated.items() if v[0] != v[1]}
+    assert not wrong, f"(stated, measured) minutes: {wrong}"
