@@ -16,6 +16,8 @@ TORCH_SPEC ?= torch>=2.6
 TORCH_INDEX ?=
 LAB_ARGS ?=
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test` (tests/conftest.py schedules one test file, or one notebook, per unit)
+PYTEST_WORKERS ?= 2
 
 ifneq ($(VIRTUAL_ENV)$(CONDA_DEFAULT_ENV),)
   PY := python
@@ -71,7 +73,7 @@ lab: setup
 	$(PY) -m jupyter lab --ServerApp.root_dir=notebooks $(ROOT_FLAG) $(LAB_ARGS)
 
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 check: setup
 	$(PY) -m ruff check packsim tests benchmarks

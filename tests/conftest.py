@@ -23,3 +23,32 @@ def tiny_model():
     from packsim.core.model import build_model
 
     return build_model("tiny", vocab_size=VOCAB, seed=0)
+
+
+# ---- make test: two pytest-xdist workers (-n 2) -------------------------------------------------
+# One unit of work per test file (its module fixtures are built once, on one worker), except that
+# each notebook is its own unit, so the two workers share the notebooks. The heaviest units go first
+# (longest first keeps both workers busy to the end); the rest keep their file order.
+HEAVY_FIRST = ("test_notebooks.py::test_notebook_runs_in_fast_mode", "browser/", "test_data_parallel.py",
+               "test_compare.py", "test_static_site.py", "test_trainer_audit.py", "test_frontier_cases.py",
+               "test_museum", "test_exercises", "test_evidence.py")
+
+
+def _unit(nodeid: str) -> str:
+    return nodeid if "test_notebook_runs_in_fast_mode" in nodeid else nodeid.split("::", 1)[0]
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileOrNotebook(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return FileOrNotebook(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    weight = lambda item: next((i for i, key in enumerate(HEAVY_FIRST) if key in item.nodeid),  # noqa: E731
+                               len(HEAVY_FIRST))
+    items.sort(key=weight)  # stable: file order inside each weight; every worker sorts the same way
