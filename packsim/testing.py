@@ -72,8 +72,8 @@ def assert_isolated(model, batch, response_mask=None, *, check_loss: bool = True
         what = ", ".join(failed)
         raise AssertionError(f"packsim.audit failed ({what}): examples are not isolated"
                              + (" or the loss counts the wrong tokens" if check_loss else "")
-                             + ".\n" + report.table())
+                             + ".\n" + str(report))
     if not report.isolation_measured:
         raise AssertionError("packsim.audit could not measure isolation (not measured is not a pass).\n"
-                             + report.table())
+                             + str(report))
     return report
