@@ -82,8 +82,12 @@ def find_boundaries(batch, shape: tuple[int, int] | None = None, missing: str = 
                 "each example (DataCollatorWithFlattening(return_flash_attn_kwargs=True, "
                 "return_seq_idx=True) gives all three)."
             )
-        cu = torch.arange(0, B * T + 1, T, dtype=torch.int32)
-        return Boundaries(torch.arange(B)[:, None].expand(B, T).clone(), cu, ROWS_SOURCE)
+        mask = batch.get("attention_mask")
+        if not (isinstance(mask, torch.Tensor) and mask.dim() == 2 and bool((mask == 0).any())):
+            cu = torch.arange(0, B * T + 1, T, dtype=torch.int32)
+            return Boundaries(torch.arange(B)[:, None].expand(B, T).clone(), cu, ROWS_SOURCE)
+        found = (torch.zeros(B, T, dtype=torch.bool, device=mask.device),
+                 torch.zeros(B, T, dtype=torch.bool, device=mask.device), ROWS_SOURCE)  # padding below
     starts, pad, source = found
     starts[:, 0] = True  # rows never share an example
     seq = starts.reshape(-1).cumsum(0).reshape(B, T) - 1  # (B, T)
