@@ -89,12 +89,14 @@ clean:
 # Benchmarks (benchmarks/README.md): speed and memory are measured here, never asserted in tests.
 bench: setup
 	$(PY) benchmarks/packing.py
+	$(PY) benchmarks/from_examples.py
 	$(PY) benchmarks/attention.py
 	$(PY) benchmarks/throughput.py
 	$(PY) benchmarks/plots.py
 
 bench-quick: setup
 	$(PY) benchmarks/packing.py --quick
+	$(PY) benchmarks/from_examples.py --n 20000 --repeats 1 --out runs/bench-quick
 	$(PY) benchmarks/attention.py --quick
 	$(PY) benchmarks/throughput.py --quick
 	$(PY) benchmarks/plots.py --dir runs/bench-quick

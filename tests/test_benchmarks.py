@@ -152,7 +152,8 @@ def test_import_time_quick_counts_the_modules_import_packsim_loads(tmp_path):
     last_line_is_table(out)
     data = json.loads((tmp_path / "import_time.json").read_text())
     rows = {r["measurement"]: r for r in data["rows"]}
-    assert set(rows) == {"import packsim", "packsim --help", "python -c pass"}
+    assert set(rows) == {"import packsim", "packsim --help", "python -c pass", "packsim compare --bogus",
+                         "packsim train --bogus", "packsim audit --bogus"}  # a bad option: exit 2, timed
     pk = rows["import packsim"]
     assert pk["packsim_file"] == str(ROOT / "packsim" / "__init__.py")  # this checkout was measured
     assert pk["packsim_modules"] == len(pk["packsim_module_names"]) >= 1
