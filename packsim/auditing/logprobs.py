@@ -134,10 +134,7 @@ def audit_logprobs(model, batch: dict, *, completion_mask=None, seq=None, names=
     ids = batch["input_ids"]
     mask = _completion(batch if completion_mask is None else {"completion_mask": completion_mask}, ids.shape)
     if seq is None:
-        seq = find_boundaries(batch, missing="rows").seq_ids.clone()  # (B, T)
-        pad = batch.get("attention_mask")
-        if isinstance(pad, torch.Tensor) and tuple(pad.shape) == tuple(ids.shape):
-            seq[pad.to(seq.device) == 0] = -1  # left padding too (GRPO's prompts): never part of a sequence
+        seq = find_boundaries(batch, missing="rows").seq_ids.clone()  # (B, T); attention_mask 0 = padding (-1)
     seq = torch.as_tensor(seq)
     fields = {k: v for k, v in batch.items() if k not in NON_MODEL_KEYS}
     kw = "".join(f", {k}={v!r}" for k, v in forward_kwargs.items())
