@@ -45,6 +45,7 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             return _unit(nodeid)
 
+    config.option.loadscopereorder = False  # keep the heaviest-first order (xdist sorts by test count)
     return FileOrNotebook(config, log)
 
 
