@@ -27,8 +27,11 @@ def tiny_model():
 
 # ---- make test: two pytest-xdist workers (-n 2) -------------------------------------------------
 # One unit of work per test file (its module fixtures are built once, on one worker), except that
-# each notebook is its own unit, so the two workers share the notebooks. The heaviest units go first
-# (longest first keeps both workers busy to the end); the rest keep their file order.
+# each notebook is its own unit, so the two workers share the notebooks. pytest-xdist then runs the
+# units with the most tests first, so the one-test notebook units mix with the files of many small
+# tests; forcing the heaviest first instead (every notebook at once on both workers, the browser
+# tests side by side) was slower and failed under that contention (2026-12-02, clean clone).
+# HEAVY_FIRST orders the units of equal size (the notebooks among themselves: 06 first).
 HEAVY_FIRST = ("test_notebooks.py::test_notebook_runs_in_fast_mode", "browser/", "test_data_parallel.py",
                "test_compare.py", "test_static_site.py", "test_trainer_audit.py", "test_frontier_cases.py",
                "test_museum", "test_exercises", "test_evidence.py")
@@ -45,7 +48,6 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             return _unit(nodeid)
 
-    config.option.loadscopereorder = False  # keep the heaviest-first order (xdist sorts by test count)
     return FileOrNotebook(config, log)
 
 
