@@ -102,8 +102,10 @@ def test_leakage_explorer_reads_and_works_from_the_keyboard(dark_notebook_page, 
         page.keyboard.press("ArrowRight")
     expect(share).to_have_text(PERCENT, timeout=TIMEOUT_MS)
     buggy = root.locator(".packsim-panel-buggy")
+    # each key press round-trips through the kernel: wait for the third, not just any, selection
+    expect(buggy.locator(".packsim-token").nth(3)).to_have_class(re.compile(r"\bpacksim-selected\b"),
+                                                                timeout=TIMEOUT_MS)
     expect(buggy.locator(".packsim-token.packsim-selected")).to_have_count(1, timeout=TIMEOUT_MS)
-    assert buggy.locator(".packsim-token").nth(3).evaluate("e => e.classList.contains('packsim-selected')")
     page.keyboard.press("End")  # the row's last token: a later example, so buggy leaks
     expect(share).not_to_contain_text("outside its example: 0.0%", timeout=TIMEOUT_MS)
     expect(buggy.locator(".packsim-key-outside").first).to_be_visible(timeout=TIMEOUT_MS)
