@@ -34,8 +34,9 @@ What is timed, exactly:
 
 - bare numpy, timed beside packsim ``wrapped`` in the same rounds (its row's ``"numpy"``):
   ``cumsum`` is ``np.cumsum(lengths)``, the one pass over the lengths wrapped packing cannot do
-  without; ``write`` is ``np.ones`` of as many int64 as ``pack_arrays``' result holds (3 per
-  piece, 1 per row + 1), writing that result's bytes once into fresh memory. The column
+  without; ``write`` is ``np.ones`` of int64 filling as many bytes as ``pack_arrays``' piece
+  arrays and row offsets hold (3 values per piece, 1 per row + 1, int32 where they fit, so
+  half the bytes of int64 then), writing that result's bytes once into fresh memory. The column
   ``packsim/bare numpy`` gives packsim's time over each, per round.
 
 Ratios are median [min-max] of the per-round ratios (each round times every packer once, in
@@ -183,13 +184,14 @@ def numpy_call(form: str, lengths: np.ndarray, capacity: int):
     """The bare-numpy reference ``form`` (:data:`NUMPY_REFS`) for packsim wrapped on these lengths.
 
     ``cumsum``: ``np.cumsum(lengths)``, the one pass over the lengths wrapped packing needs at
-    least; ``write``: ``np.ones`` of as many int64 as ``pack_arrays``' result holds (3 per piece,
-    1 per row + 1): writing the result's bytes once into fresh memory, the floor for that output.
+    least; ``write``: ``np.ones`` of int64 filling as many bytes as ``pack_arrays``' piece arrays
+    and row offsets hold (3 values per piece, 1 per row + 1, int32 where they fit): writing the
+    result's bytes once into fresh memory, the floor for that output.
     """
     if form == "cumsum":
         return lambda: np.cumsum(lengths)
     arrays = packsim.pack_arrays(lengths, capacity, strategy="wrapped")  # its size, not timed
-    size = 3 * arrays.n_pieces + arrays.n_rows + 1
+    size = sum(a.nbytes for a in (arrays.index, arrays.start, arrays.length, arrays.row_offsets)) // 8
     return lambda: np.ones(size, dtype=np.int64)
 
 

@@ -445,7 +445,9 @@ def arrays_of(packs: list[list], lengths: list[int]) -> tuple[list[int], list[in
 def check_pack_arrays(arrays: PackArrays, lengths: list[int], capacity: int) -> None:
     """Shapes, dtypes, read-only arrays, no empty or overfull row, pieces inside their examples."""
     fields = (arrays.index, arrays.start, arrays.length, arrays.row_offsets, arrays.example_lengths)
-    assert all(a.dtype == np.int64 and a.ndim == 1 and not a.flags.writeable for a in fields)
+    assert all(a.ndim == 1 and not a.flags.writeable for a in fields)
+    # small packings: int32 piece arrays (the int64 fallback: test_pack_arrays_dtype_*)
+    assert [a.dtype for a in fields] == [np.int32] * 4 + [np.int64]
     assert len(arrays.index) == len(arrays.start) == len(arrays.length) == arrays.n_pieces
     assert arrays.example_lengths.tolist() == list(lengths)
     assert arrays.row_offsets[0] == 0 and arrays.row_offsets[-1] == arrays.n_pieces
@@ -646,7 +648,7 @@ def _same_wrapped(lengths, capacity: int) -> None:
     want = _previous_numpy_wrapped(sizes, capacity)
     for name, a, b in zip(("index", "start", "length", "row_offsets"), (got.index, got.start, got.length,
                           got.row_offsets), want, strict=True):
-        assert a.dtype == b.dtype and np.array_equal(a, b), (name, list(lengths), capacity)
+        assert a.dtype == np.int32 and np.array_equal(a, b), (name, list(lengths), capacity)
 
 
 def test_wrapped_equals_the_previous_numpy_version_on_random_cases():
@@ -669,3 +671,59 @@ def test_wrapped_equals_the_previous_numpy_version_on_large_mixes():
     for lengths in mixes:
         for capacity in (512, 2048, 8192):
             _same_wrapped(lengths, capacity)
+
+
+def test_wrapped_equals_the_previous_numpy_version_on_both_ways_of_finding_the_cuts(monkeypatch):
+    """Few cuts per example (row changes) and many (bincount), forced both ways on the same cases,
+    with examples spanning whole rows, cuts on example starts and cuts after the last start."""
+    from packsim.core import packing
+
+    rng = np.random.default_rng(31)
+    cases = [([1] * 200 + [35], 10), ([1] * 200 + [35, 1, 1], 10), ([10] * 50, 10), ([3, 40, 2, 2, 2], 8)]
+    for _ in range(1500):
+        capacity = int(rng.integers(1, 30))
+        sizes = rng.integers(1, int(rng.choice([2, capacity + 1])), int(rng.integers(1, 80)))
+        sizes[rng.integers(0, len(sizes))] = rng.integers(1, 6 * capacity + 1)  # one may span rows
+        cases.append((sizes.tolist(), capacity))
+    for sparse in (1, 10**9):  # m * sparse >= n: bincount; m * 1 < n: row changes, when m < n
+        monkeypatch.setattr(packing, "_SPARSE_CUTS", sparse)
+        for lengths, capacity in cases:
+            _same_wrapped(lengths, capacity)
+
+
+@pytest.mark.parametrize(("strategy", "overflow"), [("wrapped", "error"), ("sequential", "truncate"),
+                                                    ("bfd", "split"), ("ffd", "truncate")])
+def test_pack_arrays_dtype_is_int64_past_the_int32_limit(monkeypatch, strategy, overflow):
+    """int32 up to the limit (pieces and example lengths), int64 past it, same values either way.
+
+    The limit is lowered (monkeypatched) so that small inputs cross it: with 2**31 - 1 the
+    fallback would need billions of pieces or an example of 2**31 tokens.
+    """
+    from packsim.core import packing
+
+    lengths, capacity = [10, 3, 7, 1, 4], 4
+    want = pack_arrays(lengths, capacity, strategy, overflow)
+    fields = ("index", "start", "length", "row_offsets")
+    assert all(getattr(want, f).dtype == np.int32 for f in fields)
+    fits = max(want.n_pieces, max(lengths))  # int32 up to here: both the piece count and the longest example
+    for limit, dtype in ((fits, np.int32), (want.n_pieces - 1, np.int64), (max(lengths) - 1, np.int64)):
+        monkeypatch.setattr(packing, "_INT32_MAX", limit)
+        got = pack_arrays(lengths, capacity, strategy, overflow)
+        assert {getattr(got, f).dtype for f in fields} == {np.dtype(dtype)}, (limit, strategy)
+        assert got.example_lengths.dtype == np.int64
+        for f in fields:
+            assert np.array_equal(getattr(got, f), getattr(want, f)), (f, limit)
+        assert got.to_lists() == want.to_lists() and got.to_pieces() == want.to_pieces()
+        assert got.row_lengths().tolist() == want.row_lengths().tolist()
+
+
+def test_pack_arrays_int32_result_gives_python_ints_and_int64_sums():
+    arrays = pack_arrays([2**31 - 1, 2**31 - 1], 2**31 - 1, "wrapped")  # two full rows of the largest int32
+    assert arrays.index.dtype == np.int32 and arrays.length.tolist() == [2**31 - 1] * 2
+    assert arrays.row_lengths().tolist() == [2**31 - 1] * 2  # summed in int64
+    assert int(arrays.length.sum()) == 2 * (2**31 - 1)
+    assert arrays.to_lists() == [[0], [1]] and all(type(e) is int for row in arrays.to_lists() for e in row)
+    piece = arrays.to_pieces()[1][0]
+    assert piece == Piece(1, 0, 2**31 - 1) and all(type(v) is int for v in piece)
+    longer = pack_arrays([2**31, 5], 2**31 + 5, "wrapped")  # an example past int32: int64
+    assert longer.length.dtype == np.int64 and longer.length.tolist() == [2**31, 5]

@@ -78,8 +78,8 @@ def layout(tokens: torch.Tensor, n_prompt: np.ndarray, arrays: PackArrays, T: in
         padding, roles as :class:`Role` values, positions inside each example (padding runs count
         0.. on their own).
     """
-    # writable copies: torch.from_numpy warns on the read-only arrays of PackArrays
-    index, start, length = arrays.index.copy(), arrays.start.copy(), arrays.length.copy()  # (P,) each
+    # writable int64 copies: torch.from_numpy warns on the read-only arrays of PackArrays (int32 or int64)
+    index, start, length = (a.astype(np.int64) for a in (arrays.index, arrays.start, arrays.length))  # (P,) each
     row_offsets = arrays.row_offsets
     if not packed:  # one piece per row, in example order
         order = np.lexsort((start, index))

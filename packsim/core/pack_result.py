@@ -3,11 +3,18 @@
 :func:`packsim.core.packing.pack_arrays` returns a :class:`PackArrays` (``pack`` is
 ``pack_arrays(...).to_lists()``): pieces (runs of tokens of one example) row after row::
 
-    index        (n_pieces,)     int64  example each piece comes from
-    start        (n_pieces,)     int64  first token of the piece inside its example
-    length       (n_pieces,)     int64  tokens in the piece (>= 1)
-    row_offsets  (n_rows + 1,)   int64  row r holds pieces row_offsets[r]:row_offsets[r + 1]
+    index        (n_pieces,)     int32  example each piece comes from
+    start        (n_pieces,)     int32  first token of the piece inside its example
+    length       (n_pieces,)     int32  tokens in the piece (>= 1)
+    row_offsets  (n_rows + 1,)   int32  row r holds pieces row_offsets[r]:row_offsets[r + 1]
     example_lengths (n_examples,) int64 the lengths that were packed
+
+The four piece arrays are int32 when ``n_pieces`` and every example length are at most
+``2**31 - 1`` (then so is every value in them), int64 otherwise: half the bytes to write and
+read in the common case. Mind the sum of many of them: ``length.sum()`` and ``np.cumsum(length)``
+accumulate in int64 (numpy's default for int32), but ``start + length`` and other elementwise
+arithmetic stay int32 (within one example, so they fit). ``to_lists()`` and ``to_pieces()`` give
+Python ints either way.
 
 Arrays, not lists of ints and :class:`Piece` objects: a data loader slices tokens with ``start``
 and ``length`` and cuts rows with ``row_offsets`` (as TRL's ``pack_dataset`` does with its Arrow
@@ -46,7 +53,7 @@ Entry = int | Piece
 
 @dataclass(frozen=True, eq=False)
 class PackArrays:
-    """A packing as arrays (shapes in the module docstring); build it with ``pack_arrays``.
+    """A packing as arrays (shapes and dtypes in the module docstring); build it with ``pack_arrays``.
 
     ``to_lists()`` gives what :func:`packsim.core.packing.pack` returns, ``to_pieces()`` what
     :func:`packsim.core.packing.pack_pieces` returns. The arrays are read-only.
