@@ -50,11 +50,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """``packsim compare``: check every option (setups, numbers, device, output folder), then train."""
     from packsim.core.cli_args import check_at_least, writable_dir
-    from packsim.core.device import get_device
-    from packsim.experiment.comparison import experiment_config, run_comparison
 
     check_at_least(args, {"--seeds": 1, "--steps": 1, "--examples-per-step": 1, "--n-test": 1,
                           "--throughput-steps": 0, "--entities": 1, "--copies": 1, "--jobs": 1})
+    from packsim.core.device import get_device  # torch comes with these: numbers answered first
+    from packsim.experiment.comparison import experiment_config, run_comparison
+
     overrides = {
         k: v
         for k, v in {

@@ -66,9 +66,10 @@ def test_only_the_chosen_subcommand_is_imported():
 
 @pytest.mark.parametrize("argv", [["compare", "--bogus"], ["compare", "--data", "nope"], ["train", "--bogus"],
                                   ["train", "--steps", "x"], ["train", "--help"], ["audit", "--bogus"],
-                                  ["audit", "--help"], ["report", "--bogus"], ["doctor", "--bogus"]])
+                                  ["audit", "--help"], ["report", "--bogus"], ["doctor", "--bogus"],
+                                  ["compare", "--seeds", "0"]])
 def test_a_bad_option_answers_without_importing_torch(argv):
-    """An option argparse rejects (or --help) answers before torch loads: in well under a second."""
+    """An option argparse rejects, a number below its minimum, or --help answers before torch loads."""
     code = (f"import sys\nfrom packsim.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit as e:\n"
             "    print('exit', e.code, file=sys.stderr)\nprint('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
