@@ -611,7 +611,7 @@ def test_packing_stats_rejects_mismatched_packs():
 
 
 # --- the wrapped packer against the numpy version it replaced (issue 24) ------------------------
-# A verbatim copy of packsim.core.packing._pack_wrapped before issue 24 (a binary search per cut,
+# A verbatim copy of packsim.core.packing._pack_wrapped before issue 24 (now packsim.core.pack_wrapped) (a binary search per cut,
 # one fresh array per step); the new one must give the same arrays.
 
 
@@ -664,7 +664,12 @@ def test_wrapped_equals_the_previous_numpy_version_on_random_cases():
         _same_wrapped([capacity // 2 or 1] * 9, capacity)
 
 
-def test_wrapped_equals_the_previous_numpy_version_on_large_mixes():
+@pytest.mark.parametrize("chunked_from", [10**12, 0])  # whole arrays; chunks of 4096
+def test_wrapped_equals_the_previous_numpy_version_on_large_mixes(monkeypatch, chunked_from):
+    from packsim.core import pack_wrapped
+
+    monkeypatch.setattr(pack_wrapped, "_CHUNKED_FROM", chunked_from)
+    monkeypatch.setattr(pack_wrapped, "_CHUNK", 4096)
     rng = np.random.default_rng(7)
     bimodal = np.where(rng.random(50_000) < 0.75, rng.lognormal(4.4, 0.7, 50_000), rng.lognormal(6.5, 0.6, 50_000))
     mixes = (np.clip(np.rint(bimodal), 2, 4096).astype(np.int64), rng.integers(1, 513, 50_000))
@@ -673,10 +678,11 @@ def test_wrapped_equals_the_previous_numpy_version_on_large_mixes():
             _same_wrapped(lengths, capacity)
 
 
-def test_wrapped_equals_the_previous_numpy_version_on_both_ways_of_finding_the_cuts(monkeypatch):
-    """Few cuts per example (row changes) and many (bincount), forced both ways on the same cases,
-    with examples spanning whole rows, cuts on example starts and cuts after the last start."""
-    from packsim.core import packing
+def test_wrapped_equals_the_previous_numpy_version_on_every_path(monkeypatch):
+    """Few cuts per example (row changes) and many (bincount), whole arrays and chunks of 1, 2, 3
+    and 7 elements, each forced on the same cases, with examples spanning whole rows, cuts on
+    example starts and cuts after the last start."""
+    from packsim.core import pack_wrapped
 
     rng = np.random.default_rng(31)
     cases = [([1] * 200 + [35], 10), ([1] * 200 + [35, 1, 1], 10), ([10] * 50, 10), ([3, 40, 2, 2, 2], 8)]
@@ -685,9 +691,13 @@ def test_wrapped_equals_the_previous_numpy_version_on_both_ways_of_finding_the_c
         sizes = rng.integers(1, int(rng.choice([2, capacity + 1])), int(rng.integers(1, 80)))
         sizes[rng.integers(0, len(sizes))] = rng.integers(1, 6 * capacity + 1)  # one may span rows
         cases.append((sizes.tolist(), capacity))
-    for sparse in (1, 10**9):  # m * sparse >= n: bincount; m * 1 < n: row changes, when m < n
-        monkeypatch.setattr(packing, "_SPARSE_CUTS", sparse)
-        for lengths, capacity in cases:
+    paths = [(sparse, chunked_from, chunk) for sparse in (1, 10**9)  # 1: row changes (when m < n)
+             for chunked_from, chunk in ((10**12, 1 << 16), (0, 1), (0, 2), (0, 3), (0, 7))]
+    for sparse, chunked_from, chunk in paths:
+        monkeypatch.setattr(pack_wrapped, "_SPARSE_CUTS", sparse)
+        monkeypatch.setattr(pack_wrapped, "_CHUNKED_FROM", chunked_from)
+        monkeypatch.setattr(pack_wrapped, "_CHUNK", chunk)
+        for lengths, capacity in cases[:: 1 if chunk in (3, 1 << 16) else 5]:
             _same_wrapped(lengths, capacity)
 
 
@@ -699,7 +709,7 @@ def test_pack_arrays_dtype_is_int64_past_the_int32_limit(monkeypatch, strategy, 
     The limit is lowered (monkeypatched) so that small inputs cross it: with 2**31 - 1 the
     fallback would need billions of pieces or an example of 2**31 tokens.
     """
-    from packsim.core import packing
+    from packsim.core import pack_result
 
     lengths, capacity = [10, 3, 7, 1, 4], 4
     want = pack_arrays(lengths, capacity, strategy, overflow)
@@ -707,7 +717,7 @@ def test_pack_arrays_dtype_is_int64_past_the_int32_limit(monkeypatch, strategy, 
     assert all(getattr(want, f).dtype == np.int32 for f in fields)
     fits = max(want.n_pieces, max(lengths))  # int32 up to here: both the piece count and the longest example
     for limit, dtype in ((fits, np.int32), (want.n_pieces - 1, np.int64), (max(lengths) - 1, np.int64)):
-        monkeypatch.setattr(packing, "_INT32_MAX", limit)
+        monkeypatch.setattr(pack_result, "_INT32_MAX", limit)
         got = pack_arrays(lengths, capacity, strategy, overflow)
         assert {getattr(got, f).dtype for f in fields} == {np.dtype(dtype)}, (limit, strategy)
         assert got.example_lengths.dtype == np.int64

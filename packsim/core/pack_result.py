@@ -32,7 +32,20 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Entry", "PackArrays", "Piece"]
+__all__ = ["Entry", "PackArrays", "Piece", "piece_dtype"]
+
+_INT32_MAX = 2**31 - 1  # the piece arrays are int32 up to this (see piece_dtype), else int64
+
+
+def piece_dtype(n_pieces: int, sizes: np.ndarray, total: int | None = None) -> type:
+    """The dtype of a packing's piece arrays and row offsets: int32 if ``n_pieces`` and every
+    example length (``sizes``; ``total``, their sum, if known, spares a pass) are at most
+    ``2**31 - 1`` (so is then every index, offset, start and length), else int64."""
+    if n_pieces > _INT32_MAX:
+        return np.int64
+    if total is not None and total <= _INT32_MAX:  # no example is longer than all of them
+        return np.int32
+    return np.int32 if not sizes.size or int(sizes.max()) <= _INT32_MAX else np.int64
 
 
 class Piece(NamedTuple):

@@ -7,7 +7,8 @@ examples cut in two), ``"sequential"`` (next fit in data order: neighbours stay 
 ``"ffd"`` / ``"bfd"`` (first- / best-fit decreasing bin packing, O(n log n) with two heaps,
 :func:`_place`; at most about 11/9 of the optimal row count).
 
-:func:`pack_arrays` computes the packs as a :class:`~packsim.core.pack_result.PackArrays`;
+:func:`pack_arrays` computes the packs as a :class:`~packsim.core.pack_result.PackArrays`
+(``"wrapped"`` in :mod:`packsim.core.pack_wrapped`);
 :func:`pack` turns them into lists, one per row, of entries in row order: an ``int`` (a whole
 example) or a :class:`Piece` (part of one). :func:`packsim.core.pack_stats.packing_stats` turns
 packs into the numbers notebook 01 plots.
@@ -23,7 +24,8 @@ from heapq import heappop, heappush
 import numpy as np
 
 from packsim.core.errors import PacksimError
-from packsim.core.pack_result import Entry, PackArrays, Piece
+from packsim.core.pack_result import Entry, PackArrays, Piece, piece_dtype
+from packsim.core.pack_wrapped import wrapped_arrays
 
 __all__ = [
     "STRATEGIES",
@@ -38,8 +40,6 @@ __all__ = [
 
 STRATEGIES = ("wrapped", "sequential", "ffd", "bfd")
 OVERFLOW_POLICIES = ("error", "truncate", "split")
-_INT32_MAX = 2**31 - 1  # the packing's arrays are int32 up to this (see _piece_dtype), else int64
-_SPARSE_CUTS = 8  # wrapped: fewer cuts than examples / this: find them from row changes (no bincount)
 
 
 def pack(
@@ -111,7 +111,7 @@ def pack_arrays(
     _check_choice("overflow", overflow, OVERFLOW_POLICIES, "overflow='split'")
     sizes = _check_lengths(lengths)
     if strategy == "wrapped":
-        index, start, length, row_offsets = _pack_wrapped(sizes, capacity)
+        index, start, length, row_offsets = wrapped_arrays(sizes, capacity)
     else:
         index, start, stop = _items(sizes, capacity, overflow)
         length = stop - start
@@ -120,7 +120,7 @@ def pack_arrays(
         else:
             order, row_offsets = _pack_decreasing(length, capacity, best=strategy == "bfd")
             index, start, length = index[order], start[order], length[order]
-        dt = _piece_dtype(len(index), sizes)
+        dt = piece_dtype(len(index), sizes)
         index, start, length, row_offsets = (a.astype(dt, copy=False) for a in (index, start, length, row_offsets))
     for array in (index, start, length, row_offsets, sizes):
         array.setflags(write=False)
@@ -226,129 +226,6 @@ def _as_int_array(lengths: object) -> np.ndarray:
 
 
 # --- strategies ---------------------------------------------------------------------------------
-
-
-def _pack_wrapped(sizes: np.ndarray, capacity: int) -> tuple[np.ndarray, ...]:
-    """Concatenate in data order and cut every ``capacity`` tokens (examples may straddle cuts).
-
-    Returns the ``(index, start, length, row_offsets)`` arrays of :class:`PackArrays` in the dtype
-    of :func:`_piece_dtype`, views of one buffer. Row r starts at the piece holding token
-    ``r * capacity``: the rest of the example that cut r falls inside (an added piece), or the
-    example starting there. In numpy, no loop over examples: per cut, a few gathers (the example
-    before it, the next example start); per piece, a fill, a cumulative sum (``index``) and a
-    gather (``length``), then each cut's pieces are patched. The time goes to passes over fresh
-    memory, so the outputs are int32 where they fit (half the bytes), token offsets are int64
-    only in ``bounds``, and the temporaries are views of one scratch buffer, not a dozen arrays
-    (each fresh array of a few MB costs thousands of page faults per call).
-    """
-    n = len(sizes)
-    if not n:
-        empty = np.zeros(0, dtype=np.int32)
-        return empty, empty, empty, np.zeros(1, dtype=np.int32)
-    total = int(sizes.sum())
-    n_rows = -(-total // capacity)
-    m = n_rows - 1  # cuts, at tokens r * capacity for r = 1 .. m
-    # int64 slots: bounds (n + 1), work (n + m: the rows of the example starts, then the pieces'
-    # example index; at most one added piece per cut), cuts and gap64 (m each), then src (n), gap,
-    # lead and tail (m each) in the output dtype (the int64 room int32 leaves unused is not touched)
-    scratch = np.empty(3 * n + 6 * m + 1, dtype=np.int64)
-    bounds, work, cuts, gap64 = _views(scratch, (n + 1, n + m, m, m))
-    bounds[0] = 0
-    np.cumsum(sizes, out=bounds[1:])
-    shift = capacity.bit_length() - 1
-    pow2 = capacity == 1 << shift  # then row = token >> shift, cheaper than a division
-    rows = work[:n]  # (n,) row of each example start
-    np.right_shift(bounds[:-1], shift, out=rows) if pow2 else np.floor_divide(bounds[:-1], capacity, out=rows)
-    before = _starts_before_cuts(rows, m)  # (m,) examples starting before each cut
-    cuts.fill(capacity)
-    np.cumsum(cuts, out=cuts)  # (m,) r * capacity
-    np.take(bounds, before, out=gap64, mode="clip")  # first example start at or after each cut
-    gap64 -= cuts  # tokens from the cut to it: 0 when the cut falls on an example start
-    n_cut = int(np.count_nonzero(gap64))  # cuts inside an example, one added piece each
-    n_pieces = n + n_cut
-    dt = _piece_dtype(n_pieces, sizes, total)
-    src, gap, lead, tail = _views(scratch[2 * n + 3 * m + 1 :].view(dt), (n, m, m, m))
-    # the first piece of row r: after the first pieces of examples 0 .. before[r] - 1 and the added
-    # pieces of the cuts before r (r - 1 of them when every cut is inside an example)
-    at = cuts  # reuse
-    if n_cut == m:
-        np.right_shift(at, shift, out=at) if pow2 else np.floor_divide(at, capacity, out=at)
-        at -= 1
-    else:
-        inside = work[:m]  # free: the rows were used up by _starts_before_cuts
-        np.minimum(gap64, 1, out=inside)  # 1 where the cut is inside an example (gap64 >= 0)
-        np.cumsum(inside, out=at)
-        at -= inside
-    at += before
-    before -= 1  # (m,) the example of the last piece before each cut
-    np.copyto(src, sizes, casting="same_kind")  # (n,) lengths in the output dtype, to gather from
-    np.copyto(gap, gap64, casting="same_kind")
-    np.take(src, before, out=lead, mode="clip")  # (m,) its length ...
-    lead -= gap  # ... minus the gap: where the cut falls inside it (its added piece's start)
-    np.minimum(lead, min(capacity, np.iinfo(dt).max), out=tail)  # length of the piece ending at the cut
-    on_start = None
-    if n_cut < m:  # some cuts fall on an example start: no added piece there
-        on_start = np.flatnonzero(gap64 == 0)
-        lead[on_start] = 0  # the example starting at the cut starts whole
-    buf = np.empty(3 * n_pieces + n_rows + 2, dtype=dt)
-    shifted, row_offsets = buf[: n_pieces + 1], buf[3 * n_pieces + 1 :]  # shifted[i + 1] is length[i]
-    length, index, start = _views(buf[1:], (n_pieces,) * 3)
-    row_offsets[0], row_offsets[1:-1], row_offsets[-1] = 0, at, n_pieces
-    # index: every piece after the first that is not an added piece starts the next example
-    index.fill(1)
-    index[0] = 0
-    index[at] = 0
-    if on_start is not None:
-        at_start = at[on_start]
-        index[at_start] = 1
-    np.cumsum(index, out=index, dtype=dt)
-    pieces = work[:n_pieces]  # index as intp: np.take would convert an int32 index into a new array
-    np.copyto(pieces, index)
-    np.take(src, pieces, out=length, mode="clip")  # whole examples; the pieces at cuts are set below
-    length[at] = gap  # an added piece runs to the next example start (or the next cut: below)
-    if on_start is not None:
-        length[at_start] = src[before[on_start] + 1]
-    shifted[at] = tail  # the piece before each cut ends at it
-    start.fill(0)
-    start[at] = lead
-    return index, start, length, row_offsets
-
-
-def _views(buf: np.ndarray, sizes: tuple[int, ...]) -> list[np.ndarray]:
-    """Consecutive views of ``buf``, one per size."""
-    ends = np.cumsum(sizes).tolist()
-    return [buf[e - k : e] for e, k in zip(ends, sizes, strict=True)]
-
-
-def _starts_before_cuts(rows: np.ndarray, m: int) -> np.ndarray:
-    """For cuts r = 1 .. m, how many examples start before token ``r * capacity``, shape ``(m,)``,
-    from the sorted ``rows`` of the example starts: counts per row (``bincount``) summed, or with
-    few cuts (``m * _SPARSE_CUTS < n``) the examples starting in a new row (bincount is slow on
-    long runs of one row: each count waits for the previous one)."""
-    n = len(rows)
-    if m * _SPARSE_CUTS >= n:
-        before = np.bincount(rows, minlength=m + 1)[:-1]
-        return np.cumsum(before, out=before)
-    before = np.flatnonzero(rows[1:] != rows[:-1])
-    before += 1  # example `before` starts in a later row than the one before it
-    last = int(rows[-1])
-    if len(before) != last:  # an example spans whole rows: the cuts inside it share a count
-        skipped = rows[before]
-        skipped -= rows[before - 1]
-        before = np.repeat(before, skipped)
-    if last < m:  # the cuts after the last example start
-        before = np.concatenate([before, np.full(m - last, n, dtype=np.int64)])
-    return before
-
-
-def _piece_dtype(n_pieces: int, sizes: np.ndarray, total: int | None = None) -> type:
-    """int32 if ``n_pieces`` and every example length are at most ``_INT32_MAX`` (so is then every
-    index, offset, start and length), else int64."""
-    if n_pieces > _INT32_MAX:
-        return np.int64
-    if total is not None and total <= _INT32_MAX:  # no example is longer than all of them
-        return np.int32
-    return np.int32 if not sizes.size or int(sizes.max()) <= _INT32_MAX else np.int64
 
 
 def _pack_sequential(item_sizes: np.ndarray, capacity: int) -> np.ndarray:
