@@ -76,11 +76,11 @@ def test_committed_notebooks_pass_through_unchanged(repo, tmp_path):
     copies = tmp_path / "copies"
     copies.mkdir()
     paths = [copies / f"{i:02d}_{p.name}" for i, p in enumerate(originals)]
-    for original, copy in zip(originals, paths):
+    for original, copy in zip(originals, paths, strict=True):
         shutil.copy(original, copy)
     subprocess.run(f"{command} {' '.join(shlex.quote(str(p)) for p in paths)}", shell=True, check=True,
                    capture_output=True)
-    changed = [o.name for o, c in zip(originals, paths) if c.read_bytes() != o.read_bytes()]
+    changed = [o.name for o, c in zip(originals, paths, strict=True) if c.read_bytes() != o.read_bytes()]
     assert not changed, f"the nbstripout filter rewrites these committed notebooks: {changed}"
     raw = originals[0].read_bytes()
     piped = subprocess.run(command, shell=True, input=raw, capture_output=True, check=True).stdout

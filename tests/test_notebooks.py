@@ -56,7 +56,7 @@ class ContentionMeter:
             if self._stop.wait(self.every_s):
                 return
 
-    def __enter__(self) -> "ContentionMeter":
+    def __enter__(self) -> ContentionMeter:
         self._thread.start()
         return self
 
