@@ -664,12 +664,7 @@ def test_wrapped_equals_the_previous_numpy_version_on_random_cases():
         _same_wrapped([capacity // 2 or 1] * 9, capacity)
 
 
-@pytest.mark.parametrize("chunked_from", [10**12, 0])  # whole arrays; chunks of 4096
-def test_wrapped_equals_the_previous_numpy_version_on_large_mixes(monkeypatch, chunked_from):
-    from packsim.core import pack_wrapped
-
-    monkeypatch.setattr(pack_wrapped, "_CHUNKED_FROM", chunked_from)
-    monkeypatch.setattr(pack_wrapped, "_CHUNK", 4096)
+def test_wrapped_equals_the_previous_numpy_version_on_large_mixes():
     rng = np.random.default_rng(7)
     bimodal = np.where(rng.random(50_000) < 0.75, rng.lognormal(4.4, 0.7, 50_000), rng.lognormal(6.5, 0.6, 50_000))
     mixes = (np.clip(np.rint(bimodal), 2, 4096).astype(np.int64), rng.integers(1, 513, 50_000))
@@ -679,9 +674,8 @@ def test_wrapped_equals_the_previous_numpy_version_on_large_mixes(monkeypatch, c
 
 
 def test_wrapped_equals_the_previous_numpy_version_on_every_path(monkeypatch):
-    """Few cuts per example (row changes) and many (bincount), whole arrays and chunks of 1, 2, 3
-    and 7 elements, each forced on the same cases, with examples spanning whole rows, cuts on
-    example starts and cuts after the last start."""
+    """Few cuts per example (row changes) and many (bincount), each forced on the same cases, with
+    examples spanning whole rows, cuts on example starts and cuts after the last start."""
     from packsim.core import pack_wrapped
 
     rng = np.random.default_rng(31)
@@ -691,13 +685,9 @@ def test_wrapped_equals_the_previous_numpy_version_on_every_path(monkeypatch):
         sizes = rng.integers(1, int(rng.choice([2, capacity + 1])), int(rng.integers(1, 80)))
         sizes[rng.integers(0, len(sizes))] = rng.integers(1, 6 * capacity + 1)  # one may span rows
         cases.append((sizes.tolist(), capacity))
-    paths = [(sparse, chunked_from, chunk) for sparse in (1, 10**9)  # 1: row changes (when m < n)
-             for chunked_from, chunk in ((10**12, 1 << 16), (0, 1), (0, 2), (0, 3), (0, 7))]
-    for sparse, chunked_from, chunk in paths:
+    for sparse in (1, 10**9):  # 1: row changes (when m < n); 10**9: bincount
         monkeypatch.setattr(pack_wrapped, "_SPARSE_CUTS", sparse)
-        monkeypatch.setattr(pack_wrapped, "_CHUNKED_FROM", chunked_from)
-        monkeypatch.setattr(pack_wrapped, "_CHUNK", chunk)
-        for lengths, capacity in cases[:: 1 if chunk in (3, 1 << 16) else 5]:
+        for lengths, capacity in cases:
             _same_wrapped(lengths, capacity)
 
 

@@ -8,9 +8,7 @@ example before it, the next example start); per piece, a fill, a cumulative sum 
 a gather (``length``); then each cut's pieces are patched. The time goes to passes over memory,
 much of it fresh (page faults), so: the outputs are int32 where they fit
 (:func:`~packsim.core.pack_result.piece_dtype`, half the bytes), token offsets are int64 only in
-``bounds``, the temporaries are views of one scratch buffer, and past ``_CHUNKED_FROM`` pieces
-the per-example and per-piece intermediates are made ``_CHUNK`` elements at a time in small
-reused buffers instead of whole arrays.
+``bounds``, and the temporaries are views of one scratch buffer.
 
 Lessons: none directly.
 """
@@ -24,8 +22,6 @@ from packsim.core.pack_result import piece_dtype
 __all__ = ["wrapped_arrays"]
 
 _SPARSE_CUTS = 8  # fewer cuts than examples / this: find the cuts from row changes, not bincount
-_CHUNKED_FROM = 1 << 20  # from this many pieces (at most), work in chunks of _CHUNK elements
-_CHUNK = 1 << 16
 
 
 def wrapped_arrays(sizes: np.ndarray, capacity: int) -> tuple[np.ndarray, ...]:
@@ -42,24 +38,19 @@ def wrapped_arrays(sizes: np.ndarray, capacity: int) -> tuple[np.ndarray, ...]:
     total = int(sizes.sum())
     n_rows = -(-total // capacity)
     m = n_rows - 1  # cuts, at tokens r * capacity for r = 1 .. m
-    chunked = n + m >= _CHUNKED_FROM  # n + m: at most one added piece per cut
-    # int64 slots: bounds (n + 1), cuts and gap64 (m each), work (n + m, unless chunked: the rows of
-    # the example starts, then the pieces' example index), then src (n, unless chunked), gap,
+    # int64 slots: bounds (n + 1), cuts and gap64 (m each), work (n + m: the rows of the example
+    # starts, then the pieces' example index; at most one added piece per cut), then src (n), gap,
     # lead and tail (m each) in the output dtype (int32 leaves half of that room untouched)
-    scratch = np.empty(n + 1 + 2 * m + (0 if chunked else n + m) + n + 3 * m, dtype=np.int64)
-    bounds, cuts, gap64 = _views(scratch, (n + 1, m, m))
-    work = None if chunked else scratch[n + 1 + 2 * m : 2 * n + 3 * m + 1]
+    scratch = np.empty(n + 1 + 2 * m + (n + m) + n + 3 * m, dtype=np.int64)
+    bounds, cuts, gap64, work = _views(scratch, (n + 1, m, m, n + m))
     bounds[0] = 0
     np.cumsum(sizes, out=bounds[1:])  # (n + 1,) token offset of each example start, total last
     shift = capacity.bit_length() - 1
     if capacity != 1 << shift:
         shift = None  # else row = token >> shift, cheaper than a division
-    if chunked:
-        before = _starts_before_cuts_chunked(bounds, capacity, shift, m)
-    else:
-        rows = work[:n]  # (n,) row of each example start
-        _row_of(bounds[:-1], capacity, shift, rows)
-        before = _starts_before_cuts(rows, m)  # (m,) examples starting before each cut
+    rows = work[:n]  # (n,) row of each example start
+    _row_of(bounds[:-1], capacity, shift, rows)
+    before = _starts_before_cuts(rows, m)  # (m,) examples starting before each cut
     cuts.fill(capacity)
     np.cumsum(cuts, out=cuts)  # (m,) r * capacity
     np.take(bounds, before, out=gap64, mode="clip")  # first example start at or after each cut
@@ -83,12 +74,8 @@ def wrapped_arrays(sizes: np.ndarray, capacity: int) -> tuple[np.ndarray, ...]:
         at -= inside
     at += before
     before -= 1  # (m,) the example of the last piece before each cut
-    if chunked:
-        np.take(sizes, before, out=gap64, mode="clip")
-        np.copyto(lead, gap64, casting="same_kind")
-    else:
-        np.copyto(src, sizes, casting="same_kind")  # (n,) lengths in the output dtype, to gather from
-        np.take(src, before, out=lead, mode="clip")
+    np.copyto(src, sizes, casting="same_kind")  # (n,) lengths in the output dtype, to gather from
+    np.take(src, before, out=lead, mode="clip")
     lead -= gap  # its length minus the gap: where the cut falls inside it (its added piece's start)
     np.minimum(lead, min(capacity, np.iinfo(dt).max), out=tail)  # length of the piece ending at the cut
     if on_start is not None:
@@ -116,23 +103,15 @@ def wrapped_arrays(sizes: np.ndarray, capacity: int) -> tuple[np.ndarray, ...]:
 
 
 def _gather_lengths(sizes: np.ndarray, src: np.ndarray, index: np.ndarray, length: np.ndarray,
-                    work: np.ndarray | None) -> None:
+                    work: np.ndarray) -> None:
     """``length[:] = sizes[index]``; np.take wants an intp index (it converts any other into a new
-    array): an int64 index is used as it is; else it is copied into ``work`` (when given) or, a
-    chunk at a time, into a small buffer (gathering from the int64 ``sizes``, then cast)."""
+    array): an int64 index is used as it is, an int32 one is first copied into ``work``."""
     if index.dtype == np.int64:
         np.take(sizes, index, out=length, mode="clip")
-    elif work is not None:
+    else:
         pieces = work[: len(index)]
         np.copyto(pieces, index)
         np.take(src, pieces, out=length, mode="clip")
-    else:
-        at, got = np.empty((2, min(len(index), _CHUNK)), dtype=np.int64)
-        for a in range(0, len(index), _CHUNK):
-            k = min(_CHUNK, len(index) - a)
-            np.copyto(at[:k], index[a : a + k])
-            np.take(sizes, at[:k], out=got[:k], mode="clip")
-            np.copyto(length[a : a + k], got[:k], casting="same_kind")
 
 
 def _row_of(tokens: np.ndarray, capacity: int, shift: int | None, out: np.ndarray) -> np.ndarray:
@@ -160,44 +139,9 @@ def _starts_before_cuts(rows: np.ndarray, m: int) -> np.ndarray:
     return _from_new_rows(np.flatnonzero(rows[1:] != rows[:-1]), rows, int(rows[-1]), m, n)
 
 
-def _starts_before_cuts_chunked(bounds: np.ndarray, capacity: int, shift: int | None, m: int) -> np.ndarray:
-    """:func:`_starts_before_cuts` with the rows made ``_CHUNK`` example starts at a time."""
-    n = len(bounds) - 1
-    rows = np.empty(min(n, _CHUNK) + 1, dtype=np.int64)
-    if m * _SPARSE_CUTS >= n:
-        counts = np.zeros(m + 1, dtype=np.int64)
-        for a in range(0, n, _CHUNK):
-            r = _row_of(bounds[a : min(a + _CHUNK, n)], capacity, shift, rows[: min(_CHUNK, n - a)])
-            first = int(r[0])
-            r -= first
-            per_row = np.bincount(r)
-            counts[first : first + len(per_row)] += per_row
-        before = counts[:-1]
-        return np.cumsum(before, out=before)
-    new_row = np.empty(n - 1, dtype=bool)  # example e + 1 starts in a later row than example e
-    for a in range(0, n - 1, _CHUNK):
-        k = min(_CHUNK, n - 1 - a)
-        r = _row_of(bounds[a : a + k + 1], capacity, shift, rows[: k + 1])
-        np.not_equal(r[1:], r[:-1], out=new_row[a : a + k])
-    last = int(bounds[n - 1]) // capacity
-    return _from_new_rows(np.flatnonzero(new_row), _LazyRows(bounds, capacity, shift), last, m, n)
-
-
-class _LazyRows:
-    """``rows[i]`` for an index array ``i``, computed from ``bounds`` on demand (few elements)."""
-
-    def __init__(self, bounds: np.ndarray, capacity: int, shift: int | None):
-        self.bounds, self.capacity, self.shift = bounds, capacity, shift
-
-    def __getitem__(self, i: np.ndarray) -> np.ndarray:
-        picked = np.take(self.bounds, i)
-        return _row_of(picked, self.capacity, self.shift, picked)
-
-
 def _from_new_rows(new_row: np.ndarray, rows, last: int, m: int, n: int) -> np.ndarray:
     """``before`` from the examples ``new_row + 1`` that start in a later row than the one before
-    them, ``rows`` (indexable by an array) giving the row of any example start, ``last`` the row
-    of the last one."""
+    them, ``rows`` the row of each example start, ``last`` the row of the last one."""
     before = new_row
     before += 1
     if len(before) != last:  # an example spans whole rows: the cuts inside it share a count
