@@ -123,3 +123,26 @@ def test_wrapped_is_int32_when_cuts_on_starts_bring_the_pieces_under_the_limit(m
     for name, b in zip(FIELDS, want, strict=True):
         a = getattr(got, name)
         assert a.dtype == np.int32 and np.array_equal(a, b), name
+
+
+def test_without_a_writable_cache_folder_the_loop_compiles_uncached(monkeypatch):
+    """numba raises RuntimeError for ``cache=True`` when no folder can hold its cache; the loop is
+    then compiled without one and packs the same."""
+    import numba
+
+    real = numba.njit
+    asked = []
+
+    def njit(**options):
+        asked.append(options.get("cache", False))
+        if options.get("cache"):
+            raise RuntimeError("cannot cache function '_fill_pieces': no locator available")
+        return real(**options)
+
+    pack_wrapped._compiled.cache_clear()
+    monkeypatch.setattr(numba, "njit", njit)
+    try:
+        _same_wrapped([5, 9, 2, 4, 4], 4)
+        assert asked == [True, False]
+    finally:
+        pack_wrapped._compiled.cache_clear()  # the next caller compiles (or loads) with the cache again

@@ -88,7 +88,12 @@ def _fill_pieces(sizes, capacity, index, start, length, row_offsets):
 
 @cache
 def _compiled():
-    """:func:`_fill_pieces` compiled by numba (imported here: only wrapped packing needs it)."""
+    """:func:`_fill_pieces` compiled by numba (imported here: only wrapped packing needs it), its
+    machine code cached on disk; where numba finds no writable folder for that cache (a read-only
+    install and no home folder: it raises RuntimeError), compiled in each process instead."""
     import numba
 
-    return numba.njit(cache=True, nogil=True)(_fill_pieces)
+    try:
+        return numba.njit(cache=True, nogil=True)(_fill_pieces)
+    except RuntimeError:
+        return numba.njit(nogil=True)(_fill_pieces)
