@@ -565,6 +565,7 @@ def test_pack_arrays_leaves_the_garbage_collector_alone():
         ({"capacity": 8.0}, ["capacity", "8.0", "int("]),
         ({"capacity": True}, ["capacity", "True"]),
         ({"capacity": "8"}, ["capacity", "'8'"]),
+        ({"capacity": 2**63}, ["capacity 9223372036854775808", "2**63 - 1", "int64"]),
         ({"strategy": "nfd"}, ["strategy='nfd'", "wrapped", "ffd", "bfd"]),
         ({"overflow": "drop"}, ["overflow='drop'", "error", "truncate", "split"]),
         ({"lengths": [3, 2, 5, 0]}, ["example 3 has length 0", "drop empty examples"]),

@@ -40,6 +40,7 @@ __all__ = [
 
 STRATEGIES = ("wrapped", "sequential", "ffd", "bfd")
 OVERFLOW_POLICIES = ("error", "truncate", "split")
+_INT64_MAX = 2**63 - 1
 
 
 def pack(
@@ -176,6 +177,11 @@ def _check_capacity(capacity: object) -> int:
         raise PacksimError(
             f"capacity must be a positive int (tokens per packed row), got {capacity!r}; "
             "pass e.g. capacity=2048 (use int(...) if you computed it as a float)."
+        )
+    if capacity > _INT64_MAX:  # lengths and offsets are int64: no row can use more
+        raise PacksimError(
+            f"capacity {capacity} is past 2**63 - 1, the most tokens an int64 offset can count; "
+            "pass a capacity of at most the total tokens you pack (e.g. capacity=2048)."
         )
     return int(capacity)
 
