@@ -10,6 +10,13 @@ from toy import VOCAB, toy_examples
 
 # Two cores: one thread per pytest-xdist worker (two workers fill them), else up to two.
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, torch.get_num_threads())))
+# The same for the processes the tests start (notebook kernels, JupyterLab's kernels, torchrun
+# ranks, CLI runs): they inherit OMP_NUM_THREADS=1 under xdist, unless it is set already. With
+# torch's default of one thread per core, two workers' processes put four busy threads on the two
+# cores, and they slow each other down many times over: lessons 04 and A6 side by side took 46 s
+# and 50 s with two threads each, 17 s and 16 s with one (fast mode, idle 2-core machine, 2026-12-02).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture
