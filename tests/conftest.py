@@ -38,7 +38,8 @@ def tiny_model():
 # units with the most tests first, so the one-test notebook units mix with the files of many small
 # tests; forcing the heaviest first instead (every notebook at once on both workers, the browser
 # tests side by side) was slower and failed under that contention (2026-12-02, clean clone).
-# HEAVY_FIRST orders the units of equal size (the notebooks among themselves: 06 first).
+# HEAVY_FIRST orders the units of equal size: xdist's sort by test count is stable, so the
+# one-test units run in collection order, the notebooks first (in file order: 00, 01, ..., A8).
 HEAVY_FIRST = ("test_notebooks.py::test_notebook_runs_in_fast_mode", "browser/", "test_data_parallel.py",
                "test_compare.py", "test_static_site.py", "test_trainer_audit.py", "test_frontier_cases.py",
                "test_museum", "test_exercises", "test_evidence.py")
