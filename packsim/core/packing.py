@@ -180,8 +180,8 @@ def _check_capacity(capacity: object) -> int:
         )
     if capacity > _INT64_MAX:  # lengths and offsets are int64: no row can use more
         raise PacksimError(
-            f"capacity {capacity} is past 2**63 - 1, the most tokens an int64 offset can count; "
-            "pass a capacity of at most the total tokens you pack (e.g. capacity=2048)."
+            f"capacity {capacity} is past 2**63 - 1, the most tokens packsim's int64 offsets hold; "
+            "pass the row length you train with (e.g. capacity=2048)."
         )
     return int(capacity)
 
