@@ -36,7 +36,8 @@ What is timed, exactly:
   ``cumsum`` is ``np.cumsum(lengths)``, the one pass over the lengths wrapped packing cannot do
   without; ``write`` is ``np.ones`` of int64 filling as many bytes as ``pack_arrays``' piece
   arrays and row offsets hold (3 values per piece, 1 per row + 1, int32 where they fit, so
-  half the bytes of int64 then), writing that result's bytes once into fresh memory. The column
+  half the bytes of int64 then), writing that result's bytes once (fresh pages only where the
+  allocator cannot hand back the previous round's memory: the largest outputs). The column
   ``packsim/bare numpy`` gives packsim's time over each, per round.
 
 Ratios are median [min-max] of the per-round ratios (each round times every packer once, in
@@ -186,7 +187,8 @@ def numpy_call(form: str, lengths: np.ndarray, capacity: int):
     ``cumsum``: ``np.cumsum(lengths)``, the one pass over the lengths wrapped packing needs at
     least; ``write``: ``np.ones`` of int64 filling as many bytes as ``pack_arrays``' piece arrays
     and row offsets hold (3 values per piece, 1 per row + 1, int32 where they fit): writing the
-    result's bytes once into fresh memory, the floor for that output.
+    result's bytes once, the floor for that output (in a loop the allocator often hands back the
+    same memory, so only the largest outputs pay fresh pages, as packsim's own result does).
     """
     if form == "cumsum":
         return lambda: np.cumsum(lengths)

@@ -12,7 +12,8 @@ for ``pack_arrays(lengths, capacity, "wrapped")`` (:mod:`packsim.core.packing`):
 :func:`_fill_pieces` is the whole algorithm, a plain loop over the examples: each example goes
 into the current row; if it reaches the row's end it is cut there, and its rest continues in the
 next rows (one piece per row it touches). numba compiles that loop to machine code on the first
-call (``cache=True`` keeps the compiled code beside this file, so later processes load it): one
+call (``cache=True`` keeps the compiled code on disk, by default beside this file, so later
+processes load it): one
 pass that reads each length once and writes each output value once. The numpy formulation it
 replaced (issue 24) needed about 25 passes over fresh memory (a cumulative sum, gathers,
 scatters and patches per cut): 2.5x-3x slower at a million examples (``benchmarks/packing.py``
@@ -35,7 +36,8 @@ __all__ = ["wrapped_arrays"]
 
 
 def wrapped_arrays(sizes: np.ndarray, capacity: int) -> tuple[np.ndarray, ...]:
-    """``(index, start, length, row_offsets)`` of the wrapped packing, views of one buffer.
+    """``(index, start, length, row_offsets)`` of the wrapped packing, views of one buffer (copies
+    in the rare case they are cast down to int32 after the count).
 
     Args:
         sizes: the validated example lengths, int64 ``(n,)``, each at least 1.
