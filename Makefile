@@ -49,7 +49,7 @@ $(STAMP): pyproject.toml | $(NEW_VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install -e ".[dev]"
-	$(PY) -m packsim.course.check_env --quiet
+	$(PY) -m packsim.course.doctor --quiet
 	touch $(STAMP)
 
 setup: $(STAMP) git-filter

@@ -51,4 +51,4 @@ __all__ = sorted(_HOMES) + ["__version__"]
 
 
 __getattr__, __dir__ = lazy_names(__name__, _HOMES, globals(),
-                                  ("viz", "testing", "core", "auditing", "experiment", "course"))
+                                  ("viz", "testing", "core", "auditing", "exhibits", "experiment", "course"))

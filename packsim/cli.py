@@ -13,7 +13,7 @@ modules that do not import torch (``train``'s from :mod:`packsim.experiment.trai
 Bad input never ends in a traceback: an option argparse rejects, or a :class:`PacksimError`
 (or an ``OSError`` on a path) raised by a subcommand, prints one line on stderr,
 ``packsim <command>: error: <what was wrong and how to fix it>``, and exits with status 2.
-Subcommands check their options before any training starts (:mod:`packsim.core.cli_args`). ``python -m packsim`` is the same command line.
+Subcommands check their options before any training starts (:mod:`packsim.core.option_checks`). ``python -m packsim`` is the same command line.
 
 Lessons: none directly.
 """
@@ -29,7 +29,7 @@ from packsim.core.version import __version__
 
 # name -> (module with run(args), help); OPTIONS names the module with add_arguments where it differs
 SUBCOMMANDS = {
-    "doctor": ("packsim.course.check_env", "check the environment: packages, device, attention backends"),
+    "doctor": ("packsim.course.doctor", "check the environment: packages, device, attention backends"),
     "compare": ("packsim.compare_command", "train setups side by side; write results.json and report.html"),
     "report": ("packsim.viz.report", "rebuild report.html from a comparison's results.json"),
     "audit": ("packsim.auditing.command",

@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``packsim compare``: check every option (setups, numbers, device, output folder), then train."""
-    from packsim.core.cli_args import check_at_least, writable_dir
+    from packsim.core.option_checks import check_at_least, writable_dir
 
     check_at_least(args, {"--seeds": 1, "--steps": 1, "--examples-per-step": 1, "--n-test": 1,
                           "--throughput-steps": 0, "--entities": 1, "--copies": 1, "--jobs": 1})

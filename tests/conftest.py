@@ -41,7 +41,7 @@ def tiny_model():
 # HEAVY_FIRST orders the units of equal size: xdist's sort by test count is stable, so the
 # one-test units run in collection order, the notebooks first (in file order: 00, 01, ..., A8).
 HEAVY_FIRST = ("test_notebooks.py::test_notebook_runs_in_fast_mode", "browser/", "test_data_parallel.py",
-               "test_compare.py", "test_static_site.py", "test_trainer_audit.py", "test_frontier_cases.py",
+               "test_compare.py", "test_static_site.py", "test_trainer_audit.py", "test_hybrid_traps.py",
                "test_museum", "test_exercises", "test_evidence.py")
 
 

@@ -2,7 +2,7 @@
 
 A learner cannot check "#3796" or "PR 31629"; they can open
 https://github.com/axolotl-ai-cloud/axolotl/pull/3796. The test scans the markdown cells of every
-notebook and every quiz file (packsim/course/quizzes/*.yaml) for a bare reference, ``#NNNN``,
+notebook and every quiz file (packsim/viz/quiz_files/*.yaml) for a bare reference, ``#NNNN``,
 ``PR NNNN`` / ``pull request NNNN`` / ``issue NNNN`` (with or without ``#``), and fails unless a
 GitHub URL ending in that number (``.../pull/NNNN`` or ``.../issues/NNNN``) appears within
 ``WINDOW`` characters of it (a markdown link ``[org/repo#NNNN](https://...)`` always does).
@@ -43,7 +43,7 @@ def _sources() -> list[tuple[str, str]]:
         for i, cell in enumerate(nb.cells):
             if cell.cell_type == "markdown":
                 found.append((f"{path.name} cell {i}", cell.source))
-    for path in sorted((ROOT / "packsim" / "course" / "quizzes").glob("*.yaml")):
+    for path in sorted((ROOT / "packsim" / "viz" / "quiz_files").glob("*.yaml")):
         found.append((str(path.relative_to(ROOT)), path.read_text()))
     return found
 

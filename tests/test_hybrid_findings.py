@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from packsim import audit
-from packsim.auditing.frontier_cases import build_frontier, frontier_batch
 from packsim.auditing.hybrid_findings import hybrid_state, stateful_layers
-from packsim.auditing.trap_cases import build_family
+from packsim.exhibits.hybrid_traps import build_frontier, frontier_batch
+from packsim.exhibits.trap_cases import build_family
 
 
 @pytest.fixture(scope="module")

@@ -2,9 +2,13 @@
 
 Every ``import`` and ``from ... import`` in every module counts, lazy ones inside functions and
 ``TYPE_CHECKING`` blocks included, and so does ``importlib.import_module("packsim...")`` with a
-literal name. The order (bottom first) is the README's architecture section::
+literal name, and so does ``resources.files("packsim...")`` (a package-data tie: reading another
+package's files is depending on it). The order (bottom first) is the README's architecture section::
 
-    core < auditing < experiment < viz < course < course.tools < packsim (cli, testing, __init__)
+    core < auditing < exhibits < experiment < viz < course < course.tools < packsim (cli, testing, __init__)
+
+Inside ``auditing`` the floors of its docstring's table (verdict < evidence < forward < entry < gate)
+hold the same way: a module imports no module of a floor above its own.
 
 ``course.tools`` is tooling for ``make`` and the tests (static site, notebook checks, lesson map):
 no other module and no notebook imports it. No two modules import each other, directly or
@@ -22,7 +26,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "packsim"
-LAYERS = ["core", "auditing", "experiment", "viz", "course", "course.tools", "top"]
+LAYERS = ["core", "auditing", "exhibits", "experiment", "viz", "course", "course.tools", "top"]
+FLOORS = ["verdict", "evidence", "forward", "entry", "gate"]  # inside auditing, bottom first
 
 
 def module_name(path: Path) -> str:
@@ -80,7 +85,7 @@ def imports_in(source: str, package: str) -> list[tuple[str, int]]:
             if target.split(".")[0] == "packsim":
                 out += [(m, node.lineno) for m in resolve(target, [a.name for a in node.names])]
         elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None))
-              == "import_module" and node.args and isinstance(node.args[0], ast.Constant)
+              in ("import_module", "files") and node.args and isinstance(node.args[0], ast.Constant)
               and str(node.args[0].value).startswith("packsim")):
             out.append((node.args[0].value, node.lineno))
     return out
@@ -100,11 +105,13 @@ def test_the_reader_sees_lazy_relative_and_dynamic_imports():
         "def f():\n    from ..experiment.results import Results\n"
         "    import packsim.cli\n"
         "    return importlib.import_module('packsim.course.paths')\n"
+        "from importlib import resources\n"
+        "QUIZ = resources.files('packsim.course') / 'quizzes'\n"
     )
     found = [m for m, _ in imports_in(source, "packsim.core")]
     assert found == ["packsim.viz", "packsim.viz.style", "packsim.experiment.results",
-                     "packsim.cli", "packsim.course.paths"]
-    assert [layer(m) for m in found] == ["viz", "viz", "experiment", "top", "course"]
+                     "packsim.cli", "packsim.course.paths", "packsim.course"]
+    assert [layer(m) for m in found] == ["viz", "viz", "experiment", "top", "course", "course"]
 
 
 @pytest.mark.parametrize("module", sorted(modules()))
@@ -146,3 +153,42 @@ def test_no_import_cycle_between_modules():
     for m in graph:
         if m not in state and (cycle := visit(m)):
             pytest.fail("import cycle: " + " -> ".join(cycle))
+
+
+@cache
+def floors() -> dict[str, str]:
+    """auditing module -> its floor, read from the table in ``packsim/auditing/__init__.py``."""
+    table = {}
+    for line in (PACKAGE / "auditing" / "__init__.py").read_text().splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] in FLOORS and parts[1].startswith("``"):
+            table[f"packsim.auditing.{parts[1].strip('`')}"] = parts[0]
+    return table
+
+
+def test_every_audit_module_has_one_floor():
+    audit = {m for m in modules() if m.startswith("packsim.auditing.")}
+    assert set(floors()) == audit, (f"not in the floor table: {sorted(audit - set(floors()))}; "
+                                    f"in the table, no such module: {sorted(set(floors()) - audit)}")
+
+
+@pytest.mark.parametrize("module", sorted(m for m in modules() if m.startswith("packsim.auditing.")))
+def test_each_audit_module_imports_only_its_floor_and_below(module):
+    mine = FLOORS.index(floors()[module])
+    wrong = [f"{module}:{line} ({floors()[module]}) imports {t} ({floors()[t]})"
+             for t, line in imports_of(module) if t in floors() and FLOORS.index(floors()[t]) > mine]
+    assert not wrong, "upward import inside the audit: " + "; ".join(wrong)
+
+
+def test_the_floor_check_catches_an_upward_import():
+    """Negative control: ``report`` (verdict) importing the auditor (entry) is refused."""
+    found = imports_in("from packsim.auditing.auditor import audit\n", "packsim.auditing")
+    assert found == [("packsim.auditing.auditor", 1)]
+    assert FLOORS.index(floors()["packsim.auditing.auditor"]) > FLOORS.index(floors()["packsim.auditing.report"])
+
+
+def test_the_audit_room_never_imports_the_exhibits_or_the_course():
+    """What ``pip install packsim`` users run: the audit reaches core only (and itself)."""
+    wrong = [f"{m}:{line} imports {t}" for m in modules() if m.startswith("packsim.auditing")
+             for t, line in imports_of(m) if layer(t) not in ("core", "auditing")]
+    assert not wrong, "; ".join(wrong)

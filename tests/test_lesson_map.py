@@ -60,7 +60,7 @@ def test_every_exercise_module_carries_its_lesson_number():
 
 
 def test_no_public_name_shadows_a_module():
-    """``import packsim.auditing.traps`` must give the module, never a function of the same name."""
+    """``import packsim.exhibits.traps`` must give the module, never a function of the same name."""
     shadowed = []
     for info in pkgutil.walk_packages(packsim.__path__, "packsim."):
         if not info.ispkg:

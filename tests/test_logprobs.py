@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import DataCollatorWithFlattening
 
-from packsim.auditing.frontier_cases import build_frontier
 from packsim.auditing.logprobs import audit_logprobs, group_names, pair_names
-from packsim.auditing.trap_cases import build_family
+from packsim.exhibits.hybrid_traps import build_frontier
+from packsim.exhibits.trap_cases import build_family
 
 V = 96
 

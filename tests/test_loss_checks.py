@@ -13,8 +13,8 @@ from packsim.auditing.loss_checks import (
     mean_of_means,
     token_weights,
 )
-from packsim.auditing.museum import collate, examples, tiny_llama
 from packsim.core.loss import IGNORE_INDEX
+from packsim.exhibits.museum import collate, examples, tiny_llama
 
 
 @pytest.fixture(scope="module")

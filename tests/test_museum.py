@@ -8,13 +8,13 @@ import re
 import pytest
 
 from packsim import PacksimError
-from packsim.auditing.museum import (
+from packsim.exhibits.museum import (
     AUDITED,
     EXHIBITS,
     audit_exhibit,
     museum_table,
 )
-from packsim.auditing.museum_2026 import PIECES
+from packsim.exhibits.museum_beyond_sft import PIECES
 
 LINK = re.compile(r"^https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+$")
 # configuration checks a fixed exhibit may report (passing): the loss ones, and the independent

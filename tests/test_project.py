@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from packsim.course import check_env
+from packsim.course import doctor
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -118,26 +118,26 @@ def test_environment_yml_uses_conda_forge_and_pip_installs_dev_extra():
     assert '.[dev]"' in (ROOT / "Makefile").read_text(), "make setup installs the dev extra too"
 
 
-def test_check_env_reads_the_same_requirements():
-    reqs, source, requires_python = check_env.project_requirements()
+def test_doctor_reads_the_same_requirements():
+    reqs, source, requires_python = doctor.project_requirements()
     assert source.endswith("pyproject.toml")
     core = {_norm(r.name): r.lower for r in reqs if r.extra is None}
     assert core == dict(_split(r) for r in _pyproject()["project"]["dependencies"])
     assert requires_python == _pyproject()["project"]["requires-python"]
 
 
-def test_check_env_quiet_passes_here(capsys):
-    code = check_env.main(["--quiet"])
+def test_doctor_quiet_passes_here(capsys):
+    code = doctor.main(["--quiet"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "FAIL" not in out
-    assert out.strip().splitlines()[-1].startswith("packsim check_env: all required checks passed")
+    assert out.strip().splitlines()[-1].startswith("packsim doctor: all required checks passed")
 
 
 @pytest.mark.slow
-def test_check_env_runs_as_module():
+def test_doctor_runs_as_module():
     proc = subprocess.run(
-        [sys.executable, "-m", "packsim.course.check_env"],
+        [sys.executable, "-m", "packsim.course.doctor"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -153,25 +153,25 @@ def test_check_env_runs_as_module():
     assert any(line.startswith("OK    attention") for line in lines)
 
 
-def test_check_env_flags_a_too_old_dependency(monkeypatch):
-    monkeypatch.setattr(check_env, "_installed", lambda name: "0.1" if name == "numpy" else "99")
-    checks = {c.name: c for c in check_env.run_checks()}
+def test_doctor_flags_a_too_old_dependency(monkeypatch):
+    monkeypatch.setattr(doctor, "_installed", lambda name: "0.1" if name == "numpy" else "99")
+    checks = {c.name: c for c in doctor.run_checks()}
     assert not checks["numpy"].ok and checks["numpy"].required
     assert "too old" in checks["numpy"].detail and "pip install -U" in checks["numpy"].detail
     assert checks["torch"].ok
 
 
-def test_check_env_missing_optional_is_not_a_failure(monkeypatch):
-    real = check_env._installed
-    monkeypatch.setattr(check_env, "_installed", lambda n: None if n == "flash-attn" else real(n))
-    checks = {c.name: c for c in check_env.run_checks()}
+def test_doctor_missing_optional_is_not_a_failure(monkeypatch):
+    real = doctor._installed
+    monkeypatch.setattr(doctor, "_installed", lambda n: None if n == "flash-attn" else real(n))
+    checks = {c.name: c for c in doctor.run_checks()}
     flash = checks["flash-attn [gpu]"]
     assert not flash.required and "not installed (optional, GPU only)" in flash.detail
 
 
-def test_check_env_falls_back_to_installed_metadata(monkeypatch, tmp_path):
-    monkeypatch.setattr(check_env, "_PYPROJECT", tmp_path / "missing.toml")
-    reqs, source, _ = check_env.project_requirements()
+def test_doctor_falls_back_to_installed_metadata(monkeypatch, tmp_path):
+    monkeypatch.setattr(doctor, "_PYPROJECT", tmp_path / "missing.toml")
+    reqs, source, _ = doctor.project_requirements()
     assert source == "installed packsim metadata"
     names = {_norm(r.name) for r in reqs if r.extra is None}
     assert {"torch", "transformers", "tokenizers"} <= names  # (metadata may lag pyproject edits)

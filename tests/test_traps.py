@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from packsim import PacksimError
-from packsim.auditing.trap_cases import (
+from packsim.exhibits.trap_cases import (
     CONDITIONS,
     FAMILIES,
     HUB_KERNEL,
     build_family,
     condition_batch,
 )
-from packsim.auditing.traps import perturbation_change, trap_table
+from packsim.exhibits.traps import perturbation_change, trap_table
 
 LEAK_MIN = 1e-3  # measured leaks of the tiny families: 2e-2 .. 0.5
 # condition -> isolated? on eager and sdpa (transformers 5.24, torch 2.13)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from packsim.auditing.trap_cases import (
+from packsim.core.errors import PacksimError
+from packsim.exhibits.trap_cases import (
     CONDITION_OPTIONS,
     CONDITIONS,
     build_family,
@@ -13,8 +14,7 @@ from packsim.auditing.trap_cases import (
     condition_of,
     packed_batch,
 )
-from packsim.auditing.traps import alone_change, impl_reason
-from packsim.core.errors import PacksimError
+from packsim.exhibits.traps import alone_change, impl_reason
 from packsim.viz import trap_explorer, trap_figure
 from packsim.viz.traps import trap_rule
 from packsim.viz.widget import shown_figure

@@ -1,34 +1,41 @@
 """The contamination audit (lesson 07): does a packed pipeline keep its examples apart?
 
-===============  ===================================================================
-module           idea
-===============  ===================================================================
-``auditor``      :func:`audit`: run the probes on one model and one batch
-``pipeline``     the forward under audit and what it knows about the batch
-``probes``       perturbation, gradient, attention mass, loss coverage, positions
-``alone``        every example packed vs alone: the isolation check of constant cost
-``evidence``     where the examples are, independently of the batch's boundary fields
-``locate``       the collator's examples found in its batch, whole or cut short
-``label_values`` every counted label checked by value (shifted, across a boundary, wrong)
-``causes``       which field or kwarg most likely breaks isolation
-``report``       :class:`AuditReport`: the verdict, the table, the HTML
-``command``      ``packsim audit``
-``traps``        :func:`trap_table`: is a packed row isolated, per family x attention x condition
-``trap_cases``   what a trap-table cell runs: the tiny family models, the packed-row conditions
-``trap_results`` :class:`TrapTable`: the measured cells as text, HTML or a heatmap
-``museum``       :func:`museum_table`: real-world packing bugs, planted and caught
-``loss_checks``  batches that count no label; token weights under gradient accumulation
-``trainer``      :func:`audit_trainer`: a Trainer / SFTTrainer's own batches, forward, findings
-``findings``     configuration findings (wrapped packing, padding-free support, flash rows, ...)
-``accumulation`` the trainer's loss over one accumulation step vs the mean over counted labels
-``features``     :func:`response_mask_from_features`: prompt/completion split of collator rows
-``preflight``    ``packsim audit --model DIR --data FILE``: the pre-flight gate
-``factory``      ``packsim audit --trainer FILE.py:FUNC``: import the user's trainer factory, call it
-``callback``     :class:`AuditCallback`: the audit at ``on_train_begin``, stopping a run on a fault
-``truncation``   examples cut by truncation (records past max_length, examples counting no label)
-===============  ===================================================================
+Everything a practitioner calls (:func:`packsim.audit`, :func:`audit_trainer`, :func:`audit_logprobs`,
+:class:`AuditCallback`, :func:`packsim.testing.assert_isolated`, ``packsim audit``) lives here, on
+five floors; a module imports only from its own floor and the floors below it (and from
+:mod:`packsim.core`), which ``tests/test_layering.py`` reads from this table:
 
-Importing the package loads none of them: each public name loads its module on first use.
+==========  ===================  ====================================================================
+floor       module               idea
+==========  ===================  ====================================================================
+verdict     ``report``           :class:`AuditReport`: the verdict, the table, the HTML
+evidence    ``locate``           the collator's examples found in its batch, whole or cut short
+evidence    ``evidence``         where the examples are, independently of the batch's boundary fields
+evidence    ``features``         :func:`response_mask_from_features`: prompt/completion split of rows
+evidence    ``label_values``     every counted label checked by value (shifted, across a boundary)
+evidence    ``truncation``       examples cut by truncation (records past max_length, no label left)
+evidence    ``loss_checks``      batches that count no label; token weights under accumulation
+evidence    ``accumulation``     the trainer's loss over one accumulation step vs the counted mean
+evidence    ``findings``         configuration findings (wrapped packing, padding-free, flash rows)
+forward     ``pipeline``         the forward under audit and what it knows about the batch
+forward     ``packed_vs_alone``  every example packed vs alone: the isolation check of constant cost
+forward     ``probes``           perturbation, gradient, attention mass, loss coverage, positions
+forward     ``causes``           which field or kwarg most likely breaks isolation
+forward     ``hybrid_findings``  stateful layers (Mamba2, short conv, DeltaNet) and kernel refusals
+entry       ``auditor``          :func:`audit`: run the probes on one model and one batch
+entry       ``logprobs``         :func:`audit_logprobs`: per-sequence log-probs packed vs alone
+entry       ``preference``       DPO pairs: chosen / rejected log-probs through the packed call
+entry       ``grpo``             GRPO groups: per-token log-probs of a group's completions
+entry       ``trainer``          :func:`audit_trainer`: a Trainer / SFTTrainer's own batches
+entry       ``callback``         :class:`AuditCallback`: the audit at ``on_train_begin``
+gate        ``factory``          ``packsim audit --trainer FILE.py:FUNC``: import and call the factory
+gate        ``preflight``        ``packsim audit --model DIR --data FILE``: the pre-flight gate
+gate        ``command``          ``packsim audit``: options, exit codes
+==========  ===================  ====================================================================
+
+The course's exhibits that run the audit (trap tables, the museum) are one layer up, in
+:mod:`packsim.exhibits`. Importing the package loads none of them: each public name loads its
+module on first use.
 
 Lessons: none directly (lessons 07 and 09 call :func:`packsim.audit`).
 """
@@ -46,11 +53,6 @@ _HOMES = {
     "AuditCallback": "packsim.auditing.callback",
     "AuditFailed": "packsim.auditing.callback",
     "response_mask_from_features": "packsim.auditing.features",
-    "EXHIBITS": "packsim.auditing.museum",
-    "museum_table": "packsim.auditing.museum",
-    "museum_2026_table": "packsim.auditing.museum_2026",
-    "TrapTable": "packsim.auditing.trap_results",
-    "trap_table": "packsim.auditing.traps",
 }
 
 __all__ = sorted(_HOMES)

@@ -38,10 +38,10 @@ from dataclasses import replace
 
 import torch
 
-from packsim.auditing.alone import alone_change
 from packsim.auditing.causes import likely_causes
 from packsim.auditing.evidence import dict_evidence
 from packsim.auditing.hybrid_findings import hybrid_state, kernel_refusal, refused_report
+from packsim.auditing.packed_vs_alone import alone_change
 from packsim.auditing.pipeline import (
     ForwardOutput,
     Pipeline,

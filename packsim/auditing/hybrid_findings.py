@@ -5,7 +5,7 @@ mixers, short convolutions, gated DeltaNet) runs straight across a boundary unle
 ``cu_seqlens`` reach a kernel that reads them. In the installed transformers those kernels are
 the CUDA packages ``causal_conv1d``, ``mamba_ssm`` and ``flash-linear-attention`` (``fla``); the
 torch fallbacks ignore the boundary kwargs, and transformers raises when ``seq_idx`` reaches one
-(:mod:`packsim.auditing.frontier_cases` measures every case). :func:`hybrid_state` names the
+(:mod:`packsim.exhibits.hybrid_traps` measures every case). :func:`hybrid_state` names the
 stateful layer types and fails a packed batch that cannot isolate here; it returns None for a model
 without such layers, so any audit can call it on every pipeline. When the pipeline's own forward is
 refused that way (``seq_idx`` on CPU), nothing can be measured: :func:`refused_report` turns the
@@ -27,7 +27,8 @@ from packsim.auditing.pipeline import ForwardOutput
 from packsim.auditing.probes import loss_coverage, positions_probe
 from packsim.auditing.report import AuditReport, Finding, ProbeResult
 
-__all__ = ["CUDA_REFUSAL", "KERNEL_PACKAGES", "hybrid_state", "kernel_refusal", "refused_report",
+__all__ = ["CUDA_REFUSAL", "KERNEL_PACKAGES", "hybrid_state", "kernel_refusal", "needs_cuda_reason",
+           "refusal_line", "refused_report",
            "stateful_layers"]
 
 # module class names whose forward carries a conv / recurrent state along the sequence
@@ -61,13 +62,24 @@ def _examples_per_row(fields: Mapping) -> int:
     return int(((pos[:, 1:] <= pos[:, :-1]).sum(-1) + 1).max())
 
 
-def kernel_refusal(model, err: BaseException) -> str:
-    """transformers' refusal message when ``err`` is its torch fallback refusing a packed kwarg on a
-    model with stateful layers (the first line), else ''."""
+def refusal_line(err: BaseException) -> str:
+    """The first line of ``err`` when it is transformers' torch fallback refusing a packed kwarg
+    (``seq_idx`` / ``cu_seqlens``), else '': the one reading of that refusal."""
     text = str(err)
-    if isinstance(err, ValueError) and CUDA_REFUSAL in text and stateful_layers(model):
-        return text.splitlines()[0][:200]
-    return ""
+    return text.splitlines()[0][:200] if isinstance(err, ValueError) and CUDA_REFUSAL in text else ""
+
+
+def needs_cuda_reason(err: BaseException) -> str:
+    """The reason a cell or verdict gives when ``err`` is that refusal, else ''."""
+    line = refusal_line(err)
+    return (f"{line} (transformers' hub_kernels wrapper raises when seq_idx / cu_seqlens reach the "
+            "torch fallback; those kernels run on CUDA only)") if line else ""
+
+
+def kernel_refusal(model, err: BaseException) -> str:
+    """transformers' refusal message when ``err`` is that refusal on a model with stateful layers
+    (the first line), else ''."""
+    return refusal_line(err) if stateful_layers(model) else ""
 
 
 def _refused_finding(names: str, refused: str) -> Finding:

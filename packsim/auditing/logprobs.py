@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from packsim.auditing.hybrid_findings import needs_cuda_reason
 from packsim.core.boundaries import find_boundaries
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX
@@ -126,8 +127,6 @@ def audit_logprobs(model, batch: dict, *, completion_mask=None, seq=None, names=
     sequence alone. ``names``: one per sequence in token order (:func:`pair_names`, :func:`group_names`);
     ``tol``: per summed token (default ``LOGPROB_TOL`` by logits dtype). Returns a :class:`LogprobReport`.
     """
-    from packsim.auditing.frontier_cases import needs_cuda_reason
-
     if not isinstance(batch, dict) or "input_ids" not in batch:
         raise PacksimError("audit_logprobs takes the collator's dict with input_ids (B, T) and the fields "
                            "the forward gets.")

@@ -12,7 +12,7 @@ token when losses are accumulated over micro-batches (gradient accumulation).
 
 Each check returns a :class:`~packsim.auditing.report.Finding`, so it can join an
 :class:`~packsim.auditing.report.AuditReport` (``report.findings``). The museum
-(:mod:`packsim.auditing.museum`) uses them for the bugs the audit's probes cannot see; lesson 07
+(:mod:`packsim.exhibits.museum`) uses them for the bugs the audit's probes cannot see; lesson 07
 can call them on a user's own pipeline.
 
 Lessons: none directly.

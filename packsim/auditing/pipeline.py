@@ -40,7 +40,7 @@ class Pipeline:
     0..S-1, -1 on padding. roles (B, T): packsim Role codes (``Role.UNKNOWN`` where a dict batch
     does not say prompt or response), -1 on each row's first token. run_alone(ids, positions,
     mask) runs right-padded rows (R, L) of single examples through the same model (the
-    isolation reference of :mod:`packsim.auditing.alone`).
+    isolation reference of :mod:`packsim.auditing.packed_vs_alone`).
     """
 
     model: torch.nn.Module

@@ -5,7 +5,7 @@ the optimiser; only the setup differs. Two data designs:
 
 - ``tasks`` (default): i.i.d. synthetic tasks (reverse, add, sort, key-value). The mask is the
   dominant fix: attention spread over unrelated examples makes the tasks harder to learn.
-- ``facts``: synthetic facts, each question three times in a row (:mod:`packsim.experiment.facts`). Under
+- ``facts``: synthetic facts, each question three times in a row (:mod:`packsim.experiment.paraphrased_facts`). Under
   the buggy setup the later copies read the answer off the first: its reported loss ends *below*
   the correct setup's while it answers far fewer questions alone. The loss curve lies.
 
@@ -43,8 +43,8 @@ from packsim.core.errors import PacksimError
 from packsim.core.model import attention_maps, build_model
 from packsim.core.setups import get_setup
 from packsim.experiment.evaluation import evaluate_isolated, evaluate_packed, held_out_metrics
-from packsim.experiment.facts import make_facts
 from packsim.experiment.model_files import load_weights, model_path, save_weights
+from packsim.experiment.paraphrased_facts import make_facts
 from packsim.experiment.results import Results, RunResult, StepRecord
 from packsim.experiment.run_mode import DESIGNS, fast_mode
 from packsim.experiment.throughput import measure_throughput

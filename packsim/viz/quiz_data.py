@@ -1,7 +1,7 @@
 """Spot-the-bug quizzes, the data: the YAML format, loading and validation, and grading.
 
 Quizzes live in YAML files so instructors can add their own (packsim ships some in
-``packsim/course/quizzes/*.yaml``): ``quizzes:``, a list of entries with a unique ``name``, a
+``packsim/viz/quiz_files/*.yaml``): ``quizzes:``, a list of entries with a unique ``name``, a
 ``title``, ``kind`` (``code`` keeps lines and indentation, or ``prose``), ``passage``, ``bugs``
 (each a ``word`` or ``words`` and ``why``) and optional ``intro`` / ``fine``; the format in full is
 in :func:`load_quizzes`, which validates every field and names the file, quiz and field when one
@@ -212,7 +212,7 @@ def _read_file(path: Path) -> list[QuizData]:
 
 def _files(path) -> list[Path]:
     if path is None:
-        root = resources.files("packsim.course") / "quizzes"
+        root = resources.files("packsim.viz") / "quiz_files"
         return sorted(
             (Path(str(p)) for p in root.iterdir() if p.name.endswith(".yaml")), key=lambda p: p.name
         )

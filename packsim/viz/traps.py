@@ -1,17 +1,17 @@
 """Trap explorer (notebook 04): pick an attention implementation and the call options of a packed
 forward; see whether each example's logits match the example run alone.
 
-The batch is the trap table's (:func:`packsim.auditing.trap_cases.packed_batch`): ``rows`` packed
+The batch is the trap table's (:func:`packsim.exhibits.trap_cases.packed_batch`): ``rows`` packed
 rows of 32 tokens, three examples each, input_ids (B, 32) with B = 1 or 2, position_ids (B, 32)
 restarting per example or continuous 0..31, attention_mask none / (B, 32) ones / (B, 1, 32, 32)
 block-diagonal bool or additive float, and ``use_cache``. The model is the trap table's tiny Llama
-(:func:`~packsim.auditing.trap_cases.build_family`, fp32 on CPU, built once per implementation).
-:func:`packsim.auditing.traps.alone_change` measures, per example, max |packed logits - logits of
+(:func:`~packsim.exhibits.trap_cases.build_family`, fp32 on CPU, built once per implementation).
+:func:`packsim.exhibits.traps.alone_change` measures, per example, max |packed logits - logits of
 the example run alone| (alone: input_ids (1, L), positions 0..L-1, no mask, no cache); the row is
 "isolated" when every example stays within ``tol`` (1e-5 in fp32), else it "LEAKS". One line names
-the trap-table condition (:data:`~packsim.auditing.trap_cases.CONDITIONS`) the options are, or
+the trap-table condition (:data:`~packsim.exhibits.trap_cases.CONDITIONS`) the options are, or
 the conditions they combine. flash_attention_2 is listed but cannot be picked where
-:func:`~packsim.auditing.traps.impl_reason` says it cannot run (no CUDA, no flash-attn).
+:func:`~packsim.exhibits.traps.impl_reason` says it cannot run (no CUDA, no flash-attn).
 
 Lessons: 04.
 """
@@ -21,14 +21,14 @@ from __future__ import annotations
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from packsim.auditing.trap_cases import (
+from packsim.core.errors import PacksimError
+from packsim.exhibits.trap_cases import (
     CONDITIONS,
     build_family,
     condition_of,
     packed_batch,
 )
-from packsim.auditing.traps import FLASH_IMPLS, alone_change, for_impl, impl_reason, impl_tol
-from packsim.core.errors import PacksimError
+from packsim.exhibits.traps import FLASH_IMPLS, alone_change, for_impl, impl_reason, impl_tol
 from packsim.viz.style import LEAK_RED, SETUP_COLOURS, TEXT_MUTED, layout
 from packsim.viz.widget import PacksimWidget, escape, show_figure, style_html
 

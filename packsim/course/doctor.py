@@ -1,4 +1,4 @@
-"""Check that this environment can run packsim: ``python -m packsim.course.check_env [--quiet]``.
+"""Check that this environment can run packsim: ``python -m packsim.course.doctor [--quiet]``.
 
 Prints one line per requirement (``OK``, ``FAIL``, or ``--`` for an optional thing that is
 missing here) and a summary; exits 1 when a required check fails. ``packsim doctor`` runs the same checks.
@@ -291,7 +291,7 @@ def _line(c: Check) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``packsim doctor`` / ``python -m packsim.course.check_env``."""
+    """Options of ``packsim doctor`` / ``python -m packsim.course.doctor``."""
     parser.add_argument(
         "--quiet", "-q", action="store_true", help="print only failures and a one-line summary"
     )
@@ -300,7 +300,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Print the report; return 0 when every required check passes, else 1."""
     parser = argparse.ArgumentParser(
-        prog="python -m packsim.course.check_env",
+        prog="python -m packsim.course.doctor",
         description="Check that this environment can run packsim.",
     )
     add_arguments(parser)
@@ -320,11 +320,11 @@ def run(args: argparse.Namespace) -> int:
     n_ok = sum(c.ok for c in checks)
     if failed:
         print(
-            f"packsim check_env: {len(failed)} FAIL, {n_ok} OK of {len(checks)} checks: "
-            "fix the FAIL lines above, then rerun python -m packsim.course.check_env"
+            f"packsim doctor: {len(failed)} FAIL, {n_ok} OK of {len(checks)} checks: "
+            "fix the FAIL lines above, then rerun python -m packsim.course.doctor"
         )
         return 1
-    print(f"packsim check_env: all required checks passed ({n_ok} OK of {len(checks)} checks)")
+    print(f"packsim doctor: all required checks passed ({n_ok} OK of {len(checks)} checks)")
     return 0
 
 

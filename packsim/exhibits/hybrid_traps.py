@@ -27,7 +27,7 @@ What the installed transformers does (read in its source, measured by the cells)
   only from 4-row position_ids (text positions prepended to the 3 rope rows); 2D or 3-row
   positions are expanded and the mask is plain causal over the row.
 
-:func:`frontier_table` returns a :class:`~packsim.auditing.trap_results.TrapTable` (rows family x
+:func:`frontier_table` returns a :class:`~packsim.exhibits.trap_results.TrapTable` (rows family x
 impl, columns the family kind's conditions). Shapes: input_ids (1, 32), position_ids (1, 32) or
 (3, 1, 32) / (4, 1, 32), seq_idx (1, 32) int32, cu_seq_lens_q/k (4,) int32.
 
@@ -42,11 +42,11 @@ from dataclasses import replace
 
 import torch
 
-from packsim.auditing.hybrid_findings import CUDA_REFUSAL
-from packsim.auditing.trap_cases import ROWS, VOCAB
-from packsim.auditing.trap_results import Cell, TrapTable
+from packsim.auditing.hybrid_findings import CUDA_REFUSAL, needs_cuda_reason
 from packsim.core.errors import PacksimError
 from packsim.core.segments import cu_seqlens_from_lengths, example_positions
+from packsim.exhibits.trap_cases import ROWS, VOCAB
+from packsim.exhibits.trap_results import Cell, TrapTable
 
 __all__ = ["CUDA_REFUSAL", "FRONTIER_CONDITIONS", "FRONTIER_FAMILIES", "build_frontier", "frontier_batch",
            "frontier_cell", "frontier_table", "needs_cuda_reason"]
@@ -159,14 +159,6 @@ def frontier_batch(condition: str, seed: int = 0) -> tuple[dict, torch.Tensor]:
     return batch, seq
 
 
-def needs_cuda_reason(err: BaseException) -> str:
-    """The reason when ``err`` is transformers refusing a packed kwarg on a torch fallback, else ''."""
-    text = str(err)
-    if isinstance(err, ValueError) and CUDA_REFUSAL in text:
-        return (f"{text.splitlines()[0][:200]} (transformers' hub_kernels wrapper raises when seq_idx / "
-                "cu_seqlens reach the torch fallback; those kernels run on CUDA only)")
-    return ""
-
 
 class _Bound(torch.nn.Module):
     """``model`` with the batch's fields bound, so the audit runs the same forward with new tokens."""
@@ -200,7 +192,7 @@ def frontier_cell(model, family: str, condition: str, *, tol: float = 1e-5, seed
     """Measure one cell (packed vs alone), then audit the same forward (agreement in the Cell)."""
     from packsim.auditing.auditor import audit_pipeline
     from packsim.auditing.pipeline import dict_pipeline, logits_of
-    from packsim.auditing.traps import LEAK_PROBES
+    from packsim.exhibits.traps import LEAK_PROBES
 
     batch, seq = frontier_batch(condition, seed)
     model.eval()  # the audit of the previous cell may leave it in train mode (Bamba's fused path)
@@ -235,7 +227,7 @@ def frontier_table(kind: str = "hybrid", families=None, impls=("sdpa",), *, tol:
                    seed: int = 0, run_audit: bool = True) -> TrapTable:
     """Measure the rows of ``kind`` ("hybrid" or "mrope"): every family of that kind x ``impls`` x
     the kind's conditions. Returns a :class:`TrapTable` (prints as text / HTML / heatmap)."""
-    from packsim.auditing.traps import versions
+    from packsim.exhibits.traps import versions
 
     if kind not in _KIND_CONDITIONS:
         raise PacksimError(f"kind={kind!r}: use 'hybrid' or 'mrope'.")

@@ -12,9 +12,9 @@ example, optionally attention_mask (B, 32) of ones or a 4D block-diagonal mask (
 (bool or additive float), or cu_seq_lens_q/k (S+1,) with max_length_q/k. Each condition is a set of
 options of :func:`packed_batch` (:data:`CONDITION_OPTIONS`), which builds any combination of
 positions x mask x use_cache x rows (the trap explorer widget uses it). The measuring is in
-:mod:`packsim.auditing.traps`.
+:mod:`packsim.exhibits.traps`.
 
-Lessons: none directly (lesson 04 calls :func:`packsim.auditing.traps.trap_table`).
+Lessons: none directly (lesson 04 calls :func:`packsim.exhibits.traps.trap_table`).
 """
 
 from __future__ import annotations

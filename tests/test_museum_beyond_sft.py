@@ -3,11 +3,11 @@ truth of each bug computed here independently of the piece's probe."""
 
 import torch
 
-from packsim.auditing.museum_2026 import LENGTHS, PIECES, _row, museum_2026_table
+from packsim.exhibits.museum_beyond_sft import LENGTHS, PIECES, _row, museum_beyond_sft_table
 
 
 def test_every_piece_is_caught_and_its_fix_passes():
-    table = museum_2026_table()
+    table = museum_beyond_sft_table()
     assert [r[0] for r in table.rows] == list(PIECES)
     for name, _title, link, caught_by, fixed_ok in table.rows:
         assert caught_by != "NOT CAUGHT" and fixed_ok, name
@@ -41,7 +41,7 @@ def test_the_bugs_are_real():
 
 def test_the_dpo_fallback_is_real():
     """Ground truth from the trainer itself: asked for padding_free, it keeps one sequence per row."""
-    from packsim.auditing.museum_2026 import _dpo_trainer
+    from packsim.exhibits.museum_beyond_sft import _dpo_trainer
 
     trainer = _dpo_trainer(padding_free=True)
     assert trainer.args.padding_free is True and trainer.padding_free is False

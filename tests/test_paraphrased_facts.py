@@ -4,7 +4,7 @@ import pytest
 
 from packsim.core.errors import PacksimError
 from packsim.core.packing import pack
-from packsim.experiment.facts import ATTRIBUTES, make_facts
+from packsim.experiment.paraphrased_facts import ATTRIBUTES, make_facts
 
 
 @pytest.mark.parametrize("copies", [2, 3])

@@ -5,9 +5,9 @@ A :class:`Cell` is one (family, attention implementation, condition) measurement
 verdict on the same forward. A :class:`TrapTable` holds the cells, rows (family, impl) x columns
 (condition), with the versions it ran on, and prints as text, HTML (a "not run" reason once, as a
 numbered footnote; "!" where the audit disagrees) or a plotly heatmap. The measuring is in
-:mod:`packsim.auditing.traps`.
+:mod:`packsim.exhibits.traps`.
 
-Lessons: none directly (lesson 04 prints the table :func:`packsim.auditing.traps.trap_table` returns).
+Lessons: none directly (lesson 04 prints the table :func:`packsim.exhibits.traps.trap_table` returns).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
-from packsim.auditing.trap_cases import CONDITIONS
 from packsim.core.errors import PacksimError
+from packsim.exhibits.trap_cases import CONDITIONS
 
 __all__ = ["Cell", "TrapTable"]
 

@@ -3,8 +3,8 @@ on a tiny model (or the data path it lives in), caught by a probe, and its fix p
 
 Each :class:`Piece` has a story (only what the linked thread or the installed code says), the
 link (checked against the stored public thread), the probe that catches it, and ``run(buggy)``
--> (caught, evidence). :func:`museum_2026_table` runs every piece buggy and fixed and returns a
-:class:`~packsim.auditing.museum_table.MuseumTable` (the same table lesson 07 prints for the older
+-> (caught, evidence). :func:`museum_beyond_sft_table` runs every piece buggy and fixed and returns a
+:class:`~packsim.exhibits.museum_rows.MuseumTable` (the same table lesson 07 prints for the older
 exhibits); ``museum.EXHIBITS`` holds every piece too. Pieces:
 
 - ``label_roll_across_boundary``: labels made with ``torch.roll`` over a packed 1D row;
@@ -28,11 +28,11 @@ from dataclasses import dataclass
 
 import torch
 
-from packsim.auditing.museum_table import MuseumTable
 from packsim.core.errors import PacksimError
 from packsim.core.segments import cu_seqlens_from_lengths
+from packsim.exhibits.museum_rows import MuseumTable
 
-__all__ = ["PIECES", "Piece", "museum_2026_table", "piece_row"]
+__all__ = ["PIECES", "Piece", "museum_beyond_sft_table", "piece_row"]
 
 V = 96
 LENGTHS = (7, 9, 6)  # the packed examples
@@ -59,7 +59,7 @@ def _row(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _tiny_llama():
-    from packsim.auditing.trap_cases import build_family
+    from packsim.exhibits.trap_cases import build_family
 
     return build_family("llama", "sdpa")
 
@@ -146,7 +146,7 @@ def _positions_offset(buggy: bool) -> tuple[bool, str]:
 
 def _hybrid(buggy: bool) -> tuple[bool, str]:
     from packsim.auditing.auditor import audit
-    from packsim.auditing.frontier_cases import build_frontier
+    from packsim.exhibits.hybrid_traps import build_frontier
 
     model = build_frontier("bamba")
     ids, cu = _row(2)
@@ -300,8 +300,8 @@ def piece_row(piece: Piece) -> tuple[str, str, str, str, bool]:
     return piece.name, piece.title, piece.links[0], piece.probe if caught else "NOT CAUGHT", not fixed_caught
 
 
-def museum_2026_table(names=None) -> MuseumTable:
-    """Run every piece (or ``names``) buggy and fixed -> :class:`~packsim.auditing.museum_table.MuseumTable`."""
+def museum_beyond_sft_table(names=None) -> MuseumTable:
+    """Run every piece (or ``names``) buggy and fixed -> :class:`~packsim.exhibits.museum_rows.MuseumTable`."""
     chosen = list(PIECES) if names is None else list(names)
     unknown = [n for n in chosen if n not in PIECES]
     if unknown:

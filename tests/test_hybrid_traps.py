@@ -5,16 +5,16 @@ import pytest
 import torch
 
 from packsim import audit
-from packsim.auditing.frontier_cases import (
+from packsim.auditing.hybrid_findings import stateful_layers
+from packsim.core.errors import PacksimError
+from packsim.exhibits.hybrid_traps import (
     CUDA_REFUSAL,
     FRONTIER_FAMILIES,
     build_frontier,
     frontier_batch,
     frontier_table,
 )
-from packsim.auditing.hybrid_findings import stateful_layers
-from packsim.auditing.trap_cases import VOCAB
-from packsim.core.errors import PacksimError
+from packsim.exhibits.trap_cases import VOCAB
 
 TOL = 1e-5
 

@@ -14,7 +14,7 @@ Batches are transformers' ``DataCollatorWithFlattening`` rows (1, N) (``input_id
 ``position_ids``, ``cu_seq_lens_q/k``) unless the story says otherwise; ``response_mask`` (1, N) is
 True on response tokens and the final EOS (:func:`packsim.auditing.features.response_mask_from_features`).
 Every link was checked against the stored public thread; the stories are ours. ``AUDITED`` holds
-these exhibits; ``EXHIBITS`` holds them and the 2025-26 pieces of :mod:`packsim.auditing.museum_2026`
+these exhibits; ``EXHIBITS`` holds them and the 2025-26 pieces of :mod:`packsim.exhibits.museum_beyond_sft`
 (each checked by its own probe). :func:`museum_table` runs every one (buggy and fixed) and tabulates
 what caught it. For lesson 07 and docs/audit.md; tests/test_museum.py runs every exhibit.
 
@@ -39,12 +39,12 @@ from packsim.auditing.loss_checks import (
     global_token_mean,
     mean_of_means,
 )
-from packsim.auditing.museum_2026 import PIECES, Piece, piece_row
-from packsim.auditing.museum_table import MuseumTable
 from packsim.auditing.report import PROBES, AuditReport
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX
 from packsim.core.token_example import TokenExample
+from packsim.exhibits.museum_beyond_sft import PIECES, Piece, piece_row
+from packsim.exhibits.museum_rows import MuseumTable
 
 VOCAB, BOS, EOS = 48, 1, 2
 SHAPES = ((4, 3), (5, 4), (3, 5))  # (prompt body, response body) per example

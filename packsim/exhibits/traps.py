@@ -11,9 +11,9 @@ The perturbation here is written apart from the audit's perturbation probe on pu
 is the audit's ground truth, so one bug cannot hide in both (do not make one call the other).
 
 What a cell runs, the models and the conditions (columns) as batch dicts with their shapes, e.g.
-input_ids (1, 32) and position_ids (1, 32), is :mod:`packsim.auditing.trap_cases`; the result, a
-:class:`~packsim.auditing.trap_results.TrapTable` of :class:`~packsim.auditing.trap_results.Cell`,
-prints as text, HTML or a heatmap (:mod:`packsim.auditing.trap_results`).
+input_ids (1, 32) and position_ids (1, 32), is :mod:`packsim.exhibits.trap_cases`; the result, a
+:class:`~packsim.exhibits.trap_results.TrapTable` of :class:`~packsim.exhibits.trap_results.Cell`,
+prints as text, HTML or a heatmap (:mod:`packsim.exhibits.trap_results`).
 
 flash_attention_2 and the hub kernel run only where CUDA and the package are present (in bfloat16,
 tolerance ``FLASH_TOL``; that path has not yet run on a GPU); elsewhere the cell says why not.
@@ -41,7 +41,9 @@ from contextlib import ExitStack, contextmanager
 
 import torch
 
-from packsim.auditing.trap_cases import (
+from packsim.core.device import model_device
+from packsim.core.errors import PacksimError
+from packsim.exhibits.trap_cases import (
     CONDITIONS,
     FAMILIES,
     HUB_KERNEL,
@@ -50,9 +52,7 @@ from packsim.auditing.trap_cases import (
     build_family,
     condition_batch,
 )
-from packsim.auditing.trap_results import Cell, TrapTable
-from packsim.core.device import model_device
-from packsim.core.errors import PacksimError
+from packsim.exhibits.trap_results import Cell, TrapTable
 
 __all__ = ["FLASH_IMPLS", "alone_change", "for_impl", "impl_reason", "impl_tol", "measure_cell",
            "perturbation_change", "trap_table"]

@@ -1,0 +1,37 @@
+"""The course's exhibits above the audit: live tables that plant a bug, run the audit on it, and show
+what caught it (appendices A3, A6, A8; lesson 04). A practitioner's audit never imports them.
+
+=====================  ===========================================================================
+module                 what it holds
+=====================  ===========================================================================
+``trap_cases``         what a trap-table cell runs: the tiny family models, the packed-row conditions
+``trap_results``       :class:`TrapTable`: the measured cells as text, HTML or a heatmap
+``traps``              :func:`trap_table`: is a packed row isolated, per family x attention x condition
+``hybrid_traps``       :func:`frontier_table`: the same rows for hybrid state-space and mRoPE models
+``museum_rows``        :class:`MuseumTable`: one row per planted bug, what caught it, whether the fix passes
+``museum_beyond_sft``  public bugs beyond SFT on attention-only decoders (RL, DPO, hybrids, mRoPE)
+``museum``             :func:`museum_table`: real-world packing bugs, planted and caught
+=====================  ===========================================================================
+
+Layer: above :mod:`packsim.auditing` (every exhibit runs the audit), below :mod:`packsim.experiment`.
+Importing the package loads none of them: each public name loads its module on first use.
+
+Lessons: none directly (04, A3, A6 and A8 import its modules).
+"""
+
+from packsim.core.lazy import lazy_names
+
+# public name -> the module that defines it (imported on first access, PEP 562)
+_HOMES = {
+    "EXHIBITS": "packsim.exhibits.museum",
+    "museum_table": "packsim.exhibits.museum",
+    "museum_beyond_sft_table": "packsim.exhibits.museum_beyond_sft",
+    "TrapTable": "packsim.exhibits.trap_results",
+    "trap_table": "packsim.exhibits.traps",
+    "frontier_table": "packsim.exhibits.hybrid_traps",
+}
+
+__all__ = sorted(_HOMES)
+
+
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, globals())
