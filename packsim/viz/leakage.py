@@ -11,7 +11,8 @@ first in a row reads its neighbours; under ``correct`` the share is exactly 0.
 Attention comes from :func:`packsim.core.model.attention_maps` (``(L, B, H, T, T)``) under each
 panel's setup, computed once when the widget is built (packs here are short: 48-96 tokens); the
 numbers it shows are computed in :mod:`packsim.viz.leakage_data`, and its static figure is
-:mod:`packsim.viz.leakage_heatmap`.
+:mod:`packsim.viz.leakage_heatmap`. Its HTML is in the ``leakage_*`` files of
+``packsim/viz/frontend/`` (:mod:`packsim.viz.assets`).
 
 Lessons: 02, 06.
 """
@@ -27,6 +28,7 @@ from packsim.core.errors import PacksimError
 from packsim.core.loss import Role
 from packsim.core.segments import run_starts
 from packsim.core.setups import get_setup
+from packsim.viz.assets import template
 from packsim.viz.leakage_data import (
     MEAN,
     key_weights,
@@ -67,6 +69,7 @@ def attention_html(glyphs, seq_row, weights, query: int | None) -> str:
     w = weights.tolist() if weights is not None else [0.0] * T
     w_max = max(w) or 1.0
     spans = []
+    key = template("leakage_key.html").substitute
     starts = run_starts(seq_row).tolist()  # (T,): a new example (or padding run) begins here
     for k in range(T):
         ex = int(seq_row[k])
@@ -81,42 +84,29 @@ def attention_html(glyphs, seq_row, weights, query: int | None) -> str:
                 cls.append("packsim-key-future")
             if ex != q_ex and w[k] > 0:
                 cls.append("packsim-key-outside")
-                sup = f"<sup>{w[k]:.1%}</sup>"
-        alpha = 0.75 * w[k] / w_max
-        style = f"background: rgba(31,119,180,{alpha:.3f}); border-top-color: {example_colour(ex)};"
+                sup = template("leakage_weight.html").substitute(weight=f"{w[k]:.1%}")
         where = example_name(ex, seq_row)
         title = f"key {k} {glyphs[k]!r} ({where})" + ("" if query is None else f": {w[k]:.2%}")
-        spans.append(
-            f'<span class="{" ".join(cls)}" style="{style}" title="{escape(title)}">'
-            f"{escape(glyphs[k])}{sup}</span>"
-        )
+        spans.append(key(classes=" ".join(cls), alpha=f"{0.75 * w[k] / w_max:.3f}",
+                         colour=example_colour(ex), title=escape(title),
+                         glyph=escape(glyphs[k]), weight=sup))  # fmt: skip
     if query is None:
-        caption = ("Click a token above (or move the 'query token' slider with the arrow keys) "
-                   "to see where its attention goes.")
+        caption = template("leakage_caption_none.html").template
     else:
-        caption = (
-            "Shading: attention weight of the outlined query token. "
-            f'<span style="color:{LEAK_RED};font-weight:bold">Underlined, with its weight: '
-            "attention on another example.</span>"
-        )
-    return (
-        f'<div class="packsim-muted" style="font-size:12px">{caption}</div>'
-        f'<div style="line-height:2.1;font-size:13px">{"".join(spans)}</div>'
-    )
+        caption = template("leakage_caption.html").substitute(leak_red=LEAK_RED)
+    return template("leakage_attention.html").substitute(caption=caption, keys="".join(spans))
 
 
 def share_html(share: float | None, query: int | None, desc: str) -> str:
     """The outside-share line, e.g. ``outside its example: 37.2%``; 0.0% only when exactly 0."""
     if query is None:
-        return "outside its example: (click a token)"
+        return template("leakage_share_none.html").template
     note = " (padding: its output is never used)" if "(padding)" in desc else ""
     colour = LEAK_RED if share > 0 else NO_LEAK
     mark = "&#10007; leak" if share > 0 else "&#10003; isolated"  # the verdict in words too
     text = "&lt;0.05%" if 0 < share < 0.0005 else f"{share:.1%}"  # a leak never reads as 0.0%
-    return (
-        f'<span style="color:{colour};font-weight:bold;font-size:15px">'
-        f"outside its example: {text}</span> <b>{mark}</b>"
-        f'<span class="packsim-muted"> &nbsp;query: {escape(desc)}{note}</span>'
+    return template("leakage_share.html").substitute(
+        colour=colour, share=text, verdict=mark, query=escape(desc), note=note
     )
 
 
@@ -127,7 +117,8 @@ class _Panel:
         self.name = name
         self.explorer = explorer
         setup = get_setup(name)
-        self.title = widgets.HTML(f"<b>{escape(name)}</b>: {_MASK_TEXT[setup.mask]}")
+        title = template("leakage_title.html")
+        self.title = widgets.HTML(title.substitute(setup=escape(name), mask=_MASK_TEXT[setup.mask]))
         self.chips: list[widgets.Button] = []
         self.chip_box = widgets.Box(layout=widgets.Layout(flex_flow="row wrap"))
         self.attention = widgets.HTML()
@@ -294,13 +285,9 @@ class LeakageExplorer(PacksimWidget):
             if shared
             else "each panel uses the model trained under its setup"
         )
-        self.header.value = (
-            f"<b>Pack row {row}</b>: {int((seq >= 0).sum())} tokens of {n_ex} example(s), "
-            f"{int((seq < 0).sum())} padding; {model_text}. Each colour is one example; a thick "
-            "left border marks where an example starts. Examples are numbered by their index in "
-            "the batch (hover a token: e.g. 'example 3 of the batch (2nd in this row)'). Click "
-            "any token (or use the 'query token' slider: Tab to it, then the arrow keys): every "
-            "panel shows where that token looks under its setup."
+        self.header.value = template("leakage_header.html").substitute(
+            row=row, tokens=int((seq >= 0).sum()), examples=n_ex, padding=int((seq < 0).sum()),
+            models=model_text,
         )
         for panel in self.panels.values():
             panel.build_chips()

@@ -3,7 +3,8 @@
 ``packsim compare`` writes ``report.html`` with :func:`write_report`: one self-contained file
 (plotly.js embedded, works offline) with the curves side by side, the final table (mean and
 spread over seeds), the buggy-vs-correct table of the course card filled with measured numbers,
-and the throughput on the long-tailed mix. Notebook 06 shows the same figures.
+and the throughput on the long-tailed mix. Notebook 06 shows the same figures. The page's markup
+and CSS are the ``report*`` files of ``packsim/viz/frontend/`` (:mod:`packsim.viz.assets`).
 
 The tables (:func:`summary_table`, :func:`final_rows`, :func:`card_table`) need no plotly, so
 ``packsim compare`` prints its summary on a machine without it; the figures and
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from packsim.experiment.results import Results, spread
+from packsim.viz.assets import template
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -152,14 +154,14 @@ def _throughput_rows(results: Results) -> tuple[list[str], list[list[str]]]:
 
 
 def _html_table(header: list[str], rows: list[list[str]]) -> str:
-    th = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+    cell, row = template("report_cell.html").substitute, template("report_row.html").substitute
+    th = "".join(cell(tag="th", text=html.escape(h)) for h in header)
+    body = "".join(row(cells="".join(cell(tag="td", text=html.escape(c)) for c in r)) for r in rows)
+    return template("report_table.html").substitute(head=th, body=body)
 
 
-_CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}
-th{background:#f4f4f4}code{background:#f4f4f4;padding:0 3px}.meta{color:#666;font-size:90%}"""
+def _heading(text: str) -> str:
+    return template("report_heading.html").substitute(text=text)
 
 
 def write_report(results: Results, path: str | Path) -> Path:
@@ -167,25 +169,26 @@ def write_report(results: Results, path: str | Path) -> Path:
     from packsim.viz.style import figure_config
 
     path = Path(path)
-    parts = [f"<h1>packsim compare: {html.escape(', '.join(results.setups()))}</h1>", _meta(results)]
+    setups = html.escape(", ".join(results.setups()))
+    parts = [template("report_title.html").substitute(setups=setups), _meta(results)]
     card = card_table(results)
     if card:
-        parts += ["<h2>Buggy vs correct, measured</h2>", _html_table(*card)]
+        parts += [_heading("Buggy vs correct, measured"), _html_table(*card)]
     include = True
     for data in dict.fromkeys(r.data for r in results.runs):
-        parts.append(f"<h2>Training curves ({html.escape(data)} data)</h2>")
+        parts.append(_heading(f"Training curves ({html.escape(data)} data)"))
         parts.append(curves_figure(results, data).to_html(full_html=False, include_plotlyjs=include,
                                                           config=figure_config()))
         include = False
-        parts += ["<h2>Final metrics (mean [min, max] over seeds)</h2>", _html_table(*final_rows(results, data))]
+        parts += [_heading("Final metrics (mean [min, max] over seeds)"), _html_table(*final_rows(results, data))]
         copies = copies_figure(results, data)
         if copies is not None:
-            parts += ["<h2>Copying: in-pack loss of first vs repeated copies</h2>",
+            parts += [_heading("Copying: in-pack loss of first vs repeated copies"),
                       copies.to_html(full_html=False, include_plotlyjs=include, config=figure_config())]
     if results.throughput:
-        parts += ["<h2>Throughput on the long-tailed mix (packed vs one example per row)</h2>",
+        parts += [_heading("Throughput on the long-tailed mix (packed vs one example per row)"),
                   _html_table(*_throughput_rows(results))]
-    doc = f"<!doctype html><html><head><meta charset='utf-8'><title>packsim report</title><style>{_CSS}</style></head><body>{''.join(parts)}</body></html>"
+    doc = template("report.html").substitute(css=template("report.css").template, body="".join(parts))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(doc)
     return path
@@ -194,12 +197,14 @@ def write_report(results: Results, path: str | Path) -> Path:
 def _meta(results: Results) -> str:
     env, cfg = results.env, results.config
     tr = cfg.get("train", {})
-    return (f"<p class='meta'>{html.escape(cfg.get('data', '?'))} data, {html.escape(cfg.get('mode', '?'))} mode, "
-            f"seeds {cfg.get('seeds')}, {tr.get('steps')} steps x {tr.get('examples_per_step')} examples, "
-            f"packs of {tr.get('capacity')} ({html.escape(str(tr.get('strategy')))}); "
-            f"device {html.escape(str(env.get('device')))}, torch {html.escape(str(env.get('torch')))}, "
-            f"transformers {html.escape(str(env.get('transformers')))}; {html.escape(str(env.get('date')))}; "
-            f"wall time {results.wall_s:.0f} s.</p>")
+    return template("report_meta.html").substitute(
+        data=html.escape(cfg.get("data", "?")), mode=html.escape(cfg.get("mode", "?")),
+        seeds=cfg.get("seeds"), steps=tr.get("steps"), examples=tr.get("examples_per_step"),
+        capacity=tr.get("capacity"), strategy=html.escape(str(tr.get("strategy"))),
+        device=html.escape(str(env.get("device"))), torch=html.escape(str(env.get("torch"))),
+        transformers=html.escape(str(env.get("transformers"))),
+        date=html.escape(str(env.get("date"))), wall_s=f"{results.wall_s:.0f}",
+    )
 
 
 def add_arguments(parser) -> None:

@@ -11,7 +11,8 @@ message and works the same with or without a running kernel (the tests read it b
 
 Inputs shared by the widgets: :func:`as_batch` (examples or a PackedBatch), :func:`check_row`,
 :func:`row_dropdown`, :func:`token_glyphs` (display text of token ids) and :func:`example_name`
-(how an example is named: its index in the batch and its place in the row).
+(how an example is named: its index in the batch and its place in the row). The shared CSS
+(:func:`style_html`) is ``packsim/viz/frontend/widget.css`` (:mod:`packsim.viz.assets`).
 
 Lessons: none directly.
 """
@@ -28,6 +29,7 @@ import plotly.io as pio
 
 from packsim.core.batch import PackedBatch
 from packsim.core.errors import PacksimError
+from packsim.viz.assets import template
 from packsim.viz.style import BORDER, LEAK_RED, MARK_FILL, NO_LEAK, TEXT, TEXT_MUTED, figure_config
 
 __all__ = [
@@ -91,43 +93,16 @@ def shown_figure(out: widgets.Output) -> dict | None:
 
 # ----------------------------------------------------------------------------- widgets
 
-# Every colour here follows JupyterLab's theme (its CSS variables) or is translucent, so the
-# widgets read under the light and the dark theme alike; leaks are Okabe-Ito vermillion and
-# always carry a second cue (underline, outline, a "marked" word's dashed outline).
-_CSS = f"""<style>
-.packsim-token.packsim-selected {{ outline: 3px solid {BORDER}; outline-offset: -1px;
-  font-weight: bold; }}
-.packsim-token:focus-visible, .packsim-quiz-word:focus-visible {{ outline: 3px solid {NO_LEAK};
-  outline-offset: 1px; }}
-.packsim-ex-start {{ border-left: 3px solid {BORDER} !important; }}
-.packsim-token.packsim-pad {{ font-style: italic; }}
-.packsim-quiz-word.packsim-marked {{ outline: 2px dashed {LEAK_RED}; background: {MARK_FILL} !important; }}
-.packsim-quiz-word.packsim-hit {{ background: rgba(0,114,178,0.35) !important; }}
-.packsim-quiz-word.packsim-miss {{ background: rgba(230,159,0,0.35) !important; }}
-.packsim-quiz-word.packsim-wrong {{ background: rgba(213,94,0,0.35) !important;
-  text-decoration: line-through; }}
-.packsim-key, .packsim-label-token {{ display: inline-block; min-width: 1.1em; padding: 1px 2px;
-  margin: 1px 0;  font-family: monospace; text-align: center; border-top: 4px solid transparent;
-  color: {TEXT}; }}
-.packsim-key.packsim-key-query {{ outline: 2px solid {BORDER}; }}
-.packsim-key.packsim-key-future {{ opacity: 0.65; }}
-.packsim-key.packsim-key-outside {{ border-bottom: 3px solid {LEAK_RED}; }}
-.packsim-label-token.packsim-ignored {{ color: {TEXT_MUTED}; text-decoration: line-through; }}
-.packsim-muted {{ color: {TEXT_MUTED}; }}
-.packsim-table {{ border-collapse: collapse; margin-top: 4px; }}
-.packsim-table td, .packsim-table th {{ padding: 1px 10px; text-align: right; }}
-.packsim-table td:first-child, .packsim-table th:first-child {{ text-align: left; }}
-.packsim-key sup {{ font-size: 0.7em; font-weight: bold; }}
-/* plotly figures inside a widget follow the theme: transparent paper, theme-coloured axis text */
-[class*="packsim-"] .js-plotly-plot .main-svg {{ background: transparent !important; }}
-[class*="packsim-"] .js-plotly-plot :is(.xtick text, .ytick text, .g-xtitle text, .g-ytitle text,
-  .cbaxis text, .cbtitle text, text.gtitle, text.legendtext, text.annotation-text) {{
-  fill: {TEXT} !important; }}
-body[data-jp-theme-light="false"] [class*="packsim-"] .js-plotly-plot .bglayer .bg {{
-  fill: var(--jp-layout-color2) !important; }}
-body[data-jp-theme-light="false"] [class*="packsim-"] .js-plotly-plot :is(.gridlayer path,
-  .zerolinelayer path) {{ stroke: var(--jp-border-color1) !important; }}
-</style>"""
+# The shared CSS: frontend/widget.css, filled with packsim.viz.style's colours. Every colour there
+# follows JupyterLab's theme (its CSS variables) or is translucent, so the widgets read under the
+# light and the dark theme alike; leaks are Okabe-Ito vermillion and always carry a second cue
+# (underline, outline, a "marked" word's dashed outline).
+_CSS = template("widget_style.html").substitute(
+    css=template("widget.css").substitute(
+        border=BORDER, no_leak=NO_LEAK, leak_red=LEAK_RED, mark_fill=MARK_FILL, text=TEXT,
+        text_muted=TEXT_MUTED,
+    )
+)
 
 
 def style_html() -> widgets.HTML:
