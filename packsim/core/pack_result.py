@@ -110,7 +110,7 @@ class PackArrays:
 
         The rows are up to millions of small lists and Pieces, none in a reference cycle; with the
         cyclic garbage collector running, every 700 new containers start a collection that walks
-        ever more of them (1M lengths at capacity 512: about 4x slower). It is paused meanwhile.
+        ever more of them (benchmarks/RESULTS.md has the slowdown measured). It is paused meanwhile.
         The Pieces are made in one C-level pass (``tuple.__new__`` on each ``(index, start,
         stop)`` tuple), not by calling ``Piece(...)`` (a Python function) once each: about half
         the time per piece.
