@@ -11,7 +11,8 @@ Two views of the same pack of ``N`` tokens, cut into ``tile x tile`` blocks:
 The tiles and the numbers come from :mod:`packsim.core.tiles` (the one tile classifier,
 :func:`~packsim.core.tiles.tile_grid`, and :func:`~packsim.core.tiles.attention_work`): score
 pairs of dense-mask SDPA (N^2, nothing skipped), of a causal kernel over the whole pack (the leaky
-setup) and of varlen (sum of L_i^2 / 2), and the tile counts of both views.
+setup) and of varlen (sum of L_i^2 / 2), and the tile counts of both views. Its HTML is in the
+``tiles_*`` files of ``packsim/viz/frontend/`` (:mod:`packsim.viz.assets`).
 
 Lessons: 08, A7.
 """
@@ -30,6 +31,7 @@ from packsim.core.batch import PackedBatch
 from packsim.core.errors import PacksimError
 from packsim.core.segments import check_cu_seqlens, cu_seqlens_from_lengths
 from packsim.core.tiles import AttentionWork, attention_work, tile_grid, varlen_tiles
+from packsim.viz.assets import template
 from packsim.viz.style import LEAK_RED, TILE_SCALE, add_boundaries, layout, tile_colorbar
 from packsim.viz.widget import PacksimWidget, check_row, escape, show_figure, style_html
 
@@ -86,19 +88,13 @@ def _work_html(w: AttentionWork) -> str:
         ),
         ("varlen kernel (per-sequence tiles)", f"{w.varlen_pairs:,}", f"{w.varlen_tiles:,}"),
     ]
-    body = "".join(
-        f"<tr><td>{escape(a)}</td><td style='text-align:right'>{b}</td>"
-        f"<td style='text-align:right'>{c}</td></tr>"
-        for a, b, c in rows
-    )
-    mask = "causal" if w.causal else "not causal"
-    return (
-        f"<div>{w.tokens} tokens in {w.num_seqs} sequences, tiles of {w.tile}, {mask}: varlen "
-        f"computes <b>{w.saving:.1f}x fewer</b> score pairs than a dense mask; the pack-aligned "
-        f"grid skips <b>{w.tiles_skipped} of {w.tiles_total}</b> tiles.</div>"
-        "<table class='packsim-table'><tr><th>how</th>"
-        f"<th>score pairs</th><th>tiles computed</th></tr>{body}</table>"
-    )
+    row = template("tiles_work_row.html").substitute
+    body = "".join(row(how=escape(a), pairs=b, tiles=c) for a, b, c in rows)
+    return template("tiles_work.html").substitute(
+        tokens=w.tokens, sequences=w.num_seqs, tile=w.tile,
+        mask="causal" if w.causal else "not causal", saving=f"{w.saving:.1f}",
+        skipped=w.tiles_skipped, total=w.tiles_total, rows=body,
+    )  # fmt: skip
 
 
 def _figure(cu: torch.Tensor, tile: int, causal: bool) -> go.Figure:
@@ -246,7 +242,8 @@ class TileMap(PacksimWidget):
             cu = self.cu_seqlens()
             tile = _check_tile(self.tile.value, int(cu[-1]))
         except PacksimError as err:
-            self.message.value = f"<span style='color:{LEAK_RED};font-weight:bold'>{escape(err)}</span>"
+            message = template("tiles_message.html")
+            self.message.value = message.substitute(colour=LEAK_RED, message=escape(err))
             return
         self.message.value = ""
         show_figure(self.out, _figure(cu, tile, self.causal.value))

@@ -7,7 +7,8 @@ itself), the response-only loss on held-out examples run alone, and exact match 
 comparable across setups). Several seeds: the mean, with a min..max band. The widget
 (:func:`curves`) reads a :class:`~packsim.experiment.results.Results` and/or live
 :class:`~packsim.experiment.results.StepRecord` s passed to ``.callback`` while training runs;
-:func:`reported_loss_figure` draws one run's reported loss (notebook 02).
+:func:`reported_loss_figure` draws one run's reported loss (notebook 02). The widget's HTML is in
+the ``training_*`` files of ``packsim/viz/frontend/`` (:mod:`packsim.viz.assets`).
 
 Lessons: 02, 06.
 """
@@ -24,6 +25,7 @@ from plotly.subplots import make_subplots
 
 from packsim.core.errors import PacksimError
 from packsim.experiment.results import Results, RunResult, StepRecord
+from packsim.viz.assets import template
 from packsim.viz.style import layout, setup_colour, setup_dash, setup_symbol
 from packsim.viz.widget import PacksimWidget, escape, show_figure, style_html
 
@@ -200,9 +202,8 @@ class Curves(PacksimWidget):
             tooltip=why if single else "Which data design's runs to show.",
             layout=widgets.Layout(width="220px"),
         )
-        self.data_note = widgets.HTML(
-            f"<span class='packsim-muted' style='font-size:12px'>{escape(why)}</span>" if single else ""
-        )
+        note = template("training_note.html").substitute(note=escape(why)) if single else ""
+        self.data_note = widgets.HTML(note)
         self.data.observe(lambda _c: self.redraw(), names="value")
         self.out = widgets.Output(layout=widgets.Layout(min_height="470px"))
         self.status = widgets.HTML()
@@ -267,9 +268,8 @@ class Curves(PacksimWidget):
     def _status_html(self) -> str:
         runs = self.shown_runs()
         if not runs:
-            return (
-                "<i>No runs yet: pass <code>.callback</code> to the trainer, or load results.</i>"
-            )
+            return template("training_empty.html").template
+        run_html = template("training_run.html").substitute
         parts = []
         for r in runs:
             last = r.last("train", "step")
@@ -279,10 +279,8 @@ class Curves(PacksimWidget):
             em_s = "-" if em is None else f"{em:.2f}"
             evals = r.last("eval", "step")
             em_s = em_s if evals is not None else "waiting for the first evaluation"
-            parts.append(
-                f"<b>{escape(r.setup)}</b> seed {r.seed}: step {step_s}, reported loss "
-                f"{rep_s}, isolated exact match {em_s}"
-            )
+            parts.append(run_html(setup=escape(r.setup), seed=r.seed, step=step_s, reported=rep_s,
+                                  exact_match=em_s))  # fmt: skip
         return "<br>".join(parts)
 
 
