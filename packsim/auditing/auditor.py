@@ -64,6 +64,10 @@ from packsim.core.errors import PacksimError
 
 # Float tolerance for "unchanged", by logits dtype. Measured cross-example changes of a leaking
 # tiny Llama are 1e-2..1; an isolating forward gives exactly 0 or float round-off (~1e-7).
+# the collator's per-batch fields: passed to audit() as forward keywords, they join the batch (the
+# forward is the same), so the boundary reading sees them and each example alone gets its own
+BATCH_FIELDS = ("attention_mask", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
+                "max_length_k", "seq_idx", "labels")
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 3e-2}
 
 
@@ -127,6 +131,9 @@ def audit(model, batch, response_mask=None, *, examples=None, max_examples: int 
     ``report.failed`` names them. Used by notebook 07 and ``packsim audit``.
     """
     start = time.perf_counter()
+    if isinstance(batch, Mapping):  # a batch field passed as a forward keyword is still the batch's field
+        moved = {k: forward_kwargs.pop(k) for k in BATCH_FIELDS if k in forward_kwargs}
+        batch = {**batch, **moved} if moved else batch
     p, findings = _pipeline(model, batch, response_mask, forward_kwargs, examples)
     report, _ = audit_pipeline(p, max_examples=max_examples, tol=tol, seed=seed, start=start,
                                findings=findings)

@@ -22,7 +22,7 @@ import copy
 import torch
 
 from packsim.auditing.logprobs import audit_logprobs, group_names
-from packsim.auditing.preference import PreferenceAudit
+from packsim.auditing.preference import PreferenceAudit, fallback_finding
 from packsim.auditing.report import Finding
 from packsim.core.boundaries import find_boundaries
 from packsim.core.errors import PacksimError
@@ -58,7 +58,7 @@ def grpo_rows(trainer) -> dict:
             "completion_mask": torch.cat([torch.zeros_like(prompt), completion], 1)}
 
 
-def audit_grpo_trainer(trainer, *, tol: float | None = None) -> PreferenceAudit:
+def audit_grpo_trainer(trainer, *, tol: float | None = None, strict: bool = False) -> PreferenceAudit:
     """The packing finding and the log-prob check on completions the trainer generates (CPU is fine)."""
     if not is_grpo(trainer):
         raise PacksimError(f"audit_grpo_trainer takes a trl.GRPOTrainer, got {type(trainer).__name__}.")
@@ -74,9 +74,9 @@ def audit_grpo_trainer(trainer, *, tol: float | None = None) -> PreferenceAudit:
     where = (f"{asked}; the first generated batch is {B} row(s) of {T} tokens (prompt left-padded, completion "
              f"right-padded), at most {per_row} sequence(s) per row")
     if any(requested.values()) and per_row == 1:
-        finding = Finding("packing", "fail", f"{where}: packing was asked for and the rows are padded",
-                          "expect padded rows (turn the option off to say so), or pack with a trainer that "
-                          "supports it and audit that")
+        finding = fallback_finding("packing", where, "packing was asked for and the rows are padded (nothing "
+                                   "leaks; nothing is packed)", "expect padded rows (turn the option off to say "
+                                   "so), or pack with a trainer that supports it and audit that", strict)
     else:
         finding = Finding("packing", "pass", f"{where}: {'packed' if per_row > 1 else 'padded, not packed'}, "
                                              "as configured")

@@ -23,7 +23,7 @@ from packsim.auditing.report import Finding
 from packsim.core.boundaries import find_boundaries
 from packsim.core.errors import PacksimError
 
-__all__ = ["PreferenceAudit", "audit_dpo_trainer", "is_dpo"]
+__all__ = ["PreferenceAudit", "audit_dpo_trainer", "fallback_finding", "is_dpo"]
 
 
 def is_dpo(trainer) -> bool:
@@ -33,26 +33,68 @@ def is_dpo(trainer) -> bool:
 @dataclass
 class PreferenceAudit:
     """``findings`` (what the trainer does with packing) and ``logprobs`` (the per-sequence check);
-    :func:`packsim.auditing.grpo.audit_grpo_trainer` returns one too."""
+    :func:`packsim.auditing.grpo.audit_grpo_trainer` returns one too. It answers like an
+    :class:`~packsim.auditing.report.AuditReport` (``status``, ``failed``, ``ok``, ``verdict``,
+    ``console()``), so the gate and :class:`~packsim.AuditCallback` read either the same way."""
 
     findings: list[Finding]
     logprobs: LogprobReport
 
     @property
+    def failed(self) -> list[str]:
+        """``logprobs`` when a sequence's log-prob moved, then the failed findings."""
+        return (["logprobs"] if self.logprobs.status == "leaks" else []) + [f.name for f in self.findings if f.failed]
+
+    @property
+    def skipped(self) -> list[str]:
+        return (["logprobs"] if self.logprobs.status == "not measured" else []) + \
+            [f.name for f in self.findings if f.status == "skipped"]
+
+    @property
     def ok(self) -> bool:
-        return self.logprobs.ok and not any(f.failed for f in self.findings)
+        return not self.failed
+
+    @property
+    def status(self) -> str:
+        """``"fail"``, ``"not measured"`` (nothing failed, the log-probs could not be compared) or ``"pass"``."""
+        if self.failed:
+            return "fail"
+        return "pass" if self.logprobs.status == "isolated" else "not measured"
+
+    @property
+    def verdict(self) -> str:
+        notices = [f.name for f in self.findings if f.status == "notice"]
+        tail = f"; notice: {', '.join(notices)} (see below)" if notices else ""
+        if self.status == "fail":
+            return f"FAIL ({', '.join(self.failed)}): " + self.logprobs.text().splitlines()[0] + tail
+        if self.status == "not measured":
+            return f"NOT MEASURED: {self.logprobs.note}; nothing failed, but this is not a pass" + tail
+        return "PASS: " + self.logprobs.text().splitlines()[0] + tail
 
     def text(self) -> str:
-        lines = [f"{f.name}: {f.status.upper()}: {f.evidence}" + (f" Fix: {f.fix}" if f.failed else "")
-                 for f in self.findings]
-        return "\n".join([*lines, self.logprobs.text()])
+        lines = [f"{f.name}: {f.status.upper()}: {f.evidence}" + (f" Fix: {f.fix}" if f.fix and f.status != "pass"
+                                                                    else "") for f in self.findings]
+        table = self.logprobs.text().splitlines()
+        return "\n".join([self.verdict, *lines, *(table if self.status == "not measured" else table[1:])])
+
+    def console(self, stream=None) -> str:
+        """The report for printing (``packsim audit --trainer`` prints this)."""
+        return self.text()
 
     def __str__(self) -> str:
         return self.text()
 
 
-def audit_dpo_trainer(trainer, *, tol: float | None = None) -> PreferenceAudit:
-    """The padding-free finding and the log-prob check on the trainer's first training batch."""
+def fallback_finding(name: str, where: str, what: str, fix: str, strict: bool) -> Finding:
+    """A setting the trainer did not honour while corrupting nothing: a notice, or a failure when ``strict``."""
+    return Finding(name, "fail" if strict else "notice", f"{where}: {what}", fix)
+
+
+def audit_dpo_trainer(trainer, *, tol: float | None = None, strict: bool = False) -> PreferenceAudit:
+    """The padding-free finding and the log-prob check on the trainer's first training batch.
+
+    TRL's fallback to padding is a notice (throughput, not isolation), a failure when ``strict``.
+    """
     if not is_dpo(trainer):
         raise PacksimError(f"audit_dpo_trainer takes a trl.DPOTrainer, got {type(trainer).__name__}: "
                            "use packsim.audit_trainer for Trainer / SFTTrainer.")
@@ -66,9 +108,10 @@ def audit_dpo_trainer(trainer, *, tol: float | None = None) -> PreferenceAudit:
     where = (f"args.padding_free={requested}, trainer.padding_free={actual}; the first batch is "
              f"{shape[0]} row(s) of {shape[1]} tokens, at most {per_row} sequence(s) per row")
     if requested and not actual:
-        finding = Finding("padding_free", "fail", f"{where}: TRL fell back to padding (a logged warning only)",
-                          "expect padded batches (set padding_free=False to say so), or pack with a trainer "
-                          "that supports it and audit that")
+        finding = fallback_finding("padding_free", where, "TRL fell back to padding (a logged warning only): "
+                                   "rows are padded, so nothing leaks, but nothing is packed either",
+                                   "expect padded batches (set padding_free=False to say so), or pack with a "
+                                   "trainer that supports it and audit that", strict)
     else:
         finding = Finding("padding_free", "pass", f"{where}: the trainer does what its config says")
     model = trainer.model

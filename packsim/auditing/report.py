@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from packsim.core.text_table import text_table
+
 PROBES = ("perturbation", "gradient", "attention_mass", "loss_coverage", "positions")
 WIDTH = 100  # columns of ``str(report)``; ``report.table()`` keeps one line per row
 
@@ -62,15 +64,18 @@ def _times(r: float) -> str:
     return f"{r:,.0f}" if r >= 100 else f"{r:.2g}"
 
 
-FINDING_STATUSES = ("pass", "fail", "skipped")
+FINDING_STATUSES = ("pass", "fail", "skipped", "notice")
 
 
 @dataclass(frozen=True)
 class Finding:
     """A configuration check of a training pipeline (:func:`packsim.audit_trainer`).
 
-    ``status`` is ``"pass"``, ``"fail"`` or ``"skipped"`` (could not be checked here, e.g. no GPU:
-    never counted as a pass); ``evidence`` says what was read or measured, ``fix`` what to change.
+    ``status`` is ``"pass"``, ``"fail"``, ``"skipped"`` (could not be checked here, e.g. no GPU:
+    never counted as a pass) or ``"notice"`` (the trainer did not honour a setting, but nothing it
+    trains on is corrupted, e.g. DPO's padding fallback: printed beside a PASS, a failure only
+    when the audit is asked to be strict); ``evidence`` says what was read or measured, ``fix``
+    what to change.
     """
 
     name: str
@@ -225,14 +230,13 @@ class AuditReport:
         ``width=None``: one line per row (logs, grep); an int wraps every long cell and line to
         that many columns, words kept whole, nothing left out (``str(report)`` uses :data:`WIDTH`).
         """
-        head = ("probe", "result", "value", "limit", "evidence")
-        rows = [head, *self.rows()]
-        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        rows = [("probe", "result", "value", "limit", "evidence"), *self.rows()]
+        cells = text_table([r[:4] for r in rows])  # the first four columns lined up; the evidence wraps after
         lines = _wrap(self.verdict, width)
         lines += _wrap(f"examples: {len(self.example_ids)}; boundaries from {self.boundaries}; "
                        f"forward: {self.forward}; audit took {self.seconds:.2f} s", width)
-        for r in rows:
-            lines += _wrap(r[4], width, "  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  ")
+        for r, prefix in zip(rows, cells, strict=True):
+            lines += _wrap(r[4], width, prefix + "  ")
         lines += [x for note in self._notes() for x in _wrap(note, width)]
         if self.findings:
             lines.append("findings (configuration checks):")

@@ -248,7 +248,7 @@ def _use_cache(model, forward_kwargs) -> tuple[object, str]:
 
 
 def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: float | None = None,
-                  seed: int = 0) -> AuditReport:
+                  seed: int = 0, strict: bool = False) -> AuditReport:
     """Audit a configured ``transformers.Trainer`` / ``trl.SFTTrainer`` before (or instead of) training.
 
     Args:
@@ -259,6 +259,8 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
             finding lists each). Gradient accumulation draws at least
             ``gradient_accumulation_steps`` batches for the loss-normalisation measurement.
         max_examples, tol, seed: as :func:`packsim.audit`.
+        strict: a setting the trainer did not honour while corrupting nothing (DPO's fallback from
+            ``padding_free`` to padding) fails the audit instead of being a notice beside a PASS.
 
     Returns an :class:`~packsim.auditing.report.AuditReport` whose ``findings`` hold the
     configuration checks; ``report.ok`` is False when a probe or a finding fails. The model's
@@ -270,9 +272,9 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
     if not isinstance(batches, int) or batches < 1:
         raise PacksimError(f"batches={batches!r}: audit at least 1 batch.")
     if is_dpo(trainer):  # per-sequence log-probs, not a token loss: auditing/preference.py
-        return audit_dpo_trainer(trainer, tol=tol)
+        return audit_dpo_trainer(trainer, tol=tol, strict=strict)
     if is_grpo(trainer):  # log-probs of the trainer's own completions: auditing/grpo.py
-        return audit_grpo_trainer(trainer, tol=tol)
+        return audit_grpo_trainer(trainer, tol=tol, strict=strict)
     start = time.perf_counter()
     model = trainer.model
     ga = max(int(getattr(trainer.args, "gradient_accumulation_steps", 1) or 1), 1)

@@ -1,11 +1,12 @@
 """Museum pieces of 2025-26: public packing bugs beyond SFT on attention-only decoders, each planted
 on a tiny model (or the data path it lives in), caught by a probe, and its fix passing.
 
-Each :class:`Piece` has a story (only what the linked thread or the installed code says), the
+Each :class:`PublicBug` has a story (only what the linked thread or the installed code says), the
 link (checked against the stored public thread), the probe that catches it, and ``run(buggy)``
 -> (caught, evidence). :func:`museum_beyond_sft_table` runs every piece buggy and fixed and returns a
 :class:`~packsim.exhibits.museum_rows.MuseumTable` (the same table lesson 07 prints for the older
-exhibits); ``museum.EXHIBITS`` holds every piece too. Pieces:
+exhibits); ``PUBLIC_BUGS`` maps each name to its piece, and ``museum.EXHIBITS`` holds every piece too.
+Pieces:
 
 - ``label_roll_across_boundary``: labels made with ``torch.roll`` over a packed 1D row;
 - ``mrope_3d_taken_as_packed``: 3-row mRoPE position_ids classified as a packed row;
@@ -32,14 +33,14 @@ from packsim.core.errors import PacksimError
 from packsim.core.segments import cu_seqlens_from_lengths
 from packsim.exhibits.museum_rows import MuseumTable
 
-__all__ = ["PIECES", "Piece", "museum_beyond_sft_table", "piece_row"]
+__all__ = ["PUBLIC_BUGS", "PublicBug", "museum_beyond_sft_table", "public_bug_row"]
 
 V = 96
 LENGTHS = (7, 9, 6)  # the packed examples
 
 
 @dataclass(frozen=True)
-class Piece:
+class PublicBug:
     """A public bug: ``run(buggy)`` returns (caught by ``probe``, the evidence in words)."""
 
     name: str
@@ -233,20 +234,20 @@ def _dpo_fallback(buggy: bool) -> tuple[bool, str]:
 
     result = audit_trainer(_dpo_trainer(padding_free=buggy))
     finding = next(f for f in result.findings if f.name == "padding_free")
-    caught = not result.ok
+    caught = finding.status == "notice"  # a notice beside the PASS: padded rows corrupt nothing
     return caught, f"{finding.status}: {finding.evidence}; log-probs {result.logprobs.status}"
 
 
 _HF = "https://github.com/huggingface/transformers"
-PIECES = {p.name: p for p in [
-    Piece("label_roll_across_boundary", "torch.roll labels over a packed row",
+PUBLIC_BUGS = {p.name: p for p in [
+    PublicBug("label_roll_across_boundary", "torch.roll labels over a packed row",
           ("https://github.com/verl-project/verl/issues/6475",),
           "Reported (P0, found by static analysis) in verl's log_probs_from_logits_response_rmpad: the "
           "next-token labels of the padding-removed packed row came from one torch.roll over the row, so "
           "the last token of sequence i got the first token of sequence i+1 as its label (and the row's "
           "last token the first token of the row). Fix: shift inside each sequence (cu_seqlens).",
           "per-sequence summed log-probs vs each sequence alone", _label_roll),
-    Piece("mrope_3d_taken_as_packed", "3-row mRoPE position_ids classified as packed",
+    PublicBug("mrope_3d_taken_as_packed", "3-row mRoPE position_ids classified as packed",
           (f"{_HF}/pull/47342", f"{_HF}/pull/44911"),
           "transformers' _is_packed_sequence (the flash-attention path) assumed (batch, seq) position_ids; "
           "Qwen-VL-style MRoPE passes (3, batch, seq), which was misclassified as packed and sent unpacked "
@@ -254,14 +255,14 @@ PIECES = {p.name: p for p in [
           "of 3x the tokens on Qwen3.5). Fix (PR 47342, open): classify on one axis. Measured here on the "
           "installed function; the crash itself needs flash-attn on a GPU.",
           "transformers' classifier vs the true layout", _mrope_packed),
-    Piece("positions_at_an_offset", "0-based collator positions for a model that numbers from 2",
+    PublicBug("positions_at_an_offset", "0-based collator positions for a model that numbers from 2",
           (f"{_HF}/pull/47525",),
           "DataCollatorWithFlattening numbered positions from 0, but RoBERTa-like models compute their own "
           "from padding_idx + 1 (usually 2), so the collator's position_ids silently shifted the position "
           "embeddings. Fix (merged): DataCollatorWithFlattening(position_ids_start=2); the PR also reads "
           "flash boundaries at position_ids.min() instead of 0.",
           "each example with the collator's positions vs the model's own", _positions_offset),
-    Piece("hybrid_without_seq_idx", "A Mamba2 hybrid packed with position_ids only",
+    PublicBug("hybrid_without_seq_idx", "A Mamba2 hybrid packed with position_ids only",
           ("https://github.com/huggingface/transformers/pull/35861",),
           "Bamba gained padding-free training in transformers PR 35861 (its review discusses deriving "
           "cu_seq_lens from position_ids for the Mamba2 layers). In the installed transformers they must arrive as "
@@ -269,7 +270,7 @@ PIECES = {p.name: p for p in [
           "conv and SSM state runs across every boundary, and on CPU the torch fallbacks ignore seq_idx "
           "(transformers then raises). Fix here: one example per row; on a GPU, seq_idx with the kernels.",
           "packsim.audit (perturbation) + the hybrid_state finding", _hybrid),
-    Piece("packed_rows_dropped_at_world_size", "Packed rows dropped when they do not divide by the ranks",
+    PublicBug("packed_rows_dropped_at_world_size", "Packed rows dropped when they do not divide by the ranks",
           ("https://github.com/allenai/open-instruct/pull/1271", "https://github.com/allenai/open-instruct/issues/1295"),
           "grpo_fast.py packed a variable number of rows per step and, when that did not divide by the "
           "world size, silently truncated up to world_size - 1 of them (drop_last). The PR (closed "
@@ -278,7 +279,7 @@ PIECES = {p.name: p for p in [
           "rows than ranks) a reply says PR 1308 fixed it by packing less. The fix planted here is the carry-over; the "
           "probe checks dropped and doubled rows.",
           "every packed row trained exactly once", _world_size),
-    Piece("dpo_padding_free_fallback", "TRL DPO's padding_free=True silently trains padded rows",
+    PublicBug("dpo_padding_free_fallback", "TRL DPO's padding_free=True silently trains padded rows",
           ("https://github.com/huggingface/trl/pull/6972", "https://github.com/huggingface/trl/pull/7014",
            "https://github.com/huggingface/trl/issues/2469"),
           "Since the DPO refactor, TRL's DPOTrainer.__init__ (trl/trainer/dpo_trainer.py, installed 1.16) "
@@ -293,17 +294,17 @@ PIECES = {p.name: p for p in [
 ]}
 
 
-def piece_row(piece: Piece) -> tuple[str, str, str, str, bool]:
-    """The piece run buggy and fixed -> its museum-table row (name, title, link, caught by, fix passes)."""
-    caught, _ = piece.run(True)
-    fixed_caught, _ = piece.run(False)
-    return piece.name, piece.title, piece.links[0], piece.probe if caught else "NOT CAUGHT", not fixed_caught
+def public_bug_row(bug: PublicBug) -> tuple[str, str, str, str, bool]:
+    """The bug run buggy and fixed -> its museum-table row (name, title, link, caught by, fix passes)."""
+    caught, _ = bug.run(True)
+    fixed_caught, _ = bug.run(False)
+    return bug.name, bug.title, bug.links[0], bug.probe if caught else "NOT CAUGHT", not fixed_caught
 
 
 def museum_beyond_sft_table(names=None) -> MuseumTable:
     """Run every piece (or ``names``) buggy and fixed -> :class:`~packsim.exhibits.museum_rows.MuseumTable`."""
-    chosen = list(PIECES) if names is None else list(names)
-    unknown = [n for n in chosen if n not in PIECES]
+    chosen = list(PUBLIC_BUGS) if names is None else list(names)
+    unknown = [n for n in chosen if n not in PUBLIC_BUGS]
     if unknown:
-        raise PacksimError(f"unknown piece(s) {unknown}: use some of {list(PIECES)}.")
-    return MuseumTable([piece_row(PIECES[name]) for name in chosen])
+        raise PacksimError(f"unknown piece(s) {unknown}: use some of {list(PUBLIC_BUGS)}.")
+    return MuseumTable([public_bug_row(PUBLIC_BUGS[name]) for name in chosen])
