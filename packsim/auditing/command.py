@@ -113,10 +113,14 @@ def _wants_preflight(args) -> bool:
 
 
 def _quiet() -> None:
-    import datasets
     import transformers
 
-    datasets.disable_progress_bars()  # the gate prints one report, not TRL's preparation bars
+    try:  # datasets comes with TRL ("packsim[trl]"); pip install packsim alone has none
+        import datasets
+    except ImportError:
+        datasets = None
+    if datasets is not None:
+        datasets.disable_progress_bars()  # the gate prints one report, not TRL's preparation bars
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()  # nor "Loading weights" bars on stderr
 

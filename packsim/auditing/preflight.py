@@ -183,8 +183,12 @@ def _split(tokenizer, record: dict) -> tuple[list[int], list[int]]:
 
 
 def _plain_trainer(model, tokenizer, records, collator: str, out: str, batch_size: int):
-    from datasets import Dataset
     from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
+
+    try:  # datasets comes with TRL; without it (pip install packsim) the Trainer reads a plain list
+        from datasets import Dataset
+    except ImportError:
+        Dataset = None
 
     from packsim.core.collator import PackingCollator
 
@@ -201,10 +205,14 @@ def _plain_trainer(model, tokenizer, records, collator: str, out: str, batch_siz
     args = TrainingArguments(output_dir=out, per_device_train_batch_size=batch_size, max_steps=1,
                              report_to="none", save_strategy="no", remove_unused_columns=False,
                              use_cpu=not torch.cuda.is_available(), seed=0)
-    return Trainer(model=model, args=args, train_dataset=Dataset.from_list(features), data_collator=collate)
+    return Trainer(model=model, args=args, train_dataset=Dataset.from_list(features) if Dataset else features,
+                   data_collator=collate)
 
 
 def _sft_trainer(model, tokenizer, records, collator: str, out: str, batch_size: int, max_length: int):
+    from packsim.core.extras import require
+
+    require(f"--collator {collator}", "trl", "trl")  # one line naming pip install "packsim[trl]"
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
