@@ -43,3 +43,17 @@ def test_bad_features():
         response_mask_from_features([{"completion_mask": [0, 1]}], layout="rows")
     with pytest.raises(PacksimError, match="no features"):
         response_mask_from_features([])
+
+
+def test_completion_ids_and_a_mask_read_as_the_collator_reads_them():
+    """The one reading (packsim.core.token_example.read_example): TRL's completion_ids, input_ids + mask."""
+    response = [{"prompt_ids": [1, 5], "response_ids": [6, 2]}, {"prompt_ids": [1], "response_ids": [7, 8, 2]}]
+    completion = [{"prompt_ids": f["prompt_ids"], "completion_ids": f["response_ids"]} for f in response]
+    masked = [{"input_ids": f["prompt_ids"] + f["response_ids"],
+               "completion_mask": [0] * len(f["prompt_ids"]) + [1] * len(f["response_ids"])} for f in response]
+    truth = [[False, False, True, True, False, True, True, True]]
+    for features in (response, completion, masked):
+        assert response_mask_from_features(features).tolist() == truth
+    assert torch.equal(PackingCollator().batch(completion).roles >= 4, torch.tensor(truth))
+    with pytest.raises(PacksimError, match="3 input_ids but 2 entries of completion_mask"):
+        response_mask_from_features([{"input_ids": [1, 5, 6], "completion_mask": [0, 1]}])

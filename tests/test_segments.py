@@ -19,6 +19,7 @@ from packsim.core.segments import (
     run_cu_seqlens,
     run_starts,
     seq_ids_from_cu_seqlens,
+    seq_ids_from_starts,
 )
 
 
@@ -35,6 +36,18 @@ def test_seq_ids_from_cu_seqlens():
     assert seq_ids_from_cu_seqlens(_cu(0, 3)).dtype == torch.long
     with pytest.raises(PacksimError, match="smaller than"):
         seq_ids_from_cu_seqlens(_cu(0, 3, 5), total=4)
+
+
+def test_seq_ids_from_starts_rows_padding_and_renumbering():
+    starts = torch.tensor([[True, False, False, True, False], [False, False, True, False, False]])
+    kept = starts.clone()
+    assert seq_ids_from_starts(starts).tolist() == [[0, 0, 0, 1, 1], [2, 2, 3, 3, 3]]  # a row start is a start
+    real = torch.tensor([[True, True, True, True, False], [False, False, True, True, True]])
+    assert seq_ids_from_starts(starts, real).tolist() == [[0, 0, 0, 1, -1], [-1, -1, 2, 2, 2]]  # no empty id
+    assert torch.equal(starts, kept)  # the caller's starts are not changed
+    # a start on a padding token still ends the example before it
+    gap = seq_ids_from_starts(torch.tensor([[True, False, True, False]]), torch.tensor([[True, True, False, True]]))
+    assert gap.tolist() == [[0, 0, -1, 1]]
 
 
 def test_cu_seqlens_from_lengths():

@@ -68,6 +68,7 @@ def run(args) -> int:
     from packsim.core.data import make_examples
     from packsim.core.errors import PacksimError
     from packsim.core.model import build_model
+    from packsim.core.option_checks import check_at_least
     from packsim.core.setups import get_setup
 
     if getattr(args, "trainer", None):
@@ -77,9 +78,7 @@ def run(args) -> int:
     names = [s.strip() for s in args.setups.split(",") if s.strip()]
     if not names:
         raise PacksimError(f"--setups {args.setups!r} names no setup: e.g. --setups buggy,correct.")
-    for flag, value in (("--examples", args.examples), ("--capacity", args.capacity)):
-        if value < 1:
-            raise PacksimError(f"{flag} {value}: must be at least 1.")
+    check_at_least(args, {"--examples": 1, "--capacity": 1})
     setups = [get_setup(name) for name in names]  # unknown names raise before any work
     examples = make_examples(args.examples, seed=args.seed)
     model = build_model("tiny", seed=args.seed)
@@ -141,14 +140,14 @@ def _own_trainer(args) -> int:
     from packsim.auditing.preflight import check_tokenizer
     from packsim.auditing.trainer import audit_trainer
     from packsim.core.errors import PacksimError
+    from packsim.core.option_checks import check_at_least
 
     given = [f for f, v in (("--model", args.model), ("--data", args.data), ("--collator", args.collator),
                             ("--attn", args.attn)) if v]
     if given:
         raise PacksimError(f"--trainer builds the whole pipeline, so {', '.join(given)} cannot go with it: set "
                            "them in your factory.")
-    if args.batches < 1:
-        raise PacksimError(f"--batches {args.batches}: must be at least 1.")
+    check_at_least(args, {"--batches": 1})
     _quiet()
     trainer = load_trainer(args.trainer)
     tokenizer = getattr(trainer, "processing_class", None)
@@ -168,13 +167,11 @@ def _own_trainer(args) -> int:
 def _preflight(args) -> int:
     from packsim.auditing.preflight import COLLATORS, preflight
     from packsim.core.errors import PacksimError
+    from packsim.core.option_checks import check_at_least
 
     if args.data is None or args.collator is None:
         raise PacksimError(f"--model needs --data FILE.jsonl and --collator NAME (one of {', '.join(COLLATORS)}).")
-    for flag, value in (("--batches", args.batches), ("--batch-size", args.batch_size),
-                        ("--max-length", args.max_length)):
-        if value < 1:
-            raise PacksimError(f"{flag} {value}: must be at least 1.")
+    check_at_least(args, {"--batches": 1, "--batch-size": 1, "--max-length": 1})
     _quiet()
     report = preflight(args.model, args.data, args.collator, attn=args.attn, batches=args.batches,
                        batch_size=args.batch_size, max_length=args.max_length)

@@ -9,9 +9,10 @@ from independent evidence and checks every field against it:
    collator was given (the trainer's dataset items; TRL's pre-packed rows are split by their
    ``seq_lengths``), each found as a contiguous run of ``input_ids`` in a row of the batch, or as
    a prefix the collator cut short;
-2. **special tokens** (:func:`token_starts`, :func:`special_tokens`): a BOS (when it differs from
-   EOS) starts an example; only without a BOS, the token after an EOS starts one. A BOS that does
-   not start an example is a finding when no dataset evidence overrules it. Without a BOS, an
+2. **special tokens** (:func:`packsim.core.special_tokens.example_starts`, :func:`special_tokens`):
+   a BOS (when it differs from EOS) starts an example; only without a BOS, the token after an EOS
+   starts one (the rule and the conventions it covers are stated there). A BOS that does not
+   start an example is a finding when no dataset evidence overrules it. Without a BOS, an
    EOS inside an example is one only when the EOS count ties to the example count (the EOS
    tokens cut the rows into as many pieces as the fields mark examples: a boundary moved by a
    token); a multi-turn chat template ends every turn with EOS, so more pieces than examples
@@ -21,7 +22,9 @@ from independent evidence and checks every field against it:
 :func:`boundary_fields` compares each with the independent starts and names the field and the
 token where they disagree ("position_ids restart at token 12, the example starts at token 11").
 Where no independent evidence exists, the finding is ``skipped`` and says the verdict rests on
-the batch's own metadata. Shapes: ``seq`` (B, T) long example index, -1 on padding.
+the batch's own metadata. :class:`BoundaryEvidence` holds the result (the name says which
+evidence: :class:`packsim.experiment.forensics.Evidence` is the weights' evidence of a trained run).
+Shapes: ``seq`` (B, T) long example index, -1 on padding.
 
 Lessons: none directly (packsim.audit and packsim.audit_trainer call it).
 """
@@ -35,10 +38,11 @@ import torch
 
 from packsim.auditing.locate import feature_examples, locate, locate_cut
 from packsim.auditing.report import Finding
-from packsim.core.segments import run_starts
+from packsim.core.segments import run_starts, seq_ids_from_starts
+from packsim.core.special_tokens import example_starts, is_token, start_ids, token_ids
 
-__all__ = ["Evidence", "boundary_fields", "collect", "dict_evidence", "field_starts", "special_ids",
-           "special_tokens", "token_starts"]
+__all__ = ["BoundaryEvidence", "boundary_fields", "collect", "dict_evidence", "field_starts",
+           "special_tokens"]
 
 # field -> how the report says "an example starts here" for it
 _VERB = {"position_ids": "restart", "cu_seq_lens_q": "has an offset", "cu_seq_lens_k": "has an offset",
@@ -46,7 +50,7 @@ _VERB = {"position_ids": "restart", "cu_seq_lens_q": "has an offset", "cu_seq_le
 
 
 @dataclass
-class Evidence:
+class BoundaryEvidence:
     """Independent example boundaries of one batch, or why there are none.
 
     seq (B, T) long: example index per token (-1 padding or unlocated), None when no evidence;
@@ -62,24 +66,6 @@ class Evidence:
     @property
     def independent(self) -> bool:
         return self.seq is not None
-
-
-def token_starts(ids: torch.Tensor, real: torch.Tensor, bos: set[int], eos: set[int]) -> torch.Tensor | None:
-    """(B, T) bool: a BOS starts an example; without a BOS, the token after a run of EOS does.
-
-    With a BOS the EOS says nothing about starts (a multi-turn template ends each turn with it).
-    None without either id.
-    """
-    if not bos and not eos:
-        return None
-    dev = ids.device
-    is_bos = torch.isin(ids, torch.tensor(sorted(bos), device=dev)) if bos else torch.zeros_like(real)
-    is_eos = torch.isin(ids, torch.tensor(sorted(eos), device=dev)) if eos else torch.zeros_like(real)
-    starts = is_bos & real
-    if not bos:  # the EOS rule only without a BOS: a chat template may end turns with EOS
-        starts[:, 1:] |= is_eos[:, :-1] & ~is_eos[:, 1:] & real[:, 1:]
-    starts[:, 0] = real[:, 0]
-    return starts
 
 
 def _allowed(mask: torch.Tensor) -> torch.Tensor:
@@ -221,10 +207,9 @@ def special_tokens(ids: torch.Tensor, seq: torch.Tensor, bos: set[int], eos: set
     ends[:, -1] = True
     ends &= real
     n = int(starts.sum())
-    dev = ids.device
     parts, bad = [], []
     if bos:
-        is_bos = torch.isin(ids, torch.tensor(sorted(bos), device=dev)) & real
+        is_bos = is_token(ids, bos) & real
         lone = is_bos & ~starts
         parts.append(f"{int((is_bos & starts).sum())} of {n} examples start with BOS")
         if bool(lone.any()):
@@ -232,7 +217,7 @@ def special_tokens(ids: torch.Tensor, seq: torch.Tensor, bos: set[int], eos: set
             bad.append(f"{int(lone.sum())} BOS token(s) do not start an example (first at "
                        f"{_where(ids.shape[0], r, t)})")
     if eos:
-        is_eos = torch.isin(ids, torch.tensor(sorted(eos), device=dev)) & real
+        is_eos = is_token(ids, eos) & real
         inside = is_eos & ~ends
         inside[:, :-1] &= ~is_eos[:, 1:]  # a run of EOS (eos == pad) ends where its last token is
         parts.append(f"{int((is_eos & ends).sum())} of {n} examples end with EOS")
@@ -251,28 +236,8 @@ def special_tokens(ids: torch.Tensor, seq: torch.Tensor, bos: set[int], eos: set
     return Finding("special_tokens", "pass", text)
 
 
-def special_ids(name: str, *sources) -> set[int]:
-    """``{name}_token_id`` of each source (a tokenizer, a processor's tokenizer, a model config)."""
-    ids: set[int] = set()
-    for source in sources:
-        source = getattr(source, "tokenizer", source)  # a processor wraps its tokenizer
-        value = getattr(source, f"{name}_token_id", None)
-        ids |= {value} if isinstance(value, int) else {int(v) for v in (value or []) if v is not None}
-    return ids
-
-
-def _seq_from_starts(starts: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-    starts = starts & real
-    starts[:, 0] = True
-    seq = starts.reshape(-1).cumsum(0).reshape(starts.shape) - 1  # (B, T)
-    seq[~real] = -1
-    if bool(real.any()):
-        seq[real] = torch.unique(seq[real], return_inverse=True)[1]
-    return seq
-
-
 def collect(fields: Mapping, field_seq: torch.Tensor, examples, bos: set[int], eos: set[int],
-            what: str = "examples given") -> Evidence:
+            what: str = "examples given") -> BoundaryEvidence:
     """The independent boundaries of one batch and the ``boundary_fields`` / ``special_tokens`` findings.
 
     ``field_seq`` (B, T): the examples the batch's own fields mark (-1 padding). ``examples``:
@@ -288,18 +253,18 @@ def collect(fields: Mapping, field_seq: torch.Tensor, examples, bos: set[int], e
         if len(cut) == len(missing):
             src = f"the {what} ({len(exs)} examples located as contiguous runs of input_ids" + (
                 f"; {len(cut)} of them cut short by the collator, located by the tokens it kept)" if cut else ")")
-            return Evidence(seq, src, [boundary_fields(fields, seq, src),
+            return BoundaryEvidence(seq, src, [boundary_fields(fields, seq, src),
                                        special_tokens(ids, seq, bos, eos, False, "the located examples")], cut=cut)
         first = next(k for k in missing if k not in cut)
         note = (f"{len(missing) - len(cut)} of {len(exs)} {what} are not contiguous runs of the batch's "
                 f"input_ids (first: example {first}; the collator changed their tokens)")
     else:
         note = f"no {what}"
-    bos = bos - eos  # GPT-2's <|endoftext|> is both: an end, not a start
+    bos = start_ids(bos, eos)
     real = field_seq >= 0
     what_tok = "the tokens vs the examples the batch's fields mark"
     tok = special_tokens(ids, field_seq, bos, eos, True, what_tok)
-    starts = token_starts(ids, real, bos, eos)
+    starts = example_starts(ids, real, bos, eos)
     if tok.failed and not bos and starts is not None:
         n_tok, n_fields = int((starts & real).sum()), int((run_starts(field_seq) & real).sum())
         if n_tok != n_fields:  # several EOS per example: turns or merged examples, the tokens cannot tell
@@ -307,19 +272,19 @@ def collect(fields: Mapping, field_seq: torch.Tensor, examples, bos: set[int], e
             tok = Finding("special_tokens", "skipped", _untied(text, n_tok, n_fields))
             note += (f"; the EOS tokens mark {n_tok} pieces where the fields mark {n_fields} examples, so "
                      "they are not independent evidence")
-            return Evidence(None, note, [boundary_fields(fields, None, note), tok])
+            return BoundaryEvidence(None, note, [boundary_fields(fields, None, note), tok])
     if tok.failed and starts is not None:
-        seq = _seq_from_starts(starts.clone(), real)
+        seq = seq_ids_from_starts(starts, real)
         src = (f"the special tokens ({note}): " + ("a BOS starts an example" if bos else
                "the token after an EOS starts an example") + ", where the batch's fields say otherwise")
-        return Evidence(seq, src, [boundary_fields(fields, seq, src), tok])
+        return BoundaryEvidence(seq, src, [boundary_fields(fields, seq, src), tok])
     if starts is not None and bool(torch.equal(starts & real, run_starts(field_seq) & real)):
         # the tokens alone mark the same examples: a BOS starts each, or an EOS ends each
-        seq = _seq_from_starts(starts.clone(), real)
+        seq = seq_ids_from_starts(starts, real)
         src = ("the special tokens (a BOS starts every example or an EOS ends every one, and nowhere "
                f"else; {note})")
-        return Evidence(seq, src, [boundary_fields(fields, seq, src), tok], confirms=True)
-    return Evidence(None, note, [boundary_fields(fields, None, note), tok])
+        return BoundaryEvidence(seq, src, [boundary_fields(fields, seq, src), tok], confirms=True)
+    return BoundaryEvidence(None, note, [boundary_fields(fields, None, note), tok])
 
 
 def _untied(text: str, n_tok: int, n_fields: int) -> str:
@@ -331,16 +296,16 @@ def _untied(text: str, n_tok: int, n_fields: int) -> str:
             "from the trainer's dataset)")
 
 
-def dict_evidence(model, batch: Mapping, examples=None) -> Evidence:
+def dict_evidence(model, batch: Mapping, examples=None) -> BoundaryEvidence:
     """:func:`collect` for ``packsim.audit(model, batch, examples=...)``; special ids from model.config."""
     from packsim.core.boundaries import find_boundaries
 
     config = getattr(model, "config", None)
     found = find_boundaries(batch, missing="rows")
     field_seq = found.seq_ids.to(batch["input_ids"].device)
-    ev = collect(batch, field_seq, examples, special_ids("bos", config), special_ids("eos", config))
+    ev = collect(batch, field_seq, examples, token_ids("bos", config), token_ids("eos", config))
     if ev.seq is None:
-        return Evidence(None, found.source + f" ({ev.source}: the verdict rests on the batch's own metadata)",
+        return BoundaryEvidence(None, found.source + f" ({ev.source}: the verdict rests on the batch's own metadata)",
                         ev.findings)
     if ev.confirms:
         ev.source = f"{found.source}, confirmed by {ev.source}"

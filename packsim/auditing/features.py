@@ -9,13 +9,14 @@ it from the features a collator gets, before collation::
     mask = response_mask_from_features(features)                  # (1, N) bool
     report = packsim.audit(model, batch, response_mask=mask, use_cache=False)
 
-A feature says where its prompt ends in one of these forms (checked in this order):
+A feature says where its prompt ends in one of the forms of the one reading of an example,
+:func:`packsim.core.token_example.read_example` (checked in this order):
 
-- ``completion_mask`` (what TRL's SFTTrainer tokenisation returns for prompt/completion data,
-  1 on the completion), and/or ``assistant_masks`` (TRL, conversational data);
+- ``.tokens`` + ``.n_prompt`` (a :class:`packsim.core.data.Example`);
 - ``prompt_ids`` + ``response_ids`` or ``completion_ids`` (the sequence is the two concatenated,
   as :class:`packsim.PackingCollator` collates them);
-- ``.tokens`` + ``.n_prompt`` (a :class:`packsim.core.data.Example`).
+- ``completion_mask`` (what TRL's SFTTrainer tokenisation returns for prompt/completion data,
+  1 on the completion), and/or ``assistant_masks`` (TRL, conversational data).
 
 Layouts: ``"flat"`` (1, N), the features back to back (DataCollatorWithFlattening, TRL's
 padding-free collator, PackingCollator); ``"padded"`` (B, T_max), one feature per row, padded on
@@ -31,42 +32,9 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from packsim.core.errors import PacksimError
+from packsim.core.token_example import read_example
 
 __all__ = ["response_mask_from_features", "feature_response_masks"]
-
-_FORMS = ("a 'completion_mask' or 'assistant_masks' list (TRL), 'prompt_ids' + 'response_ids' "
-          "(or 'completion_ids'), or an object with .tokens and .n_prompt (packsim Example)")
-
-
-def _as_list(values, i: int, key: str) -> list:
-    if hasattr(values, "tolist"):
-        values = values.tolist()
-    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-        raise PacksimError(f"feature {i}[{key!r}] must be a list, got {type(values).__name__}: "
-                           "pass the tokenized feature as the collator gets it.")
-    return list(values)
-
-
-def _one(feature, i: int) -> list[bool]:
-    """Response flags of one feature (True on the completion), in its token order."""
-    if isinstance(feature, Mapping):
-        masks = [_as_list(feature[k], i, k) for k in ("completion_mask", "assistant_masks") if k in feature]
-        if masks:
-            if len({len(m) for m in masks}) > 1:
-                raise PacksimError(f"feature {i} has completion_mask and assistant_masks of different "
-                                   "lengths: rebuild them from the same tokenization.")
-            return [all(bool(b) for b in bits) for bits in zip(*masks, strict=True)]
-        if "prompt_ids" in feature:
-            rest = next((k for k in ("response_ids", "completion_ids") if k in feature), None)
-            if rest is not None:
-                prompt = _as_list(feature["prompt_ids"], i, "prompt_ids")
-                return [False] * len(prompt) + [True] * len(_as_list(feature[rest], i, rest))
-        raise PacksimError(f"feature {i} has keys {sorted(feature)}, none of which says where the "
-                           f"prompt ends: give {_FORMS}.")
-    if hasattr(feature, "tokens") and hasattr(feature, "n_prompt"):
-        n, total = int(feature.n_prompt), len(feature.tokens)
-        return [False] * n + [True] * (total - n)
-    raise PacksimError(f"feature {i} is a {type(feature).__name__}: give {_FORMS}.")
 
 
 def feature_response_masks(features: Sequence) -> list[list[bool]]:
@@ -75,7 +43,7 @@ def feature_response_masks(features: Sequence) -> list[list[bool]]:
         raise PacksimError(f"pass a list of features, got {type(features).__name__}.")
     if len(features) == 0:
         raise PacksimError("no features: pass the list the collator was called with.")
-    return [_one(f, i) for i, f in enumerate(features)]
+    return [read_example(f, i)[1] for i, f in enumerate(features)]
 
 
 def response_mask_from_features(features: Sequence, layout: str = "flat",

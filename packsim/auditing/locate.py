@@ -17,48 +17,48 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from packsim.core.errors import PacksimError
+from packsim.core.token_example import id_list, read_example
+
 __all__ = ["feature_examples", "locate", "locate_cut"]
-
-
-def _ids_list(values) -> list[int]:
-    if hasattr(values, "tolist"):
-        values = values.tolist()
-    return [int(v) for v in values]
 
 
 def feature_examples(features) -> list[list[int]] | None:
     """The token ids of each example the collator was given, or None when the features do not say.
 
     A feature is a dict with ``input_ids`` (split by ``seq_lengths`` when the dataset was packed
-    before collation, as TRL's ``pack_dataset`` does), or ``prompt_ids`` + ``response_ids`` /
-    ``completion_ids``, or an object with ``.tokens`` (a packsim Example).
+    before collation, as TRL's ``pack_dataset`` does), a dict in another form of
+    :func:`packsim.core.token_example.read_example` (``prompt_ids`` + ``response_ids`` /
+    ``completion_ids``), a list or tensor of ids, or an object with ``.tokens`` (a packsim
+    Example). A feature in none of these forms, or whose ids are not ints, gives None.
     """
     if not features or isinstance(features, (Mapping, str, bytes)) or not isinstance(features, Sequence):
         return None
-    out = []
-    for f in features:
-        if isinstance(f, Mapping) and "input_ids" in f:
-            ids = _ids_list(f["input_ids"])
-            lengths = _ids_list(f["seq_lengths"]) if f.get("seq_lengths") is not None else [len(ids)]
-            if sum(lengths) != len(ids):
+    try:
+        out = []
+        for f in features:
+            if isinstance(f, Mapping) and "input_ids" in f:
+                ids = id_list(f["input_ids"])
+                lengths = id_list(f["seq_lengths"]) if f.get("seq_lengths") is not None else [len(ids)]
+                if sum(lengths) != len(ids):
+                    return None
+                at = 0
+                for n in lengths:
+                    out.append(ids[at:at + n])
+                    at += n
+            elif isinstance(f, Mapping):
+                tokens = read_example(f)[0]
+                if tokens is None:
+                    return None
+                out.append(tokens)
+            elif isinstance(f, (Sequence, torch.Tensor)) and not isinstance(f, (str, bytes)):
+                out.append(id_list(f.reshape(-1) if isinstance(f, torch.Tensor) else f))
+            elif hasattr(f, "tokens"):
+                out.append(id_list(f.tokens))
+            else:
                 return None
-            at = 0
-            for n in lengths:
-                out.append(ids[at:at + n])
-                at += n
-        elif isinstance(f, Mapping) and "prompt_ids" in f:
-            rest = next((k for k in ("response_ids", "completion_ids") if k in f), None)
-            if rest is None:
-                return None
-            out.append(_ids_list(f["prompt_ids"]) + _ids_list(f[rest]))
-        elif isinstance(f, Sequence) and not isinstance(f, (str, bytes, Mapping)):
-            out.append(_ids_list(f))
-        elif isinstance(f, torch.Tensor):
-            out.append(_ids_list(f.reshape(-1)))
-        elif hasattr(f, "tokens"):
-            out.append(_ids_list(f.tokens))
-        else:
-            return None
+    except PacksimError:  # features the audit cannot read: no evidence from them
+        return None
     return [e for e in out if e] or None
 
 

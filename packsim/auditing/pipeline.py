@@ -20,6 +20,7 @@ from packsim.core.boundaries import find_boundaries
 from packsim.core.errors import PacksimError
 from packsim.core.loss import Role
 from packsim.core.segments import example_positions, run_starts
+from packsim.core.special_tokens import is_token, token_ids
 
 
 @dataclass
@@ -247,13 +248,12 @@ def dict_roles(model, fields: dict, seq: torch.Tensor, mask) -> tuple[torch.Tens
 
 def _mark_eos(model, input_ids: torch.Tensor, seq: torch.Tensor, roles: torch.Tensor) -> torch.Tensor:
     """Mark the last token of each example as EOS when it is the model's eos_token_id."""
-    eos = getattr(getattr(model, "config", None), "eos_token_id", None)
-    eos = {eos} if isinstance(eos, int) else set(eos or [])
+    eos = token_ids("eos", getattr(model, "config", None))
     if not eos:
         return roles
     last = torch.ones_like(seq, dtype=torch.bool)  # (B, T): the last token of a run
     last[:, :-1] = run_starts(seq)[:, 1:]
-    is_eos = torch.isin(input_ids, torch.tensor(sorted(eos), device=input_ids.device))
+    is_eos = is_token(input_ids, eos)
     roles = roles.clone()
     roles[last & (seq >= 0) & is_eos] = int(Role.EOS)
     return roles

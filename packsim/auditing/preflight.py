@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from packsim.core.errors import PacksimError
+from packsim.core.special_tokens import token_ids
 
 COLLATORS = ("packsim", "flattening", "trl-bfd", "trl-wrapped", "trl-padding-free")
 KNOWN_ATTN = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")
@@ -152,9 +153,9 @@ def check_tokenizer(model, tokenizer, records: list[dict], where: str = "the che
                            f"ids {rows}..{n - 1} cannot be looked up; use the tokenizer the model was trained "
                            "with, or model.resize_token_embeddings(len(tokenizer)) and save again.")
     for name in ("eos", "pad", "bos"):
-        value = getattr(tokenizer, f"{name}_token_id", None)
-        if isinstance(value, int) and value >= rows:
-            raise PacksimError(f"the tokenizer of {where} has {name}_token_id {value}, past the model's {rows} "
+        past = sorted(v for v in token_ids(name, tokenizer) if v >= rows)
+        if past:
+            raise PacksimError(f"the tokenizer of {where} has {name}_token_id {past[0]}, past the model's {rows} "
                                "embedding rows: use the tokenizer the model was trained with.")
     for k, r in enumerate(records):
         ids = tokenizer(r["prompt"] + r["completion"])["input_ids"]

@@ -34,7 +34,7 @@ import torch
 
 from packsim.auditing.accumulation import loss_over_accumulation
 from packsim.auditing.auditor import audit_pipeline
-from packsim.auditing.evidence import Evidence, boundary_fields, collect, special_tokens
+from packsim.auditing.evidence import BoundaryEvidence, boundary_fields, collect, special_tokens
 from packsim.auditing.features import feature_response_masks
 from packsim.auditing.findings import (
     BatchView,
@@ -53,7 +53,8 @@ from packsim.auditing.truncation import truncated_examples
 from packsim.core.boundaries import ROWS_SOURCE, find_boundaries
 from packsim.core.errors import PacksimError
 from packsim.core.loss import Role
-from packsim.core.segments import example_positions
+from packsim.core.segments import example_positions, seq_ids_from_starts
+from packsim.core.special_tokens import example_starts, is_token, start_ids, token_ids
 
 __all__ = ["audit_trainer"]
 
@@ -90,33 +91,25 @@ def _draw(trainer, n: int) -> list[tuple[dict, list | None]]:
     return [(b, calls[i] if i < len(calls) else None) for i, b in enumerate(drawn)]
 
 
-def _special_ids(trainer, model, name: str) -> set[int]:
-    ids = set()
-    for source in (getattr(trainer, "processing_class", None), getattr(model, "config", None)):
-        source = getattr(source, "tokenizer", source)  # a processor wraps its tokenizer
-        value = getattr(source, f"{name}_token_id", None)
-        ids |= {value} if isinstance(value, int) else set(value or [])
-    return ids
+def _special_ids(trainer, model) -> tuple[set[int], set[int]]:
+    """(bos, eos) of the trainer's tokenizer (or processor) and the model config."""
+    sources = (getattr(trainer, "processing_class", None), getattr(model, "config", None))
+    return token_ids("bos", *sources), token_ids("eos", *sources)
 
 
 def _token_seq(trainer, model, ids: torch.Tensor, pad: torch.Tensor) -> torch.Tensor | None:
-    """Example index (B, T) from the tokens, or None when the tokens mark nothing more than rows."""
-    eos = _special_ids(trainer, model, "eos")
-    bos = _special_ids(trainer, model, "bos") - eos  # GPT-2's <|endoftext|> is both: an end, not a start
-    dev = ids.device
-    is_bos = torch.isin(ids, torch.tensor(sorted(bos), device=dev)) if bos else torch.zeros_like(pad)
-    is_eos = torch.isin(ids, torch.tensor(sorted(eos), device=dev)) if eos else torch.zeros_like(pad)
-    starts = is_bos & ~pad
-    wrapped = is_sft(trainer) and getattr(trainer.args, "packing_strategy", "") == "wrapped" \
-        and getattr(trainer.args, "packing", False)
-    if wrapped:  # the token after a run of EOS starts the next example
-        starts[:, 1:] |= is_eos[:, :-1] & ~is_eos[:, 1:] & ~pad[:, 1:]
-    starts[:, 0] = True
-    if not bool(starts[:, 1:].any()):
+    """Example index (B, T) from the tokens, or None when the tokens mark nothing more than rows.
+
+    The rule is :func:`packsim.core.special_tokens.example_starts`'s; what the trainer knows is
+    whether an EOS ends every example: under TRL's wrapped packing it does (the token after a run
+    of EOS starts the next example); otherwise a row holds one example and an EOS inside it ends a
+    turn.
+    """
+    bos, eos = _special_ids(trainer, model)
+    starts = example_starts(ids, ~pad, bos, eos, eos_starts=_wraps(trainer))  # (B, T)
+    if starts is None or not bool(starts[:, 1:].any()):
         return None
-    seq = starts.reshape(-1).cumsum(0).reshape(ids.shape) - 1  # (B, T)
-    seq[pad] = -1
-    return seq
+    return seq_ids_from_starts(starts, ~pad)  # (B, T)
 
 
 def _view(trainer, model, fields: dict) -> BatchView:
@@ -132,20 +125,21 @@ def _view(trainer, model, fields: dict) -> BatchView:
         if tok is not None:
             view.seq, view.from_tokens = tok, True
             view.source = "the tokens: a BOS, or the token after a run of EOS under wrapped packing, starts an example"
-    bos = _special_ids(trainer, model, "bos") - _special_ids(trainer, model, "eos")
+    bos = start_ids(*_special_ids(trainer, model))
     if bos:
-        first = torch.isin(ids[:, 0], torch.tensor(sorted(bos), device=ids.device))
+        first = is_token(ids[:, 0], bos)
         view.rows_mid_example = int((~first & (field_seq[:, 0] >= 0)).sum())
     return view
 
 
-def _evidence(trainer, model, view: BatchView, features) -> Evidence:
+def _evidence(trainer, model, view: BatchView, features) -> BoundaryEvidence:
     """Independent boundaries of the batch (the dataset's examples, else its tokens); sets ``view.seq``."""
-    bos, eos = _special_ids(trainer, model, "bos"), _special_ids(trainer, model, "eos")
+    bos, eos = _special_ids(trainer, model)
     ids = view.fields["input_ids"]
     if view.from_tokens:  # the fields mark nothing inside rows (wrapped packing): the tokens decided
-        return Evidence(view.seq, view.source, [boundary_fields(view.fields, view.seq, view.source),
-                                                special_tokens(ids, view.seq, bos - eos, eos, False, "the tokens")])
+        return BoundaryEvidence(view.seq, view.source, [
+            boundary_fields(view.fields, view.seq, view.source),
+            special_tokens(ids, view.seq, start_ids(bos, eos), eos, False, "the tokens")])
     ev = collect(view.fields, view.field_seq, features, bos, eos, what="trainer's dataset examples of this batch")
     if ev.seq is not None:
         view.seq, view.source = ev.seq, f"{view.source}, confirmed by {ev.source}" if ev.confirms else ev.source

@@ -31,6 +31,8 @@ import torch
 from packsim.auditing.locate import feature_examples, locate, locate_cut
 from packsim.auditing.report import Finding
 from packsim.core.loss import IGNORE_INDEX
+from packsim.core.special_tokens import token_ids
+from packsim.core.token_example import id_list
 
 __all__ = ["collator_cuts", "dataset_cuts", "examples_without_loss", "truncated_examples", "truncated_records"]
 
@@ -147,7 +149,7 @@ def _examples_loop(dataset, n: int):
         item = dataset[i]
         if not hasattr(item, "get") or item.get("input_ids") is None:
             return None
-        ids = [int(v) for v in (item["input_ids"].tolist() if hasattr(item["input_ids"], "tolist") else item["input_ids"])]
+        ids = id_list(item["input_ids"], f"dataset item {i}['input_ids']")
         sl, labels = item.get("seq_lengths"), item.get("labels")
         parts = [int(v) for v in sl] if sl is not None and sum(int(v) for v in sl) == len(ids) else [len(ids)]
         at = 0
@@ -259,12 +261,8 @@ def _collator_part(found: dict | None) -> tuple[str, str]:
 
 
 def _eos_ids(trainer) -> set[int]:
-    ids: set[int] = set()
-    for source in (getattr(trainer, "processing_class", None), getattr(getattr(trainer, "model", None), "config", None)):
-        source = getattr(source, "tokenizer", source)  # a processor wraps its tokenizer
-        value = getattr(source, "eos_token_id", None)
-        ids |= {value} if isinstance(value, int) else {int(v) for v in (value or []) if v is not None}
-    return ids
+    return token_ids("eos", getattr(trainer, "processing_class", None),
+                     getattr(getattr(trainer, "model", None), "config", None))
 
 
 def truncated_examples(trainer, p, features, cut_across_rows: bool = False) -> Finding:

@@ -18,7 +18,12 @@ from dataclasses import dataclass
 import torch
 
 from packsim.core.errors import PacksimError
-from packsim.core.segments import check_cu_seqlens, cu_seqlens_from_lengths, run_starts
+from packsim.core.segments import (
+    check_cu_seqlens,
+    cu_seqlens_from_lengths,
+    run_starts,
+    seq_ids_from_starts,
+)
 
 __all__ = ["Boundaries", "find_boundaries"]
 
@@ -89,9 +94,7 @@ def find_boundaries(batch, shape: tuple[int, int] | None = None, missing: str = 
         found = (torch.zeros(B, T, dtype=torch.bool, device=mask.device),
                  torch.zeros(B, T, dtype=torch.bool, device=mask.device), ROWS_SOURCE)  # padding below
     starts, pad, source = found
-    starts[:, 0] = True  # rows never share an example
-    seq = starts.reshape(-1).cumsum(0).reshape(B, T) - 1  # (B, T)
-    seq[pad] = -1
+    real = ~pad  # (B, T)
     mask = batch.get("attention_mask")
     if isinstance(mask, torch.Tensor) and mask.dim() == 2:
         if tuple(mask.shape) != (B, T):
@@ -99,12 +102,10 @@ def find_boundaries(batch, shape: tuple[int, int] | None = None, missing: str = 
                 f"batch['attention_mask'] has shape {tuple(mask.shape)} but the batch holds ({B}, {T}) "
                 "tokens: pass a (B, T) mask of the same batch."
             )
-        seq[mask.to(seq.device) == 0] = -1
+        real &= mask.to(real.device) != 0
         source += "; padding from attention_mask == 0"
-    real = seq >= 0
-    if not bool(real.all()):  # padding took ids: renumber 0..S-1 in token order
-        seq[real] = torch.unique(seq[real], return_inverse=True)[1]
-    lengths = torch.bincount(seq[real])  # (S,)
+    seq = seq_ids_from_starts(starts, real)  # (B, T), -1 on padding, 0..S-1 in token order
+    lengths = torch.bincount(seq[seq >= 0])  # (S,)
     cu = cu_seqlens_from_lengths(lengths)  # (S+1,)
     return Boundaries(seq, cu, source)
 

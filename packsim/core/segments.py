@@ -8,11 +8,12 @@ A *pack* is one row holding several examples back to back; three equivalent ways
   (FlashAttention's ``cu_seqlens``, transformers' ``cu_seq_lens_q``; padding left out);
 - ``position_ids`` (T,) or (B, T): restarting at 0 for each example, e.g. ``[0, 1, 2, 0, 1, 0]``.
 
-This module converts between them, finds where runs start (:func:`run_starts`) and each token's
-position in its run (:func:`example_positions`), and holds :class:`Segment` (row, [start, stop),
+This module converts between them, finds where runs start (:func:`run_starts`), numbers the
+examples from where they start (:func:`seq_ids_from_starts`), gives each token's position in its
+run (:func:`example_positions`), and holds :class:`Segment` (row, [start, stop),
 example). Reading any batch's boundaries: :mod:`packsim.core.boundaries`.
 
-Lessons: 08, 09, A7.
+Lessons: 04, 06, 08, 09, A3, A7.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "check_cu_seqlens",
     "check_seq_ids",
     "seq_ids_from_cu_seqlens",
+    "seq_ids_from_starts",
     "cu_seqlens_from_seq_ids",
     "cu_seqlens_from_position_ids",
     "cu_seqlens_from_lengths",
@@ -185,6 +187,27 @@ def seq_ids_from_cu_seqlens(cu_seqlens: torch.Tensor, total: int | None = None) 
     ids = torch.repeat_interleave(torch.arange(len(offsets) - 1, device=cu_seqlens.device), lengths)
     pad = torch.full((total - end,), -1, dtype=torch.long, device=cu_seqlens.device)
     return torch.cat([ids, pad])  # (N,)
+
+
+def seq_ids_from_starts(starts: torch.Tensor, real: torch.Tensor | None = None) -> torch.Tensor:
+    """Example index per token from where examples start: (B, T) bool -> (B, T) long.
+
+    A new example begins at every True of ``starts`` and at every row's first token (rows never
+    share an example); each token continues the example of the token before it. ``real`` (B, T)
+    bool marks the tokens that belong to examples: the others (padding) get ``-1``, and the ids
+    are renumbered 0..S-1 in token order over the real tokens, so none is empty. A start on a
+    padding token still ends the example before it. ``starts`` is not changed.
+    ``[[1, 0, 0, 1, 0]]`` with real ``[[1, 1, 1, 1, 0]]`` -> ``[[0, 0, 0, 1, -1]]``.
+    """
+    starts = starts.clone()
+    starts[:, 0] = True  # rows never share an example
+    seq = starts.reshape(-1).cumsum(0).reshape(starts.shape) - 1  # (B, T)
+    if real is not None:
+        real = real.to(seq.device)
+        seq[~real] = -1
+        if not bool(real.all()):  # padding took ids: renumber 0..S-1 in token order
+            seq[real] = torch.unique(seq[real], return_inverse=True)[1]
+    return seq
 
 
 def cu_seqlens_from_lengths(lengths) -> torch.Tensor:
