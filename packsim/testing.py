@@ -45,7 +45,9 @@ def assert_isolated(model, batch, response_mask=None, *, check_loss: bool = True
 
     It raises ``AssertionError`` with the report's table when any of these fails, when the batch
     carries no example boundaries the audit can use (so nothing could be compared), and when
-    isolation could not be measured (e.g. one example: "not measured" is not a pass).
+    isolation could not be measured (e.g. one example: "not measured" is not a pass), and when the
+    verdict rests on the batch's own boundary fields alone (status ``"unverified"``: pass
+    ``examples=`` or ``trust_boundaries=True``, which go to :func:`packsim.audit`).
 
     Args:
         model: the causal LM the pipeline trains (anything :func:`packsim.audit` accepts).
@@ -55,7 +57,8 @@ def assert_isolated(model, batch, response_mask=None, *, check_loss: bool = True
         check_loss: False leaves the loss checks (:data:`LOSS_CHECKS`) out of the assertion: only
             isolation and positions decide (the returned report still shows the loss rows).
         **forward_kwargs: passed to every forward as the pipeline passes them (``use_cache=False``),
-            and the audit's own options (``tol``, ``seed``, ``max_examples``).
+            and the audit's own options (``tol``, ``seed``, ``max_examples``, ``examples``,
+            ``trust_boundaries``).
 
     Returns the :class:`~packsim.auditing.report.AuditReport` when the assertion holds (skipped
     probes other than isolation are not failures: ``report.skipped`` lists them). A batch that is
@@ -76,4 +79,8 @@ def assert_isolated(model, batch, response_mask=None, *, check_loss: bool = True
     if not report.isolation_measured:
         raise AssertionError("packsim.audit could not measure isolation (not measured is not a pass).\n"
                              + str(report))
+    if report.status == "unverified":
+        raise AssertionError("packsim.audit found the examples isolated only as the batch's own boundary "
+                             "fields mark them (nothing independent locates them): pass examples=, or "
+                             "trust_boundaries=True when the fields are the ground truth.\n" + str(report))
     return report

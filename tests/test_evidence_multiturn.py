@@ -62,7 +62,12 @@ def test_multi_turn_batch_without_examples_is_not_a_false_failure(family, tmp_pa
     assert true_leak(trainer, batch, shapes) <= 1e-6 and true_field_faults(batch, shapes) == set()
     assert int((batch["input_ids"] == EOS_ID).sum()) == TURNS_EOS * len(CHATS)
     report = packsim.audit(trainer.model, batch, use_cache=False)
-    assert report.ok and report.status == "pass", report.table()
+    metadata_only = family == "qwen3"  # eos only: nothing independent locates the examples
+    assert report.status == ("unverified" if metadata_only else "pass") and report.ok != metadata_only, \
+        report.table()
+    assert not report.failed  # never a false failure
+    trusted = packsim.audit(trainer.model, batch, use_cache=False, trust_boundaries=True)
+    assert trusted.ok and trusted.status == "pass", trusted.table()
     tokens = finding(report, "special_tokens")
     if family == "qwen3":  # eos only: the EOS count (24 pieces) cannot be tied to 6 examples
         assert tokens.status == "skipped", report.table()
@@ -115,6 +120,7 @@ def test_multi_turn_fault_without_examples_does_not_claim_independent_evidence(t
     assert finding(report, "boundary_fields").status == "skipped", report.table()
     assert finding(report, "special_tokens").status == "skipped", report.table()
     assert "rests on the batch's own metadata" in report.verdict, report.verdict
+    assert report.status == "unverified" and not report.ok  # the leak goes unseen: never a pass
     given = packsim.audit(trainer.model, batch, use_cache=False,
                           examples=[f["prompt_ids"] + f["response_ids"] for f in chat_features("qwen3")])
     assert {"perturbation", "boundary_fields"} <= set(given.failed), given.table()

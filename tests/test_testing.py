@@ -127,3 +127,29 @@ def test_the_gradient_ratio_reads_as_a_sentence(examples, sdpa_model):
     text = " ".join(str(info.value).split())  # the report wraps at 100 columns
     worst = text[text.index("worst pair:"):][:400]
     assert "times as much as example" in worst and "own tokens do" in worst and "e+0" not in worst
+
+
+
+def test_a_verdict_resting_on_the_batch_fields_alone_is_not_an_assertion_pass():
+    """Positions restarting one token late, no BOS / EOS, no examples: the true examples leak, and the
+    audit can only see the batch's own (wrong) boundaries, so it must not pass."""
+    import torch
+
+    from packsim import build_model
+
+    model = build_model("tiny", seed=0, attn_implementation="sdpa")
+    model.config.bos_token_id = model.config.eos_token_id = None  # no special token to locate examples by
+    lengths = [9, 7, 11, 8]
+    ids = torch.randint(5, 40, (1, sum(lengths)), generator=torch.Generator().manual_seed(0))  # (1, T)
+    pos = torch.cat([torch.arange(lengths[0] + 1)] + [torch.arange(n) for n in lengths[1:-1]]
+                    + [torch.arange(lengths[-1] - 1)])[None]  # (1, T): each restart one token late
+    cut = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    with torch.no_grad():  # ground truth: the true example 1 packed vs alone
+        packed = model(input_ids=ids, position_ids=pos, use_cache=False).logits[0]
+        alone = model(input_ids=ids[:, cut[1]:cut[2]], use_cache=False).logits[0]
+    assert float((packed[cut[1]:cut[2]] - alone).abs().max()) > 1e-3
+    batch = {"input_ids": ids, "position_ids": pos}
+    with pytest.raises(AssertionError, match="only as the batch's own boundary fields"):
+        assert_isolated(model, batch, check_loss=False, use_cache=False)
+    report = assert_isolated(model, batch, check_loss=False, use_cache=False, trust_boundaries=True)
+    assert report.status == "pass"  # what the user asserts by trusting the fields

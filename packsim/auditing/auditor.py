@@ -105,7 +105,8 @@ def baseline(p: Pipeline, seed: int) -> ForwardOutput:
 
 
 def audit(model, batch, response_mask=None, *, examples=None, max_examples: int = 4,
-          tol: float | None = None, seed: int = 0, **forward_kwargs) -> AuditReport:
+          tol: float | None = None, seed: int = 0, trust_boundaries: bool = False,
+          **forward_kwargs) -> AuditReport:
     """Audit a packed pipeline for cross-example contamination and loss-coverage bugs.
 
     Args:
@@ -125,10 +126,15 @@ def audit(model, batch, response_mask=None, *, examples=None, max_examples: int 
             compared with itself run alone whatever this is.
         tol: float tolerance for "unchanged" (default by logits dtype: 1e-5 for fp32).
         seed: seeds the token perturbations and the RNG of every forward (dropout cancels out).
-        **forward_kwargs: passed to every forward exactly as the pipeline passes them.
+        trust_boundaries: the batch's own boundary fields are the ground truth (you built them from
+            the examples yourself). Without it, a dict batch with no independent evidence (no
+            ``examples``, no BOS / EOS to locate them by) gets the status ``"unverified"``, not a pass.
+        **forward_kwargs: passed to every forward exactly as the pipeline passes them; batch fields
+            among them (``attention_mask``, ``position_ids``, ...) count as the batch's fields.
 
-    Returns an :class:`AuditReport`; ``report.ok`` is False when a probe fails and
-    ``report.failed`` names them. Used by notebook 07 and ``packsim audit``.
+    Returns an :class:`AuditReport`; ``report.ok`` is False when a probe fails or the verdict rests
+    on the batch's own metadata, and ``report.failed`` names the failures. Used by notebook 07 and
+    ``packsim audit``.
     """
     start = time.perf_counter()
     if isinstance(batch, Mapping):  # a batch field passed as a forward keyword is still the batch's field
@@ -137,6 +143,7 @@ def audit(model, batch, response_mask=None, *, examples=None, max_examples: int 
     p, findings = _pipeline(model, batch, response_mask, forward_kwargs, examples)
     report, _ = audit_pipeline(p, max_examples=max_examples, tol=tol, seed=seed, start=start,
                                findings=findings)
+    report.trust_boundaries = trust_boundaries
     hybrid = hybrid_state(model, batch)  # stateful (SSM / conv) layers: None for attention-only models
     if hybrid and not any(f.name == "hybrid_state" for f in report.findings):  # refused: already there
         report.findings.append(hybrid)

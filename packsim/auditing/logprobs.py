@@ -11,22 +11,27 @@ compares the sums. The tolerance grows with the tokens summed: ``LOGPROB_TOL[dty
 
 Batch: a collator dict, input_ids (B, T), as the forward gets it (position_ids, seq_idx,
 cu_seq_lens_*, attention_mask ...). Completion tokens come from ``completion_mask`` (B, T) (TRL's
-name; 1 = the token's log-prob counts) or else ``labels != -100``; where the examples are from
-``seq`` (B, T) or else the batch's own fields (:func:`packsim.core.boundaries.find_boundaries`:
-cu_seq_lens_q > seq_idx > position_ids restarts, attention_mask zeros as padding). Keys the model
-does not take (``completion_mask``, ``ref_*_logps``) are left out of the forward.
+name; 1 = the token's log-prob counts) or else ``labels != -100``. Where the sequences are comes,
+as in :func:`packsim.audit`, from independent evidence first (:mod:`packsim.auditing.evidence`:
+``seq`` (B, T) or ``examples`` given, else the BOS / EOS tokens), and the batch's own boundary
+fields are compared with it (a ``boundary_fields`` finding); with no independent evidence the
+sequences are the batch's fields (:func:`packsim.core.boundaries.find_boundaries`: cu_seq_lens_q >
+seq_idx > position_ids restarts, attention_mask zeros as padding) and an isolated verdict is
+``"unverified"``, not a pass, unless ``trust_boundaries=True``. Keys the model does not take
+(``completion_mask``, ``ref_*_logps``) are left out of the forward.
 
 Lessons: A8.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from packsim.auditing.evidence import dict_evidence
 from packsim.auditing.hybrid_findings import needs_cuda_reason
-from packsim.core.boundaries import find_boundaries
+from packsim.core.boundaries import ROWS_SOURCE, find_boundaries
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX
 
@@ -68,14 +73,18 @@ class SequenceLogprob:
 
 @dataclass
 class LogprobReport:
-    """``status``: "isolated", "leaks" or "not measured" (``note`` says why); ``worst``: the sequence whose
-    summed log-prob moved most."""
+    """``status``: "isolated", "leaks", "unverified" (isolated as the batch's own boundary fields mark
+    the sequences, nothing independent locating them) or "not measured" (``note`` says why);
+    ``worst``: the sequence whose summed log-prob moved most; ``boundaries``: where the sequences
+    came from; ``findings``: the boundary fields read against the independent evidence."""
 
     sequences: list[SequenceLogprob]
     status: str
     dtype: str
     forward: str
     note: str = ""
+    boundaries: str = ""
+    findings: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -88,11 +97,17 @@ class LogprobReport:
     def text(self) -> str:
         if self.status == "not measured":
             return f"log-prob isolation: NOT MEASURED ({self.note})"
+        if not self.sequences:
+            return f"log-prob isolation: {self.status.upper()} ({self.note})"
         w = self.worst
         lines = [f"log-prob isolation: {self.status.upper()} ({len(self.sequences)} sequences, logits "
                  f"{self.dtype}, tolerance {LOGPROB_TOL.get(getattr(torch, self.dtype, None), 1e-5):.0e} per "
                  f"token); worst: {w.name}, summed log-prob {w.packed:.5f} packed vs {w.alone:.5f} alone "
-                 f"(change {w.change:.2e}, {w.tokens} tokens)", f"forward: {self.forward}"]
+                 f"(change {w.change:.2e}, {w.tokens} tokens)" + (f"; {self.note}" if self.note else ""),
+                 f"sequences from {self.boundaries}" if self.boundaries else "", f"forward: {self.forward}"]
+        lines = [x for x in lines if x]
+        lines += [f"  {f.name}: {f.status.upper()}: {f.evidence}" + (f" Fix: {f.fix}" if f.failed and f.fix else "")
+                  for f in self.findings]
         lines += [f"  {s.name:<24} packed {s.packed:11.5f}  alone {s.alone:11.5f}  change {s.change:.2e}"
                   f"{'' if s.ok else '  LEAKS'}" for s in self.sequences]
         return "\n".join(lines)
@@ -121,21 +136,37 @@ def _completion(batch: dict, shape) -> torch.Tensor:
     return mask
 
 
-def audit_logprobs(model, batch: dict, *, completion_mask=None, seq=None, names=None, tol=None,
-                   **forward_kwargs) -> LogprobReport:
+def audit_logprobs(model, batch: dict, *, completion_mask=None, seq=None, examples=None, names=None,
+                   tol=None, trust_boundaries: bool = False, **forward_kwargs) -> LogprobReport:
     """Per-sequence summed completion log-probs under ``model(**batch, **forward_kwargs)`` vs each
     sequence alone. ``names``: one per sequence in token order (:func:`pair_names`, :func:`group_names`);
-    ``tol``: per summed token (default ``LOGPROB_TOL`` by logits dtype). Returns a :class:`LogprobReport`.
+    ``tol``: per summed token (default ``LOGPROB_TOL`` by logits dtype); ``seq`` (B, T) or ``examples``
+    (each sequence's token ids, as the collator got them): where the sequences are, independently of
+    the batch's fields; ``trust_boundaries``: the batch's fields are the ground truth. Returns a
+    :class:`LogprobReport`.
     """
     if not isinstance(batch, dict) or "input_ids" not in batch:
         raise PacksimError("audit_logprobs takes the collator's dict with input_ids (B, T) and the fields "
                            "the forward gets.")
     ids = batch["input_ids"]
     mask = _completion(batch if completion_mask is None else {"completion_mask": completion_mask}, ids.shape)
-    if seq is None:
-        seq = find_boundaries(batch, missing="rows").seq_ids.clone()  # (B, T); attention_mask 0 = padding (-1)
-    seq = torch.as_tensor(seq)
     fields = {k: v for k, v in batch.items() if k not in NON_MODEL_KEYS}
+    findings, metadata_only = [], False
+    found = find_boundaries(batch, missing="rows")
+    if seq is not None:
+        source = "the seq given"
+    elif found.source.startswith(ROWS_SOURCE) and examples is None:  # no boundary field: one per row
+        seq, source = found.seq_ids.clone(), found.source
+    else:
+        ev = dict_evidence(model, fields, examples)
+        findings = [f for f in ev.findings if f.name == "boundary_fields"]
+        if ev.seq is not None:
+            seq, source = ev.seq, ev.source
+        else:  # nothing independent: the batch's own fields (attention_mask 0 = padding, -1)
+            seq, source = found.seq_ids.clone(), ev.source
+            metadata_only = any(f.status == "skipped" and "(no boundary field)" not in f.evidence
+                                for f in findings)
+    seq = torch.as_tensor(seq)
     kw = "".join(f", {k}={v!r}" for k, v in forward_kwargs.items())
     forward = f"model(**batch{kw}), batch keys {sorted(fields)}"
     first = torch.ones_like(seq, dtype=torch.bool)
@@ -163,6 +194,14 @@ def audit_logprobs(model, batch: dict, *, completion_mask=None, seq=None, names=
         if not reason:
             raise
         return LogprobReport([], "not measured", str(torch.get_default_dtype()).split(".")[-1], forward,
-                             f"the forward refused the batch: {reason}")
+                             f"the forward refused the batch: {reason}", source, findings)
     status = "isolated" if all(s.ok for s in results) else "leaks"
-    return LogprobReport(results, status, str(logits.dtype).split(".")[-1], forward)
+    note = ""
+    if status == "isolated" and any(f.failed for f in findings):
+        status, note = "leaks", "the batch's boundary fields disagree with where the sequences are"
+    elif status == "isolated" and metadata_only and not trust_boundaries:
+        status = "unverified"
+        note = ("isolated as the batch's own boundary fields mark the sequences, and nothing independent "
+                "locates them (no examples given, no BOS / EOS): the verdict rests on the batch's own "
+                "metadata, not a pass; pass examples= or trust_boundaries=True")
+    return LogprobReport(results, status, str(logits.dtype).split(".")[-1], forward, note, source, findings)

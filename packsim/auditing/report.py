@@ -140,6 +140,7 @@ class AuditReport:
     causes: list[str]
     seconds: float
     findings: list[Finding] = field(default_factory=list)
+    trust_boundaries: bool = False  # the user says the batch's own boundary fields are the ground truth
 
     @property
     def failed(self) -> list[str]:
@@ -155,8 +156,18 @@ class AuditReport:
 
     @property
     def ok(self) -> bool:
-        """True when no probe and no finding failed (skipped ones are listed in the verdict)."""
-        return not self.failed
+        """True when no probe and no finding failed (skipped ones are listed in the verdict) and the
+        verdict does not rest on the batch's own boundary fields alone (status ``"unverified"``)."""
+        return not self.failed and self.status != "unverified"
+
+    @property
+    def rests_on_metadata(self) -> bool:
+        """True when nothing independent of the batch's boundary fields said where the examples are
+        (no examples given, no BOS / EOS to locate them by): the fields were checked only against
+        each other."""
+        fields = next((f for f in self.findings if f.name == "boundary_fields"), None)
+        # a batch with no boundary field at all is one example per row: the rows are the layout, not a claim
+        return fields is not None and fields.status == "skipped" and "(no boundary field)" not in fields.evidence
 
     @property
     def isolation_measured(self) -> bool:
@@ -166,10 +177,15 @@ class AuditReport:
     @property
     def status(self) -> str:
         """``"fail"`` (a probe or finding failed), ``"not measured"`` (nothing failed but isolation
-        could not be measured: not a pass) or ``"pass"``; ``packsim audit`` exits 1, 3 or 0."""
+        could not be measured: not a pass), ``"unverified"`` (isolated as the batch's own boundary
+        fields mark them, with no independent evidence of where the examples are, and the user did
+        not say the fields are the ground truth: not a pass) or ``"pass"``; ``packsim audit`` exits
+        1, 3, 3 or 0."""
         if self.failed:
             return "fail"
-        return "pass" if self.isolation_measured else "not measured"
+        if not self.isolation_measured:
+            return "not measured"
+        return "unverified" if self.rests_on_metadata and not self.trust_boundaries else "pass"
 
     def _loss_claim(self) -> str:
         """What the verdict may say about the loss: only what the loss_coverage probe measured."""
@@ -194,12 +210,19 @@ class AuditReport:
     def verdict(self) -> str:
         """One line: PASS/FAIL/NOT MEASURED, what failed, the worst pair and the first likely cause, skips."""
         n = len(self.example_ids)
-        if self.ok and not self.isolation_measured:
+        if not self.failed and not self.isolation_measured:
             why = ("the audited batch holds one example, so no other example can leak into it: audit batches "
                    "of 2+ examples, e.g. a larger per_device_train_batch_size or packing" if n < 2 else
                    self.probes["perturbation"].summary if "perturbation" in self.probes else "no probe ran")
             line = (f"NOT MEASURED: whether the {n} example(s) stay isolated could not be measured ({why}); "
                     "nothing failed, but this is not a pass.")
+        elif self.status == "unverified":
+            line = (f"UNVERIFIED: {n} examples isolated as the batch's own boundary fields mark them, but "
+                    "nothing independent says where the examples are (no examples given, no BOS / EOS to "
+                    "locate them by): the verdict rests on the batch's own metadata, where a wrong field "
+                    "goes unseen, so this is not a pass. Pass examples= "
+                    "(the collator's input), or trust_boundaries=True (--trust-boundaries) when the fields "
+                    f"are the ground truth{self._loss_claim()}")
         elif self.ok:
             line = f"PASS: {n} examples isolated{self._boundary_claim()}{self._loss_claim()}"
         else:
@@ -240,10 +263,11 @@ class AuditReport:
         lines += [x for note in self._notes() for x in _wrap(note, width)]
         if self.findings:
             lines.append("findings (configuration checks):")
-            name_w = max(len(f.name) for f in self.findings)
-            for f in self.findings:
+            # indented, name and status lined up (status at least as wide as the probes' SKIPPED)
+            cells = text_table([("", f.name, f"{f.status.upper():7}") for f in self.findings])
+            for f, prefix in zip(self.findings, cells, strict=True):
                 fix = f" Fix: {f.fix}" if f.failed and f.fix else ""
-                lines += _wrap(f"{_sentence(f.evidence)}{fix}", width, f"  {f.name.ljust(name_w)}  {f.status.upper():7}  ")
+                lines += _wrap(f"{_sentence(f.evidence)}{fix}", width, prefix + "  ")
         lines += [x for c in self.causes for x in _wrap(f"likely cause: {c}", width)]
         return "\n".join(lines)
 
