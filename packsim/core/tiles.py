@@ -9,7 +9,7 @@ kernel's tiles, which start at each sequence's own offset. :func:`score_pairs` i
 attention work: ``L(L+1)/2`` causal pairs per sequence of ``L`` tokens (``L^2`` unmasked);
 :func:`attention_work` adds up pairs (dense N^2, causal over the pack, varlen) and tiles.
 
-Lessons: 03, 08, 09, A7.
+Lessons: 03, 06, 08, 09, A7.
 """
 
 from __future__ import annotations
