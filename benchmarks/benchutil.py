@@ -5,7 +5,8 @@ and noisy), repeats each measurement, and prints a Markdown table last. This mod
 pieces they share:
 
 - :func:`time_calls` / :func:`summarize` / :func:`paired_ratio`: repeat, median, min-max spread;
-- :func:`markdown_table`, :func:`fmt_spread`: the tables printed last and pasted into RESULTS.md;
+- :func:`markdown_table` (packsim's :mod:`packsim.core.text_table`), :func:`fmt_spread`: the tables
+  printed last and pasted into RESULTS.md;
 - :func:`machine_info`: CPU model, cores, load, torch version and the date, stored in every JSON;
 - :func:`run_worker` / :func:`worker_main`: run one measurement in a fresh process (peak memory);
 - :func:`reset_peak_rss` / :func:`peak_rss_mb` / :func:`current_rss_mb`: Linux RSS accounting.
@@ -35,6 +36,8 @@ QUICK_DIR = ROOT / "runs" / "bench-quick"  # runs/ is git-ignored: quick runs ne
 if str(ROOT) not in sys.path:  # run from a plain checkout (e.g. the GPU machine) without install
     sys.path.insert(0, str(ROOT))
 
+# the tables printed last (packsim's, no torch)
+from packsim.core.text_table import markdown_table as markdown_table  # noqa: E402
 
 # ------------------------------------------------------------------------------ timing
 
@@ -152,18 +155,6 @@ def fmt_spread(s: dict | None, scale: float = 1.0, digits: int = 3) -> str:
     if s["n"] == 1:
         return fmt_num(med, digits)
     return f"{fmt_num(med, digits)} [{fmt_num(lo, digits)}-{fmt_num(hi, digits)}]"
-
-
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A GitHub Markdown table; cells are ``str()``-ed, columns padded to line up in a terminal."""
-    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
-    for r in cells:
-        if len(r) != len(headers):
-            raise ValueError(f"row {r} has {len(r)} cells but there are {len(headers)} headers")
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in cells]
-    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(lines)
 
 
 def verdict(ok: bool | None) -> str:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
+from packsim.core.text_table import markdown_table
+
 __all__ = ["MuseumTable"]
 
 
@@ -22,9 +24,9 @@ class MuseumTable:
     rows: list[tuple[str, str, str, str, bool]]
 
     def to_markdown(self) -> str:
-        lines = ["| bug | link | caught by | fixed version passes |", "|---|---|---|---|"]
-        lines += [f"| {bug} | {link} | {caught} | {'yes' if ok else 'NO'} |" for _, bug, link, caught, ok in self.rows]
-        return "\n".join(lines)
+        return markdown_table(("bug", "link", "caught by", "fixed version passes"),
+                              [(bug, link, caught, "yes" if ok else "NO") for _, bug, link, caught, ok in self.rows],
+                              pad=False)
 
     def __str__(self) -> str:
         return self.to_markdown()

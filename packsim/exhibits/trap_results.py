@@ -16,6 +16,7 @@ import html
 from dataclasses import dataclass, field
 
 from packsim.core.errors import PacksimError
+from packsim.core.text_table import text_table
 from packsim.exhibits.trap_cases import CONDITIONS
 
 __all__ = ["Cell", "TrapTable"]
@@ -119,9 +120,7 @@ class TrapTable:
         head = ("family", "impl", *self.conditions)
         rows = [head] + [(f, i, *(self._label(self.cell(f, i, c), notes) for c in self.conditions))
                          for f in self.families for i in self.impls]
-        widths = [max(len(r[k]) for r in rows) for k in range(len(head))]
-        lines = [self.header()]
-        lines += ["  ".join(x.ljust(w) for x, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+        lines = [self.header(), *text_table(rows, pad_last=False)]
         lines += [f"{name}: {self.describe(name)}" for name in self.conditions]
         lines += [f"[{k}] {self._status_of(note)}: {note}" for k, note in enumerate(notes, 1)]
         if self.disagreements():

@@ -26,6 +26,7 @@ from packsim.core.batch import PackedBatch
 from packsim.core.device import model_device
 from packsim.core.errors import PacksimError
 from packsim.core.setups import Setup
+from packsim.core.text_table import text_table
 from packsim.core.token_example import as_example
 from packsim.experiment.evaluation import example_scores
 
@@ -85,9 +86,7 @@ class ForensicsReport:
             if e is not None:
                 rows.append((name, f"{e.alone_loss:.3f}", f"{e.packed_loss:.3f}", f"{e.pack_gap:+.3f}",
                              f"{e.neighbour_influence:.3f}", str(e.n)))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines = [self.verdict] + ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-        return "\n".join(lines)
+        return "\n".join([self.verdict, *text_table(rows)])
 
     def __str__(self) -> str:
         return self.table()

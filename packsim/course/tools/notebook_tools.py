@@ -27,6 +27,8 @@ from pathlib import Path
 
 import nbformat
 
+from packsim.core.text_table import column_widths, text_table
+
 __all__ = [
     "NotebookRunError",
     "execute",
@@ -220,10 +222,9 @@ def _cmd_run(paths: list[str], timeout: float) -> int:
 
 
 def _print_table(rows: list[tuple[str, str, str]]) -> None:
-    header = ("notebook", "seconds", "status")
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
-    for r in [header, tuple("-" * w for w in widths), *rows]:
-        print(f"{r[0]:<{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]}")
+    table = [("notebook", "seconds", "status"), *rows]
+    rule = tuple("-" * w for w in column_widths(table))
+    print("\n".join(text_table([table[0], rule, *rows], right={1}, pad_last=False)))
 
 
 def main(argv: list[str] | None = None) -> int:
