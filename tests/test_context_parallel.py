@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from packsim.core.errors import PacksimError
+from packsim.core.pack_result import Piece
 from packsim.experiment.context_parallel import (
     causal_work,
     contiguous_split,
@@ -37,6 +38,12 @@ def test_contiguous_split_of_one_document_is_a_straggler():
 
 def test_contiguous_split_cuts_at_document_boundaries():
     assert contiguous_split([3, 5], 2) == [[(0, 0, 3), (1, 0, 1)], [(1, 1, 5)]]
+
+
+def test_splits_are_the_packers_pieces():
+    for split in (zigzag_split([8], 2), contiguous_split([3, 5], 2)):
+        assert all(type(p) is Piece for rank in split for p in rank)
+    assert zigzag_split([4], 1)[0][1] == Piece(index=0, start=2, stop=4)
 
 
 @pytest.mark.parametrize(("lengths", "cp", "match"), [

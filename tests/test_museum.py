@@ -14,7 +14,7 @@ from packsim.exhibits.museum import (
     audit_exhibit,
     museum_table,
 )
-from packsim.exhibits.museum_beyond_sft import PIECES
+from packsim.exhibits.museum_beyond_sft import PUBLIC_BUGS
 
 LINK = re.compile(r"^https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+$")
 # configuration checks a fixed exhibit may report (passing): the loss ones, and the independent
@@ -32,8 +32,8 @@ def test_the_museum_holds_at_least_eight_documented_bugs():
 
 
 def test_exhibits_hold_the_2026_pieces_too():
-    assert list(EXHIBITS) == [*AUDITED, *PIECES] and all(EXHIBITS[n] is PIECES[n] for n in PIECES)
-    for name, piece in PIECES.items():
+    assert list(EXHIBITS) == [*AUDITED, *PUBLIC_BUGS] and all(EXHIBITS[n] is PUBLIC_BUGS[n] for n in PUBLIC_BUGS)
+    for name, piece in PUBLIC_BUGS.items():
         assert piece.name == name and piece.links and all(LINK.match(link) for link in piece.links), piece.links
     with pytest.raises(PacksimError, match="checked by its own probe"):
         audit_exhibit("label_roll_across_boundary")

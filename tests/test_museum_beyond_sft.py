@@ -3,12 +3,12 @@ truth of each bug computed here independently of the piece's probe."""
 
 import torch
 
-from packsim.exhibits.museum_beyond_sft import LENGTHS, PIECES, _row, museum_beyond_sft_table
+from packsim.exhibits.museum_beyond_sft import LENGTHS, PUBLIC_BUGS, _row, museum_beyond_sft_table
 
 
 def test_every_piece_is_caught_and_its_fix_passes():
     table = museum_beyond_sft_table()
-    assert [r[0] for r in table.rows] == list(PIECES)
+    assert [r[0] for r in table.rows] == list(PUBLIC_BUGS)
     for name, _title, link, caught_by, fixed_ok in table.rows:
         assert caught_by != "NOT CAUGHT" and fixed_ok, name
         assert link.startswith("https://github.com/")
@@ -35,7 +35,7 @@ def test_the_bugs_are_real():
     from packsim.core.packing import pack
     rng = random.Random(0)  # the piece's draws: rows per step, each step drops rows % 4 without the fix
     rows = [len(pack([rng.randrange(20, 200) for _ in range(24)], 512)) for _ in range(3)]
-    caught, evidence = PIECES["packed_rows_dropped_at_world_size"].run(True)
+    caught, evidence = PUBLIC_BUGS["packed_rows_dropped_at_world_size"].run(True)
     assert caught and evidence.startswith(f"{sum(n % 4 for n in rows)} of {sum(rows)} packed rows never trained")
 
 
@@ -48,7 +48,7 @@ def test_the_dpo_fallback_is_real():
     batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
     assert "position_ids" not in batch and batch["input_ids"].shape[0] == 4  # 2 chosen + 2 rejected rows
     assert bool((batch["attention_mask"] == 0).any())  # padded, not packed
-    caught, evidence = PIECES["dpo_padding_free_fallback"].run(True)
+    caught, evidence = PUBLIC_BUGS["dpo_padding_free_fallback"].run(True)
     assert caught and "fell back to padding" in evidence and "isolated" in evidence
-    fixed_caught, evidence = PIECES["dpo_padding_free_fallback"].run(False)
+    fixed_caught, evidence = PUBLIC_BUGS["dpo_padding_free_fallback"].run(False)
     assert not fixed_caught and evidence.startswith("pass")

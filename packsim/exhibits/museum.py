@@ -43,7 +43,7 @@ from packsim.auditing.report import PROBES, AuditReport
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX
 from packsim.core.token_example import TokenExample
-from packsim.exhibits.museum_beyond_sft import PIECES, Piece, piece_row
+from packsim.exhibits.museum_beyond_sft import PUBLIC_BUGS, PublicBug, public_bug_row
 from packsim.exhibits.museum_rows import MuseumTable
 
 VOCAB, BOS, EOS = 48, 1, 2
@@ -118,7 +118,7 @@ def audit_exhibit(exhibit: Exhibit | str, fixed: bool = False) -> AuditReport:
     ``report.failed`` then names the failed probes and checks (``counted_labels`` for dict batches,
     ``equal_token_weights`` where the exhibit accumulates micro-batches).
     """
-    if isinstance(exhibit, str) and exhibit in PIECES or isinstance(exhibit, Piece):
+    if isinstance(exhibit, str) and exhibit in PUBLIC_BUGS or isinstance(exhibit, PublicBug):
         name = exhibit if isinstance(exhibit, str) else exhibit.name
         raise PacksimError(f"{name!r} is a 2025-26 piece checked by its own probe, not by one audit: "
                            f"run EXHIBITS[{name!r}].run(buggy) or museum_table([{name!r}]).")
@@ -347,8 +347,8 @@ def _caught_by(report: AuditReport) -> str:
 
 
 # every bug of the museum: the audited exhibits above, then the 2025-26 pieces (each checked by its
-# own probe: Piece.run(buggy) -> (caught, evidence))
-EXHIBITS: dict[str, Exhibit | Piece] = {**AUDITED, **PIECES}
+# own probe: PublicBug.run(buggy) -> (caught, evidence))
+EXHIBITS: dict[str, Exhibit | PublicBug] = {**AUDITED, **PUBLIC_BUGS}
 
 
 def museum_table(names=None) -> MuseumTable:
@@ -359,8 +359,8 @@ def museum_table(names=None) -> MuseumTable:
         raise PacksimError(f"unknown exhibit(s) {unknown}: use some of {list(EXHIBITS)}.")
     rows = []
     for name in chosen:
-        if name in PIECES:
-            rows.append(piece_row(PIECES[name]))
+        if name in PUBLIC_BUGS:
+            rows.append(public_bug_row(PUBLIC_BUGS[name]))
             continue
         bug, fixed = audit_exhibit(name), audit_exhibit(name, fixed=True)
         rows.append((name, EXHIBITS[name].title, EXHIBITS[name].links[0], _caught_by(bug), not fixed.failed))

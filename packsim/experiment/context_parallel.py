@@ -12,7 +12,8 @@ packed documents the attention stays block-diagonal, so the split has to follow 
 - **contiguous** (:func:`contiguous_split`): rank ``i`` takes the ``i``-th ``1/cp`` of the row. The
   last rank's queries sit late in their documents and attend to many more keys: a straggler.
 
-A split is a list per rank of ``(document, start, stop)`` pieces. :func:`causal_work` counts
+A split is a list per rank of :class:`~packsim.core.pack_result.Piece` ``(index, start, stop)``:
+tokens ``[start, stop)`` of document ``index``, as in a packing. :func:`causal_work` counts
 attention work per rank: a query at position ``p`` of its document attends to ``p + 1`` keys
 (:func:`packsim.core.tiles.score_pairs`).
 :func:`dropped_tokens` counts what a kernel that assumes multiples of ``2 * cp`` (chunks of
@@ -28,11 +29,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from packsim.core.errors import PacksimError
+from packsim.core.pack_result import Piece
 from packsim.core.tiles import score_pairs
 
 __all__ = ["pad_lengths", "zigzag_split", "contiguous_split", "causal_work", "dropped_tokens"]
-
-Piece = tuple[int, int, int]  # (document, start, stop) within that document
 
 
 def _check(lengths: Sequence[int], cp_size: int) -> np.ndarray:
@@ -63,7 +63,7 @@ def zigzag_split(lengths: Sequence[int], cp_size: int) -> list[list[Piece]]:
     for doc, length in enumerate(lengths.tolist()):
         c = length // m
         for i in range(cp_size):
-            ranks[i] += [(doc, i * c, (i + 1) * c), (doc, (m - 1 - i) * c, (m - i) * c)]
+            ranks[i] += [Piece(doc, i * c, (i + 1) * c), Piece(doc, (m - 1 - i) * c, (m - i) * c)]
     return ranks
 
 
@@ -78,7 +78,7 @@ def contiguous_split(lengths: Sequence[int], cp_size: int) -> list[list[Piece]]:
         for doc in range(len(lengths)):
             a, b = max(lo, int(starts[doc])), min(hi, int(starts[doc + 1]))
             if a < b:
-                ranks[i].append((doc, a - int(starts[doc]), b - int(starts[doc])))
+                ranks[i].append(Piece(doc, a - int(starts[doc]), b - int(starts[doc])))
     return ranks
 
 
