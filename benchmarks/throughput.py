@@ -16,7 +16,8 @@ of copy examples (``packsim.core.data.make_long_tailed_examples``: lognormal len
   accumulated. Packing is per step, so the last row of each step is partly empty (a pipeline
   that packs the whole dataset at once, like TRL's ``pack_dataset``, wastes less).
 
-A step is forward + backward (+ accumulation) + ``AdamW.step()``. Steps alternate between the
+A step is forward + backward (+ accumulation) + ``AdamW.step()``, timed by packsim's step timer
+(``packsim.experiment.throughput.timed_step``, as appendix A1 does). Steps alternate between the
 modes (same examples side by side); reported: real (non-pad) tokens per second over the timed
 steps, and the per-step packed/padded ratio, median [min-max]. As a check that both modes
 compute the same thing, the first (untimed) step's losses are compared: same init, same
@@ -31,7 +32,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import benchutil as bu
 
@@ -58,39 +59,6 @@ def step_batches(examples: Sequence, mode: str, capacity: int, padded_batch: int
     raise ValueError(f"unknown mode {mode!r}: use 'packed' or 'padded'")
 
 
-def train_step(model, opt, batches: list, sync: Callable[[], None] | None = None,
-               backend: str = "auto") -> dict:
-    """One optimizer step over ``batches`` (gradient accumulation): seconds, loss and token counts.
-
-    The loss of each micro-batch is its summed per-token loss over the counted targets of the
-    whole step (``packed_cross_entropy(..., num_items=...)``), so both modes weigh every
-    response token the same. Batches must already be on the model's device.
-    """
-    from packsim.core.loss import count_targets, packed_cross_entropy
-    from packsim.core.model import forward
-
-    num_items = sum(count_targets(b.labels) for b in batches)
-    if sync:
-        sync()
-    t0 = time.perf_counter()
-    opt.zero_grad(set_to_none=True)
-    total = 0.0
-    for b in batches:
-        loss = packed_cross_entropy(forward(model, b, backend=backend), b.labels, num_items=num_items)
-        loss.backward()
-        total += loss.detach()
-    opt.step()
-    if sync:
-        sync()
-    seconds = time.perf_counter() - t0
-    return {
-        "seconds": seconds,
-        "loss": float(total),
-        "real_tokens": sum(b.n_real_tokens for b in batches),
-        "all_tokens": sum(b.shape[0] * b.shape[1] for b in batches),
-    }
-
-
 def make_trainer(size: str, seed: int, device=None, dtype=None, lr: float = 1e-3):
     """(model in train mode, AdamW) built the same way for every mode."""
     import torch
@@ -105,7 +73,13 @@ def make_trainer(size: str, seed: int, device=None, dtype=None, lr: float = 1e-3
 
 
 def run_modes(examples: Sequence, args, device=None, dtype=None, sync=None, backend="auto") -> dict:
-    """Alternate padded and packed steps over the same examples; return per-mode step records."""
+    """Alternate padded and packed steps over the same examples; return per-mode step records.
+
+    Each step is timed by :func:`packsim.experiment.throughput.timed_step` (its micro-batches'
+    gradients accumulated, the loss over every counted target of the step).
+    """
+    from packsim.experiment.throughput import timed_step
+
     trainers = {m: make_trainer(args.model, args.seed, device, dtype) for m in ("padded", "packed")}
     per_step = args.examples_per_step
     chunks = [examples[i: i + per_step] for i in range(0, len(examples), per_step)]
@@ -117,8 +91,8 @@ def run_modes(examples: Sequence, args, device=None, dtype=None, sync=None, back
                        for b in step_batches(chunk, mode, args.capacity, args.padded_batch,
                                              args.packed_rows)]
             model, opt = trainers[mode]
-            rec = train_step(model, opt, batches, sync=sync, backend=backend)
-            rec.update(step=i, warmup=i == 0, rows=sum(b.shape[0] for b in batches))
+            rec = timed_step(model, opt, batches, sync=sync, backend=backend)  # seconds, loss, tokens, rows
+            rec.update(step=i, warmup=i == 0)
             records[mode].append(rec)
         p, q = records["padded"][-1], records["packed"][-1]
         print(f"step {i}{' (warmup)' if i == 0 else ''}: padded {p['real_tokens'] / p['seconds']:,.0f} "

@@ -1,24 +1,76 @@
-"""Throughput on the long-tailed mix: real tokens/s of each setup, packed vs padded.
+"""Throughput: one training step timed, and each setup's real tokens/s, packed vs padded.
 
-The same examples per step for every setup: ``examples_per_step`` of long-tailed lengths (median
-90 tokens, :func:`packsim.core.data.make_long_tailed_examples`), packed into rows of ``capacity``
-tokens, (B, capacity), or, for ``padded``, one example per row padded to the longest of the step,
+:func:`timed_step` is packsim's one step timer: forward, the loss
+(:func:`packsim.core.loss.packed_cross_entropy`: every counted target of the step weighs the
+same), backward over the step's micro-batches (PackedBatches, rows (B, T), logits (B, T, V)),
+then ``optimizer.step()``. Appendix A1 and ``benchmarks/throughput.py`` time packed and padded
+versions of the same steps with it, side by side.
+
+:func:`measure_throughput` is the comparison's measurement: the same examples per step for every
+setup, ``examples_per_step`` of long-tailed lengths (median 90 tokens,
+:func:`packsim.core.data.make_long_tailed_examples`), packed into rows of ``capacity`` tokens,
+(B, capacity), or, for ``padded``, one example per row padded to the longest of the step,
 (examples_per_step, L_max). Each setup trains the tiny model for ``steps`` steps after one warm-up
 step; the medians over those steps go into ``results.json``'s ``throughput``
 (:func:`~packsim.experiment.comparison.run_comparison` calls it after the runs).
 
-Lessons: none directly (lesson 06 reads the numbers from a comparison's results).
+Lessons: A1 (lesson 06 reads measure_throughput's numbers from a comparison's results).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
+from packsim.core.batch import PackedBatch
 from packsim.core.data import make_long_tailed_examples
-from packsim.core.model import build_model
+from packsim.core.errors import PacksimError
+from packsim.core.loss import count_targets, packed_cross_entropy
+from packsim.core.model import build_model, forward
 from packsim.experiment.training import TrainConfig, make_batches, train
 
-__all__ = ["measure_throughput"]
+__all__ = ["timed_step", "measure_throughput"]
+
+
+def timed_step(model, optimizer, batches: PackedBatch | Sequence[PackedBatch],
+               sync: Callable[[], None] | None = None, backend: str = "auto") -> dict:
+    """One optimizer step over ``batches`` (its micro-batches, gradients accumulated), timed.
+
+    Each micro-batch's loss is its summed per-token loss over the counted targets of the whole
+    step (``packed_cross_entropy(..., num_items=...)``), so packed and padded steps weigh every
+    response token the same; one batch gives the plain mean. The clock runs from
+    ``zero_grad`` to after ``optimizer.step()``; ``sync`` (e.g. ``torch.cuda.synchronize``) is
+    called at both ends so the time includes the device's queued work. Batches must already be
+    on the model's device. Returns ``{"seconds", "loss", "real_tokens", "all_tokens", "rows"}``
+    (``all_tokens``: token slots, padding included).
+    """
+    batches = [batches] if isinstance(batches, PackedBatch) else list(batches)
+    if not batches or not all(isinstance(b, PackedBatch) for b in batches):
+        raise PacksimError("timed_step needs a PackedBatch or a non-empty list of them (one "
+                           "optimizer step's micro-batches): build them with make_batches or "
+                           "PackedBatch.from_examples.")
+    num_items = sum(count_targets(b.labels) for b in batches)
+    if sync:
+        sync()
+    t0 = time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)
+    total = 0.0
+    for b in batches:
+        logits = forward(model, b, backend=backend)  # (B, T, V)
+        loss = packed_cross_entropy(logits, b.labels, num_items=num_items)  # ()
+        loss.backward()
+        total += loss.detach()
+    optimizer.step()
+    if sync:
+        sync()
+    seconds = time.perf_counter() - t0
+    return {
+        "seconds": seconds,
+        "loss": float(total),
+        "real_tokens": sum(b.n_real_tokens for b in batches),
+        "all_tokens": sum(b.shape[0] * b.shape[1] for b in batches),
+        "rows": sum(b.shape[0] for b in batches),
+    }
 
 
 def measure_throughput(setups: Sequence[str], steps: int, device, capacity: int = 1024,
