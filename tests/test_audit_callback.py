@@ -112,3 +112,30 @@ def test_the_trainer_can_be_given(checkpoint, tmp_path):
     with pytest.raises(AuditFailed):
         trainer.train()
     assert next(f for f in callback.report.findings if f.name == "batches").evidence.startswith("2 batches")
+
+
+def bfd_sft_bf16(path, tmp_path, callbacks=()):
+    """TRL's defaults as a user keeps them: BFD packing (position_ids restart per example) and bf16=True
+    (CPU autocast), on the local tokenizer's tiny Llama."""
+    data = datasets.Dataset.from_dict({"prompt": [p for p, _ in PAIRS], "completion": [c for _, c in PAIRS]})
+    args = SFTConfig(output_dir=str(tmp_path / "out"), max_length=64, per_device_train_batch_size=4, max_steps=2,
+                     report_to="none", save_strategy="no", bf16=True, use_cpu=True, seed=0, packing=True,
+                     packing_strategy="bfd", learning_rate=1e-2)
+    return SFTTrainer(model=AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa"), args=args,
+                      train_dataset=data, processing_class=AutoTokenizer.from_pretrained(path),
+                      callbacks=list(callbacks))
+
+
+def test_a_correct_bf16_run_is_not_stopped_and_trains_as_without_the_callback(checkpoint, tmp_path):
+    """Once train() starts, accelerate returns float32 logits computed in bf16: the tolerance must follow
+    the bf16 computation (3e-02), not the float32 it returns (1e-05), or bf16 rounding stops a correct run."""
+    reference = bfd_sft_bf16(checkpoint, tmp_path / "a")
+    assert leak_through_forward(reference) < 1e-5  # ground truth: BFD with position_ids isolates (fp32 here)
+    reference.train()
+    callback = packsim.AuditCallback()
+    trainer = bfd_sft_bf16(checkpoint, tmp_path / "b", [callback])
+    trainer.train()
+    assert callback.report.status == "pass", callback.report.table()
+    assert "tolerance 3e-02, from the bfloat16 logits this forward computes under mixed precision 'bf16'" \
+        in callback.report.forward
+    assert trainer.state.global_step == 2 and torch.equal(weights(trainer), weights(reference))

@@ -273,7 +273,7 @@ def test_trainer_factory_file_passes_and_leaks_fail(factory, capsys):
 def test_the_tolerance_follows_the_trainers_dtype(factory, capsys):
     assert gate("--trainer", f"{factory}:in_bf16") == 0
     out = capsys.readouterr().out
-    assert "tolerance 3e-02, from the bfloat16 logits this forward returns under mixed precision 'bf16'" in out
+    assert "tolerance 3e-02, from the bfloat16 logits this forward computes under mixed precision 'bf16'" in out
 
 
 def test_trainer_as_module_function(factory, capsys, monkeypatch):

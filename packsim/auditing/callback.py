@@ -17,8 +17,14 @@ the run trains exactly as it would without the callback.
 On a fault it sets ``control.should_training_stop`` and raises :class:`AuditFailed`, because
 transformers only reads that flag after a step (``Trainer._run_epoch``) and the point is that no
 step trains on a leaking batch; ``warn_only=True`` warns instead and lets the run go on. A
-verdict of "not measured" (e.g. one example per batch) warns in both modes. ``callback.report``
-keeps the report.
+verdict that is not a pass and not a fault -- "not measured" (e.g. one example per batch, or a
+hybrid forward transformers refuses here) or "unverified" (isolated as the batch's own boundary
+fields mark them, nothing independent locating the examples) -- warns (``UserWarning`` with the
+verdict) in both modes and training goes on: the callback stops a run only on a measured fault.
+The tolerance follows the dtype the step computes in (bf16 / fp16 under mixed precision, even
+though accelerate returns float32 logits once ``train()`` has prepared the model).
+``callback.report`` keeps the report. A DPO / GRPO trainer gets the log-prob audit
+(:mod:`packsim.auditing.preference`), read the same way.
 
 Lessons: none directly.
 """
@@ -112,6 +118,6 @@ class AuditCallback(TrainerCallback):
                 return control
             control.should_training_stop = True
             raise AuditFailed(self.report)
-        if self.report.status == "not measured":
+        if self.report.status in ("not measured", "unverified"):
             warnings.warn("packsim.AuditCallback: " + self.report.verdict, UserWarning, stacklevel=2)
         return control

@@ -21,9 +21,15 @@ from __future__ import annotations
 EXIT_CODES = {0: "the audit passed", 1: "the audit found a fault (a leak, a wrong label, a bad setting)",
               2: "bad input or setup (unreadable or non-UTF-8 data, not a checkpoint, a tokenizer that "
                  "does not fit the model, a factory that does not load): one line on stderr",
-              3: "nothing could be measured (e.g. every batch holds one example): not a pass"}
+              3: "not measured (e.g. every batch holds one example, or the --attn you launch cannot run "
+                 "here), or unverified (isolated only as the batch's own boundary fields mark the examples, "
+                 "nothing independent locating them; --trust-boundaries when they are the ground truth): "
+                 "not a pass"}
 EPILOG = ("exit codes of the gate (--model or --trainer):\n"
           + "".join(f"  {code}  {text}\n" for code, text in EXIT_CODES.items())
+          + "severity: a fault (a leak, a wrong label, loss over the wrong tokens) is exit 1; a setting the\n"
+          "trainer did not honour while corrupting nothing (DPO's padding_free falling back to padding) is a\n"
+          "NOTICE beside a PASS (exit 0), exit 1 with --strict.\n"
           + "without --model or --trainer the demo prints its tables and exits 0.")
 
 
@@ -49,7 +55,11 @@ def add_arguments(parser) -> None:
     pre.add_argument("--attn", metavar="IMPL", help="attention implementation (default: sdpa); "
                      "eager, sdpa, flex_attention, flash_attention_2/3 where available")
     pre.add_argument("--strict", action="store_true",
-                     help="kept for older scripts: the exit code always follows the verdict (below)")
+                     help="a setting the trainer did not honour while corrupting nothing (a NOTICE, e.g. DPO's "
+                          "padding fallback) fails the gate (exit 1)")
+    pre.add_argument("--trust-boundaries", action="store_true",
+                     help="the batch's own boundary fields are the ground truth: an isolated verdict that rests "
+                          "on them alone is a PASS, not UNVERIFIED (exit 3)")
     pre.add_argument("--batches", type=int, default=1, help="training batches to audit (default 1)")
     pre.add_argument("--batch-size", type=int, default=4, help="per-device batch size (default 4)")
     pre.add_argument("--max-length", type=int, default=256, help="TRL packing length (default 256)")
@@ -103,7 +113,7 @@ def _wants_preflight(args) -> bool:
     from packsim.core.errors import PacksimError
 
     given = [f for f, v in (("--data", args.data), ("--collator", args.collator), ("--attn", args.attn),
-                            ("--strict", args.strict)) if v]
+                            ("--strict", args.strict), ("--trust-boundaries", args.trust_boundaries)) if v]
     if args.model is None and given:
         raise PacksimError(f"{', '.join(given)} need(s) --model DIR: the pre-flight gate is "
                            "packsim audit --model DIR --data FILE.jsonl --collator NAME, or packsim audit --trainer "
@@ -126,12 +136,14 @@ def _quiet() -> None:
 
 def exit_code(report) -> int:
     """0 pass, 1 fault, 3 not measured (:data:`EXIT_CODES`; 2 is raised as PacksimError before)."""
-    return {"pass": 0, "fail": 1, "not measured": 3}[report.status]
+    return {"pass": 0, "fail": 1, "not measured": 3, "unverified": 3}[report.status]
 
 
 def _gate_line(report) -> str:
     if report.status == "fail":
         return f"FAIL: {', '.join(report.failed)}"
+    if report.status == "unverified":
+        return "UNVERIFIED: isolated only as the batch's own boundary fields say, not a pass"
     return "NOT MEASURED: isolation untested, not a pass" if report.status == "not measured" else "PASS"
 
 
@@ -155,7 +167,8 @@ def _own_trainer(args) -> int:
     if tokenizer is not None and hasattr(tokenizer, "__len__") and hasattr(trainer.model, "get_input_embeddings"):
         check_tokenizer(trainer.model, tokenizer, [], f"--trainer {args.trainer}")
     try:
-        report = audit_trainer(trainer, batches=args.batches)
+        report = audit_trainer(trainer, batches=args.batches, strict=args.strict,
+                               trust_boundaries=args.trust_boundaries)
     except PacksimError as err:
         raise PacksimError(f"--trainer {args.trainer}: {err}") from None
     print(f"=== audit of the trainer from {args.trainer}: {type(trainer).__name__}")
@@ -174,7 +187,8 @@ def _preflight(args) -> int:
     check_at_least(args, {"--batches": 1, "--batch-size": 1, "--max-length": 1})
     _quiet()
     report = preflight(args.model, args.data, args.collator, attn=args.attn, batches=args.batches,
-                       batch_size=args.batch_size, max_length=args.max_length)
+                       batch_size=args.batch_size, max_length=args.max_length, strict=args.strict,
+                       trust_boundaries=args.trust_boundaries)
     print(f"=== pre-flight: model {args.model}, data {args.data}, collator {args.collator}, "
           f"attn {args.attn or 'sdpa'}")
     print(report.console())

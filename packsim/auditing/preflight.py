@@ -237,7 +237,7 @@ def build_trainer(model, tokenizer, records, collator: str, out: str, batch_size
 
 
 def preflight(model_dir, data, collator: str, attn: str | None = None, batches: int = 1,
-              batch_size: int = 4, max_length: int = 256):
+              batch_size: int = 4, max_length: int = 256, strict: bool = False, trust_boundaries: bool = False):
     """Audit the pipeline DIR + FILE + collator + attention would train; returns the AuditReport."""
     from packsim.auditing.findings import BatchView, flash_rows, is_flash
     from packsim.auditing.report import Finding
@@ -257,7 +257,7 @@ def preflight(model_dir, data, collator: str, attn: str | None = None, batches: 
     check_tokenizer(model, tokenizer, records, f"--model {model_dir}")
     with tempfile.TemporaryDirectory(prefix="packsim-preflight-") as out:
         trainer = build_trainer(model, tokenizer, records, collator, out, batch_size, max_length)
-        report = audit_trainer(trainer, batches=batches)
+        report = audit_trainer(trainer, batches=batches, strict=strict, trust_boundaries=trust_boundaries)
         if collator == "trl-bfd":  # BFD truncates each example to max_length: say how many it cuts
             split = [_split(tokenizer, r) for r in records]
             found = truncated_records([(len(a), len(a) + len(b)) for a, b in split], max_length)
@@ -270,10 +270,11 @@ def preflight(model_dir, data, collator: str, attn: str | None = None, batches: 
 
             seq = find_boundaries(fields, missing="rows").seq_ids
             view = BatchView(fields, seq, seq, "", False)
-            report.findings.append(Finding(
-                planned, "skipped",
-                f"{planned} cannot run here (needs CUDA and its package; available: {', '.join(available)}), "
-                f"so the probes ran under {run_attn}; rerun this command on a GPU machine with it installed"))
+            why = (f"{planned} cannot run here (needs CUDA and its package; available: {', '.join(available)}), "
+                   f"so the probes ran under {run_attn}")
+            report.path_not_run = why
+            report.findings.append(Finding(planned, "skipped", f"{why}; rerun this command on a GPU machine "
+                                                               "with it installed"))
             if is_flash(planned):  # the flash rule read from the batch replaces the sdpa one
                 report.findings[:] = [f for f in report.findings if f.name != "flash_rows"]
                 report.findings.append(flash_rows(view, planned))

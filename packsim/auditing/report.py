@@ -141,6 +141,7 @@ class AuditReport:
     seconds: float
     findings: list[Finding] = field(default_factory=list)
     trust_boundaries: bool = False  # the user says the batch's own boundary fields are the ground truth
+    path_not_run: str = ""  # why the attention path the user launches did not run here ('' when it did)
 
     @property
     def failed(self) -> list[str]:
@@ -183,7 +184,7 @@ class AuditReport:
         1, 3, 3 or 0."""
         if self.failed:
             return "fail"
-        if not self.isolation_measured:
+        if not self.isolation_measured or self.path_not_run:
             return "not measured"
         return "unverified" if self.rests_on_metadata and not self.trust_boundaries else "pass"
 
@@ -210,7 +211,11 @@ class AuditReport:
     def verdict(self) -> str:
         """One line: PASS/FAIL/NOT MEASURED, what failed, the worst pair and the first likely cause, skips."""
         n = len(self.example_ids)
-        if not self.failed and not self.isolation_measured:
+        if not self.failed and self.path_not_run:
+            line = (f"NOT MEASURED: the attention path this pipeline launches did not run here "
+                    f"({self.path_not_run}); nothing failed, but what was measured is another path, so "
+                    "this is not a pass.")
+        elif not self.failed and not self.isolation_measured:
             why = ("the audited batch holds one example, so no other example can leak into it: audit batches "
                    "of 2+ examples, e.g. a larger per_device_train_batch_size or packing" if n < 2 else
                    self.probes["perturbation"].summary if "perturbation" in self.probes else "no probe ran")

@@ -33,7 +33,7 @@ from dataclasses import replace
 import torch
 
 from packsim.auditing.accumulation import loss_over_accumulation
-from packsim.auditing.auditor import audit_pipeline
+from packsim.auditing.auditor import TOLERANCE, audit_pipeline
 from packsim.auditing.evidence import BoundaryEvidence, boundary_fields, collect, special_tokens
 from packsim.auditing.features import feature_response_masks
 from packsim.auditing.findings import (
@@ -242,7 +242,7 @@ def _use_cache(model, forward_kwargs) -> tuple[object, str]:
 
 
 def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: float | None = None,
-                  seed: int = 0, strict: bool = False) -> AuditReport:
+                  seed: int = 0, strict: bool = False, trust_boundaries: bool = False) -> AuditReport:
     """Audit a configured ``transformers.Trainer`` / ``trl.SFTTrainer`` before (or instead of) training.
 
     Args:
@@ -255,6 +255,7 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
         max_examples, tol, seed: as :func:`packsim.audit`.
         strict: a setting the trainer did not honour while corrupting nothing (DPO's fallback from
             ``padding_free`` to padding) fails the audit instead of being a notice beside a PASS.
+        trust_boundaries: the batch's own boundary fields are the ground truth (as :func:`packsim.audit`).
 
     Returns an :class:`~packsim.auditing.report.AuditReport` whose ``findings`` hold the
     configuration checks; ``report.ok`` is False when a probe or a finding fails. The model's
@@ -275,6 +276,8 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
     drawn = _draw(trainer, max(batches, ga))
     forward_kwargs = {"use_cache": False} if is_sft(trainer) else {}
     autocast = trainer.accelerator.autocast
+    compute = compute_dtype(trainer, model)
+    tol_given, tol = tol, (TOLERANCE.get(compute) if tol is None else tol)  # the dtype the step computes in
     impl = getattr(model.config, "_attn_implementation", None)
     was_training = model.training
     model.train()
@@ -328,8 +331,8 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
                                 f"the table shows batch {worst}",
                                 "see the failing batch's probes and findings"))
     fixes = [f"{f.name}: {f.fix}" for f in findings if f.failed and f.fix and f.name != "batches"]
-    return replace(report, findings=findings, causes=fixes + report.causes,
-                   forward=report.forward + _tolerance_note(report, base_out, trainer, tol),
+    return replace(report, findings=findings, causes=fixes + report.causes, trust_boundaries=trust_boundaries,
+                   forward=report.forward + _tolerance_note(report, base_out, trainer, tol_given, compute),
                    seconds=time.perf_counter() - start)
 
 
@@ -340,12 +343,29 @@ def _wraps(trainer) -> bool:
                 and getattr(args, "packing_strategy", "") == "wrapped")
 
 
-def _tolerance_note(report: AuditReport, base_out, trainer, given) -> str:
-    """Which float tolerance judged "unchanged", and the dtype it follows (the logits the trainer trains on)."""
+def compute_dtype(trainer, model) -> torch.dtype:
+    """The dtype the training step computes in: the autocast dtype under mixed precision, else the
+    model's. Under accelerate's mixed precision the forward may return float32 logits (its
+    ``convert_to_fp32`` wrapper, once ``train()`` has prepared the model) computed in bf16 / fp16:
+    the tolerance follows the computation, not the returned dtype."""
+    mixed = getattr(getattr(trainer, "accelerator", None), "mixed_precision", None)
+    if mixed == "bf16":
+        return torch.bfloat16
+    if mixed == "fp16":
+        return torch.float16
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
+def _tolerance_note(report: AuditReport, base_out, trainer, given, compute: torch.dtype) -> str:
+    """Which float tolerance judged "unchanged", and the dtype it follows (the step's computation)."""
     tol = report.probes["perturbation"].threshold
     if given is not None:
         return f"; tolerance {tol:.0e}, as passed (tol=)"
-    dtype = str(base_out.logits.dtype).replace("torch.", "")
+    returned = str(base_out.logits.dtype).replace("torch.", "")
+    dtype = str(compute).replace("torch.", "")
     mixed = trainer.accelerator.mixed_precision
-    return (f"; tolerance {tol:.0e}, from the {dtype} logits this forward returns"
-            + (f" under mixed precision {mixed!r}" if mixed not in (None, "no") else ""))
+    if mixed not in (None, "no"):
+        upcast = f"; the forward returns {returned} logits" if returned != dtype else ""
+        return (f"; tolerance {tol:.0e}, from the {dtype} logits this forward computes under mixed precision "
+                f"{mixed!r}{upcast}")
+    return f"; tolerance {tol:.0e}, from the {dtype} logits this forward returns"
