@@ -345,3 +345,37 @@ def test_a_dropped_completion_mask_is_not_measured_not_claimed(root, tmp_path):
     assert "completion_only_loss" in report.skipped
     kept = packsim.audit_trainer(trainer(False))
     assert kept.verdict.startswith("PASS") and "the loss counts only responses" in kept.verdict, kept.table()
+
+
+# ----------------------------------------------------------------------------- paths and families
+
+
+def test_a_flash_gate_that_cannot_run_here_is_not_measured_exit_3(root, capsys):
+    """On a CPU without flash-attn the probes can only run under sdpa: that is not the path launched."""
+    import torch
+    from transformers.utils import is_flash_attn_2_available
+
+    if torch.cuda.is_available() and is_flash_attn_2_available():
+        pytest.skip("flash_attention_2 runs here: the gate measures it")
+    code = gate("--model", root / "ckpt", "--data", root / "data.jsonl", "--collator", "flattening",
+                "--attn", "flash_attention_2")
+    out = capsys.readouterr().out
+    assert code == 3, out
+    assert "NOT MEASURED: the attention path this pipeline launches did not run here" in out
+    assert "flash_attention_2 cannot run here" in out and out.rstrip().endswith("not a pass")
+
+
+def test_gemma2_through_the_cli_is_audited_under_eager_and_says_so(root, capsys):
+    """transformers refuses sdpa for Gemma2: the default gate loads what transformers would (eager)."""
+    from packsim.core.tokenizer import build_tokenizer
+    from packsim.exhibits.trap_cases import build_family
+
+    path = root / "gemma2"
+    build_family("gemma2").save_pretrained(path)
+    build_tokenizer().save_pretrained(path)
+    code = gate("--model", path, "--data", root / "data.jsonl", "--collator", "flattening")
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "Gemma2ForCausalLM refuses sdpa" in out and "audited it under eager" in out
+    assert gate("--model", path, "--data", root / "data.jsonl", "--collator", "flattening", "--attn", "sdpa") == 2
+    assert "pass --attn eager" in one_error_line(capsys)

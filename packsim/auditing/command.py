@@ -190,7 +190,7 @@ def _preflight(args) -> int:
                        batch_size=args.batch_size, max_length=args.max_length, strict=args.strict,
                        trust_boundaries=args.trust_boundaries)
     print(f"=== pre-flight: model {args.model}, data {args.data}, collator {args.collator}, "
-          f"attn {args.attn or 'sdpa'}")
+          f"attn {args.attn or 'default (sdpa; eager where the architecture refuses sdpa)'}")
     print(report.console())
     print(f"pre-flight {_gate_line(report)}")
     return exit_code(report)

@@ -104,8 +104,14 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt
 _SAVE_TOKENIZER = "save the model's own tokenizer files next to it (tokenizer.save_pretrained(DIR))"
 
 
-def load_checkpoint(model_dir: str | Path, attn: str):
-    """(model, tokenizer) from a local from_pretrained directory, with ``attn`` attention."""
+# what transformers raises when an architecture does not support the requested attention implementation
+REFUSES_ATTN = "does not support an attention implementation"
+
+
+def load_checkpoint(model_dir: str | Path, attn: str, fallback: str | None = None):
+    """(model, tokenizer) from a local from_pretrained directory, with ``attn`` attention; when the
+    architecture refuses ``attn`` and ``fallback`` is given (the gate's default sdpa -> eager, as
+    transformers itself falls back when no implementation is asked for), with ``fallback``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(model_dir)
@@ -130,9 +136,14 @@ def load_checkpoint(model_dir: str | Path, attn: str):
     try:
         model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=attn)
     except Exception as err:  # noqa: BLE001
+        first = (str(err).splitlines() or [''])[0]
+        if REFUSES_ATTN in first:  # e.g. Gemma2 refuses sdpa: transformers' own default is then eager
+            if fallback is not None:
+                return load_checkpoint(path, fallback)
+            raise PacksimError(f"--model {path}: {first.split('. ')[0]}: pass --attn eager (or an "
+                               "implementation this architecture supports).") from None
         raise PacksimError(f"--model {path}: the model could not be loaded ({type(err).__name__}: "
-                           f"{(str(err).splitlines() or [''])[0][:200]}): it needs config.json and the "
-                           "weights save_pretrained wrote.") from None
+                           f"{first[:200]}): it needs config.json and the weights save_pretrained wrote.") from None
     return model, tokenizer
 
 
@@ -253,11 +264,20 @@ def preflight(model_dir, data, collator: str, attn: str | None = None, batches: 
     planned = attn or "sdpa"
     run_attn = planned if planned in available else "sdpa"
     records = load_records(data)
-    model, tokenizer = load_checkpoint(model_dir, run_attn)
+    model, tokenizer = load_checkpoint(model_dir, run_attn, fallback="eager" if attn is None else None)
+    loaded = getattr(model.config, "_attn_implementation", run_attn)
+    refused = loaded != run_attn  # the default sdpa refused (Gemma2): audited under what transformers picks
+    if refused:
+        planned = run_attn = loaded
     check_tokenizer(model, tokenizer, records, f"--model {model_dir}")
     with tempfile.TemporaryDirectory(prefix="packsim-preflight-") as out:
         trainer = build_trainer(model, tokenizer, records, collator, out, batch_size, max_length)
         report = audit_trainer(trainer, batches=batches, strict=strict, trust_boundaries=trust_boundaries)
+        if refused:
+            report.findings.append(Finding(
+                "attention", "notice", f"{type(model).__name__} refuses sdpa in the installed transformers, so the "
+                f"gate audited it under {loaded}, what transformers loads when no attn_implementation is given",
+                f"pass --attn {loaded} (or the implementation you train with) to say so"))
         if collator == "trl-bfd":  # BFD truncates each example to max_length: say how many it cuts
             split = [_split(tokenizer, r) for r in records]
             found = truncated_records([(len(a), len(a) + len(b)) for a, b in split], max_length)
