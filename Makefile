@@ -6,6 +6,8 @@
 # CUDA build (several GB). TORCH_INDEX= (empty) turns that off: pip's default build.
 # TORCH_SPEC picks the build yourself (e.g. TORCH_SPEC="torch==2.13.0", a CPU wheel your pip can
 # see); with TORCH_SPEC set, no index is added unless you also set TORCH_INDEX.
+# packsim is installed editable with the course extra (the notebooks: jupyterlab, plotly, TRL, ...)
+# and the dev extra (the tests); `pip install packsim` alone is the library, the audit and the CLI.
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -48,8 +50,8 @@ help:
 $(STAMP): pyproject.toml | $(NEW_VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(PY) -m pip install -e ".[dev]"
-	$(PY) -m packsim.course.doctor --quiet
+	$(PY) -m pip install -e ".[course,dev]"
+	$(PY) -m packsim.course.doctor --quiet --course
 	touch $(STAMP)
 
 setup: $(STAMP) git-filter

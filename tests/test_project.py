@@ -88,16 +88,32 @@ def _conda_parts() -> tuple[list[str], list[str]]:
     return conda, pip
 
 
-def test_environment_yml_matches_pyproject_dependencies():
+def test_environment_yml_matches_pyproject_dependencies_and_course_extra():
     project = _pyproject()["project"]
-    pip_deps = dict(_split(r) for r in project["dependencies"])
+    core = dict(_split(r) for r in project["dependencies"])
+    course = dict(_split(r) for r in project["optional-dependencies"]["course"])
     conda, _ = _conda_parts()
     conda_deps = dict(_split(r) for r in conda if _split(r)[0] not in ("python", "pip"))
-    assert conda_deps == pip_deps, (
-        "environment.yml and pyproject.toml [project].dependencies disagree: "
+    assert conda_deps == {**core, **course}, (
+        "environment.yml and pyproject.toml ([project].dependencies + the course extra) disagree: "
         "update both (same packages, same '>=' lower bounds; conda's torch is 'pytorch')"
     )
-    assert all(bound for bound in pip_deps.values()), "every dependency needs a lower bound"
+    assert all(bound for bound in {**core, **course}.values()), "every dependency needs a lower bound"
+
+
+# what `pip install packsim` must not pull in: the notebooks' packages and TRL
+COURSE_ONLY = {"jupyterlab", "ipykernel", "ipywidgets", "plotly", "pyyaml", "nbconvert", "trl"}
+LEAN = {"torch", "transformers", "tokenizers", "numpy", "numba", "tqdm", "accelerate"}
+
+
+def test_the_plain_install_is_the_library_and_the_extras_add_the_rest():
+    project = _pyproject()["project"]
+    extras = {k: dict(_split(r) for r in v) for k, v in project["optional-dependencies"].items()}
+    core = dict(_split(r) for r in project["dependencies"])
+    assert set(core) == LEAN, "pip install packsim is torch + transformers (+ numba, ..., accelerate) alone"
+    assert set(extras["course"]) == COURSE_ONLY and not COURSE_ONLY & set(core)
+    assert extras["trl"] == extras["bench"] == {"trl": extras["course"]["trl"]}  # one TRL bound
+    assert not (set(extras["dev"]) & COURSE_ONLY), "dev is the test tools; make setup adds course"
 
 
 def test_python_bound_matches_requires_python():
@@ -106,16 +122,18 @@ def test_python_bound_matches_requires_python():
     assert f">={python}" == _pyproject()["project"]["requires-python"].replace(" ", "")
 
 
-def test_environment_yml_uses_conda_forge_and_pip_installs_dev_extra():
+def test_environment_yml_uses_conda_forge_and_pip_installs_course_and_dev_extras():
     env = _environment_yml()
     assert env["channels"] == ["conda-forge"]
     conda, pip = _conda_parts()
     assert "pip" in conda
-    assert pip == ["-e .[dev]"]
+    assert pip == ["-e .[course,dev]"]
     assert "pytest" in {
         _split(r)[0] for r in _pyproject()["project"]["optional-dependencies"]["dev"]
     }
-    assert '.[dev]"' in (ROOT / "Makefile").read_text(), "make setup installs the dev extra too"
+    makefile = (ROOT / "Makefile").read_text()
+    assert '-e ".[course,dev]"' in makefile, "make setup (make lab, make test) installs both extras"
+    assert "doctor --quiet --course" in makefile, "make setup checks the course extra too"
 
 
 def test_doctor_reads_the_same_requirements():
@@ -167,6 +185,36 @@ def test_doctor_missing_optional_is_not_a_failure(monkeypatch):
     checks = {c.name: c for c in doctor.run_checks()}
     flash = checks["flash-attn [gpu]"]
     assert not flash.required and "not installed (optional, GPU only)" in flash.detail
+
+
+def test_doctor_names_a_missing_course_package_as_the_courses_not_a_failure(monkeypatch, capsys):
+    real = doctor._installed
+    gone = {"plotly", "trl"}
+    monkeypatch.setattr(doctor, "_installed", lambda n: None if n in gone else real(n))
+    checks = {c.name: c for c in doctor.run_checks()}
+    plotly, trl = checks["plotly [course]"], checks["trl [course,trl,bench]"]  # TRL: one line
+    assert not plotly.ok and not plotly.required and plotly.label == "--"
+    assert "needed by the course notebooks, not the library or the audit" in plotly.detail
+    assert "pip install -e '.[course]'" in plotly.detail
+    assert "pip install -e '.[trl]'" in trl.detail and not trl.required
+    assert sum(name.startswith("trl ") for name in checks) == 1
+    assert doctor.main(["--quiet"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-2] == ("course extra: 2 of 7 packages missing or too old (plotly, trl): the library, the "
+                       "audit and the CLI work without them; for the notebooks pip install -e '.[course]'")
+    assert out[-1].startswith("packsim doctor: all required checks passed")
+    assert doctor.main(["--quiet", "--course"]) == 1  # what make setup runs: the course needs them
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[1] for line in lines if line.startswith("FAIL")] == ["plotly", "trl"]
+
+
+def test_doctor_outside_a_checkout_names_the_wheel_install(monkeypatch):
+    monkeypatch.setattr(doctor, "_PYPROJECT", Path("/nonexistent/pyproject.toml"))
+    monkeypatch.setattr(doctor, "_installed", lambda n: None)
+    check = doctor._req_check(doctor.Requirement("plotly", "5.24", "course"), checkout=False)
+    assert check.detail.endswith("pip install 'packsim[course]'")
+    core = doctor._req_check(doctor.Requirement("torch", "2.6", None), checkout=False)
+    assert not core.ok and core.required and core.detail.endswith("run pip install packsim")
 
 
 def test_doctor_falls_back_to_installed_metadata(monkeypatch, tmp_path):

@@ -1,11 +1,15 @@
-"""Check that this environment can run packsim: ``python -m packsim.course.doctor [--quiet]``.
+"""Check that this environment can run packsim: ``python -m packsim.course.doctor [--quiet] [--course]``.
 
 Prints one line per requirement (``OK``, ``FAIL``, or ``--`` for an optional thing that is
 missing here) and a summary; exits 1 when a required check fails. ``packsim doctor`` runs the same checks.
 
 Checked: the Python version, every dependency in ``pyproject.toml`` ``[project].dependencies``
-(installed version against its lower bound), the optional extras, the device, ``PACKSIM_FAST``,
-that the tokenizer builds offline, and which attention backends work here.
+(installed version against its lower bound: the library, the audit and the CLI), the optional
+extras, the device, ``PACKSIM_FAST``, that the tokenizer builds offline, and which attention
+backends work here. The ``course`` extra's packages (jupyterlab, plotly, ...) are what the
+notebooks need, not the library: each missing one is a ``--`` line saying so, with one line
+before the summary naming the install command; ``--course`` (``make setup``) makes them required.
+One line per package: TRL, in the ``course``, ``trl`` and ``bench`` extras, is ``trl [course,trl,bench]``.
 
 Lessons: 00.
 """
@@ -33,6 +37,7 @@ class Check:
     ok: bool
     detail: str
     required: bool = True
+    extras: tuple[str, ...] = ()  # the extras naming this package; () for everything else
 
     @property
     def label(self) -> str:
@@ -139,14 +144,28 @@ def _installed(name: str) -> str | None:
         return None
 
 
-def _req_check(req: Requirement) -> Check:
+COURSE = "course"  # the extra the notebooks need (pyproject.toml)
+
+
+def _install(extra: str | None, checkout: bool) -> str:
+    """The pip command for packsim (with ``extra``): editable in a source checkout."""
+    if checkout:
+        return "pip install -e ." if extra is None else f"pip install -e '.[{extra}]'"
+    return "pip install packsim" if extra is None else f"pip install 'packsim[{extra}]'"
+
+
+def _req_check(req: Requirement, checkout: bool = True, course: bool = False,
+               extras: tuple[str, ...] = ()) -> Check:
+    """One requirement's line. ``extras``: every extra naming the package (default: its own);
+    ``course``: a package of the course extra is required (``--course``)."""
     installed = _installed(req.name)
     bound = f">={req.lower}" if req.lower else "(any version)"
     if req.extra is None:
         name = req.name
         if installed is None:
+            where = " (or make setup)" if checkout else ""
             return Check(
-                name, False, f"not installed, need {bound}: run pip install -e . (or make setup)"
+                name, False, f"not installed, need {bound}: run {_install(None, checkout)}{where}"
             )
         if req.lower and not _at_least(installed, req.lower):
             return Check(
@@ -156,16 +175,37 @@ def _req_check(req: Requirement) -> Check:
             )
         return Check(name, True, f"{installed} (need {bound})")
 
-    name = f"{req.name} [{req.extra}]"
-    why = "optional, GPU only" if req.extra == "gpu" else f"optional, extra '{req.extra}'"
+    extras = extras or (req.extra,)
+    name = f"{req.name} [{','.join(extras)}]"
+    required = course and COURSE in extras
+    if COURSE in extras:
+        why = "course extra" if installed else "needed by the course notebooks, not the library or the audit"
+        hint = f": {_install(COURSE, checkout)}"
+        if "trl" in extras and not installed:  # packsim audit --collator trl-* needs only this one
+            hint += f" (TRL alone, for packsim audit --collator trl-*: {_install('trl', checkout)})"
+    elif req.extra == "gpu":
+        why, hint = "optional, GPU only", ""
+    else:
+        why, hint = f"optional, extra '{req.extra}'", f": {_install(req.extra, checkout)}"
     if installed is None:
-        hint = "" if req.extra == "gpu" else f": pip install -e '.[{req.extra}]'"
-        return Check(name, False, f"not installed ({why}){hint}", required=False)
+        return Check(name, False, f"not installed ({why}){hint}", required, extras)
     if req.lower and not _at_least(installed, req.lower):
-        return Check(
-            name, False, f"{installed} is older than {bound} ({why}); upgrade it", required=False
-        )
-    return Check(name, True, f"{installed} (need {bound}, {why})", required=False)
+        return Check(name, False, f"{installed} is older than {bound} ({why}); upgrade it",
+                     required, extras)
+    return Check(name, True, f"{installed} (need {bound}, {why})", required, extras)
+
+
+def _extra_checks(reqs: list[Requirement], checkout: bool, course: bool) -> list[Check]:
+    """One line per package of the extras (course first), listing every extra that names it."""
+    order: dict[str, Requirement] = {}
+    named: dict[str, list[str]] = {}
+    extra_reqs = sorted((r for r in reqs if r.extra is not None), key=lambda r: r.extra != COURSE)
+    for r in extra_reqs:
+        key = re.sub(r"[-_.]+", "-", r.name).lower()
+        order.setdefault(key, r)
+        if r.extra not in named.setdefault(key, []):
+            named[key].append(r.extra)
+    return [_req_check(r, checkout, course, tuple(named[k])) for k, r in order.items()]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,9 +304,13 @@ def _attention_checks() -> list[Check]:
     return checks
 
 
-def run_checks() -> list[Check]:
-    """Run every check and return them in report order (nothing is printed)."""
-    reqs, _source, requires_python = project_requirements()
+def run_checks(course: bool = False) -> list[Check]:
+    """Run every check and return them in report order (nothing is printed).
+
+    ``course=True``: the course extra's packages are required (a missing one is a FAIL).
+    """
+    reqs, source, requires_python = project_requirements()
+    checkout = source.endswith("pyproject.toml")
     checks = [_python_check(requires_python)]
     if not reqs:
         checks.append(
@@ -277,8 +321,8 @@ def run_checks() -> list[Check]:
                 "or pip install -e .",
             )
         )
-    checks += [_req_check(r) for r in reqs if r.extra is None]
-    checks += [_req_check(r) for r in reqs if r.extra is not None]
+    checks += [_req_check(r, checkout) for r in reqs if r.extra is None]
+    checks += _extra_checks(reqs, checkout, course)
     checks += _device_checks()
     checks.append(_fast_mode_check())
     checks.append(_tokenizer_check())
@@ -290,10 +334,25 @@ def _line(c: Check) -> str:
     return f"{c.label:<4}  {c.name:<24} {c.detail}"
 
 
+def course_note(checks: list[Check], checkout: bool = True) -> str | None:
+    """One line when packages of the course extra are missing or too old, else None."""
+    ours = [c for c in checks if COURSE in c.extras]
+    bad = [c.name.split(" [")[0] for c in ours if not c.ok]
+    if not bad:
+        return None
+    return (f"course extra: {len(bad)} of {len(ours)} packages missing or too old ({', '.join(bad)}): "
+            f"the library, the audit and the CLI work without them; for the notebooks "
+            f"{_install(COURSE, checkout)}")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``packsim doctor`` / ``python -m packsim.course.doctor``."""
     parser.add_argument(
         "--quiet", "-q", action="store_true", help="print only failures and a one-line summary"
+    )
+    parser.add_argument(
+        "--course", action="store_true",
+        help="the course extra's packages (the notebooks') are required too, as make setup checks",
     )
 
 
@@ -309,14 +368,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """``packsim doctor``: see :func:`main`."""
-    checks = run_checks()
+    course = getattr(args, "course", False)
+    checks = run_checks(course=course)
     failed = [c for c in checks if not c.ok and c.required]
+    _reqs, source, _ = project_requirements()
     if not args.quiet:
-        _reqs, source, _ = project_requirements()
         print(f"packsim environment check (requirements from {source})")
     for c in checks:
         if not args.quiet or (not c.ok and c.required):
             print(_line(c))
+    note = course_note(checks, source.endswith("pyproject.toml"))
+    if note and not course:
+        print(note)
     n_ok = sum(c.ok for c in checks)
     if failed:
         print(

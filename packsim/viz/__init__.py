@@ -13,9 +13,15 @@ and the figures of :mod:`packsim.viz.scaling` (10); lesson figures: :func:`allow
 Importing this package changes nothing global and loads no widget (each name loads its module on
 first use); :func:`use_figure_config` sets the offline plotly config, once per lesson.
 
+The names need the ``course`` extra (plotly and ipywidgets; pyyaml for :func:`load_quizzes`):
+without it, using one raises one :class:`~packsim.PacksimError` line, ``packsim.viz.<name> needs
+the course extra (...): pip install "packsim[course]"`` (:mod:`packsim.core.extras`). The package
+itself imports without it, so :mod:`packsim.viz.report`'s tables serve ``packsim compare`` anywhere.
+
 Lessons: 01, 02, 03, 04, 05, 06, 07, 08, 10, A1, A2, A3, A4, A5, A6, A7.
 """
 
+from packsim.core.extras import require
 from packsim.core.lazy import lazy_names
 
 # public name -> the module that defines it (imported on first access, PEP 562)
@@ -51,4 +57,19 @@ _HOMES = {
 __all__ = sorted(_HOMES)
 
 
-__getattr__, __dir__ = lazy_names(__name__, _HOMES, globals())
+# what a home module imports from the course extra (the rest: plotly and ipywidgets, via widget.py)
+_NEEDS = {
+    "packsim.viz.quiz_data": ("yaml",),
+    "packsim.viz.style": ("plotly",),
+    "packsim.viz.varlen_bench": ("plotly",),
+}
+_WIDGETS = ("plotly", "ipywidgets")
+
+_load, __dir__ = lazy_names(__name__, _HOMES, globals())
+
+
+def __getattr__(name: str):
+    """Load a public name from its module, after checking the course extra is installed."""
+    if name in _HOMES:
+        require(f"packsim.viz.{name}", "course", *_NEEDS.get(_HOMES[name], _WIDGETS))
+    return _load(name)
