@@ -139,3 +139,48 @@ def test_a_correct_bf16_run_is_not_stopped_and_trains_as_without_the_callback(ch
     assert "tolerance 3e-02, from the bfloat16 logits this forward computes under mixed precision 'bf16'" \
         in callback.report.forward
     assert trainer.state.global_step == 2 and torch.equal(weights(trainer), weights(reference))
+
+
+class GrowingCollator:
+    """A user's collator whose later batches pack more: the first two examples (PackingCollator, correct)
+    until ``grow`` is set, then every example in one row with the last one's positions continuing (a
+    leak only the larger batch has)."""
+
+    grow = False
+
+    def __call__(self, features):
+        if not self.grow:
+            return PackingCollator()(features[:2])
+        ids, pos, labels = [], [], []
+        for k, f in enumerate(features):
+            tokens = f["prompt_ids"] + f["response_ids"]
+            start = pos[-1] + 1 if k == len(features) - 1 else 0  # the last example's positions continue
+            ids, pos = ids + tokens, pos + list(range(start, start + len(tokens)))
+            labels += [-100] * len(f["prompt_ids"]) + f["response_ids"]
+        return {"input_ids": torch.tensor([ids]), "position_ids": torch.tensor([pos]),
+                "labels": torch.tensor([labels])}
+
+
+class GrowAfterFirstStep(transformers.TrainerCallback):
+    def __init__(self, collator):
+        self.collator = collator
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.collator.grow = True  # the batches collated from now on are the larger ones
+
+
+def test_the_callback_re_audits_a_batch_that_grows_past_what_it_audited(checkpoint, tmp_path):
+    features = [{"prompt_ids": [BOS_ID] + encode(p), "response_ids": encode(c) + [EOS_ID]} for p, c in PAIRS]
+    collator = GrowingCollator()
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=len(features),
+                             max_steps=3, report_to="none", save_strategy="no", use_cpu=True,
+                             remove_unused_columns=False, seed=0, learning_rate=1e-2)
+    callback = packsim.AuditCallback(reaudits=1)
+    trainer = Trainer(model=AutoModelForCausalLM.from_pretrained(checkpoint, attn_implementation="sdpa"),
+                      args=args, train_dataset=datasets.Dataset.from_list(features), data_collator=collator,
+                      callbacks=[callback, GrowAfterFirstStep(collator)])
+    with pytest.raises(AuditFailed):
+        trainer.train()
+    assert len(callback.reports) == 2 and callback.reports[0].status == "pass", callback.reports[0].table()
+    assert callback.reports[1].status == "fail" and "perturbation" in callback.reports[1].failed
+    assert 1 <= trainer.state.global_step < 3  # the first steps trained; the grown, leaking batch did not

@@ -26,6 +26,13 @@ though accelerate returns float32 logits once ``train()`` has prepared the model
 ``callback.report`` keeps the report. A DPO / GRPO trainer gets the log-prob audit
 (:mod:`packsim.auditing.preference`), read the same way.
 
+The packed shape can grow during training (a later batch packs more tokens per row, or more
+rows): a framework's packing verifier re-checks then, and so does this callback. Once training
+runs it watches the batches ``trainer.compute_loss`` receives; when one holds more tokens than
+any batch audited so far, it audits that batch before its step trains (at most ``reaudits``
+times, default 2, so the cost stays bounded), with the same rules: a fault stops the run there,
+"not measured" / "unverified" warn. ``callback.reports`` keeps every report, first to last.
+
 Lessons: none directly.
 """
 
@@ -94,30 +101,75 @@ class AuditCallback(TrainerCallback):
         trainer: the trainer to audit; None (default) takes the one whose ``train()`` calls back.
         batches: how many training batches to audit (as :func:`packsim.audit_trainer`).
         warn_only: on a fault, warn (``UserWarning`` with the report) instead of stopping the run.
-        **audit_kwargs: ``max_examples``, ``tol``, ``seed`` for :func:`packsim.audit_trainer`.
+        reaudits: how many later batches, each larger than any audited before, to audit during
+            training (0: only at ``on_train_begin``).
+        **audit_kwargs: ``max_examples``, ``tol``, ``seed``, ``strict``, ``trust_boundaries`` for
+            :func:`packsim.audit_trainer`.
     """
 
-    def __init__(self, trainer=None, *, batches: int = 1, warn_only: bool = False, **audit_kwargs):
+    def __init__(self, trainer=None, *, batches: int = 1, warn_only: bool = False, reaudits: int = 2,
+                 **audit_kwargs):
         self.trainer, self.batches, self.warn_only = trainer, batches, warn_only
-        self.audit_kwargs = audit_kwargs
-        self.report = None
+        self.audit_kwargs, self.reaudits = audit_kwargs, reaudits
+        self.report, self.reports = None, []
+        self._largest, self._busy = 0, False
 
     def on_train_begin(self, args, state, control, **kwargs):
         trainer = self.trainer or _calling_trainer()
         if trainer is None:
             raise PacksimError("AuditCallback found no Trainer calling it: pass it one, "
                                "AuditCallback(trainer), or add it to a transformers Trainer's callbacks.")
+        if self.reaudits > 0:
+            self._watch(trainer)
         if state.global_step > 0:  # resumed from a checkpoint: the first batches were audited then
             return control
-        with _own_randomness():
-            self.report = audit_trainer(trainer, batches=self.batches, **self.audit_kwargs)
+        self._audit(trainer, control)
+        return control
+
+    def on_train_end(self, args, state, control, **kwargs):
+        trainer = self.trainer or _calling_trainer()
+        if trainer is not None and "compute_loss" in vars(trainer):  # our watcher: the class method again
+            del trainer.compute_loss
+        return control
+
+    def _audit(self, trainer, control, batch=None) -> None:
+        self._busy = True
+        try:
+            with _own_randomness():  # the sampler's shuffle draws from torch's generator: fork it away
+                self.report = audit_trainer(trainer, batches=self.batches, batch=batch, **self.audit_kwargs)
+                first = batch if batch is not None else next(iter(trainer.get_train_dataloader()), None)
+                self._largest = max(self._largest, _tokens(first))
+        finally:
+            self._busy = False
+        self.reports.append(self.report)
+        when = "" if batch is None else f" (re-audit of a batch of {_tokens(batch)} tokens, step {trainer.state.global_step})"
         if self.report.status == "fail":
             if self.warn_only:
-                warnings.warn("packsim.AuditCallback (warn_only): the audit of the training batches failed; "
-                              "training goes on.\n" + str(self.report), UserWarning, stacklevel=2)
-                return control
+                warnings.warn("packsim.AuditCallback (warn_only): the audit of the training batches failed"
+                              f"{when}; training goes on.\n" + str(self.report), UserWarning, stacklevel=3)
+                return
             control.should_training_stop = True
             raise AuditFailed(self.report)
         if self.report.status in ("not measured", "unverified"):
-            warnings.warn("packsim.AuditCallback: " + self.report.verdict, UserWarning, stacklevel=2)
-        return control
+            warnings.warn(f"packsim.AuditCallback{when}: " + self.report.verdict, UserWarning, stacklevel=3)
+
+    def _watch(self, trainer) -> None:
+        """Wrap ``trainer.compute_loss`` (this trainer only): audit a batch larger than any audited."""
+        if "compute_loss" in vars(trainer):
+            return
+        original = trainer.compute_loss
+
+        def compute_loss(model, inputs, *args, **kwargs):
+            n = _tokens(inputs)
+            if not self._busy and self.reaudits > len(self.reports) - 1 and n > self._largest > 0:
+                self._largest = n
+                self._audit(trainer, trainer.control, batch=inputs)
+            return original(model, inputs, *args, **kwargs)
+
+        trainer.compute_loss = compute_loss
+
+
+def _tokens(batch) -> int:
+    """Tokens a collated batch holds (rows x columns of input_ids), 0 for None."""
+    ids = None if batch is None else batch.get("input_ids")
+    return int(ids.numel()) if isinstance(ids, torch.Tensor) else 0

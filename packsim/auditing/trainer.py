@@ -242,7 +242,8 @@ def _use_cache(model, forward_kwargs) -> tuple[object, str]:
 
 
 def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: float | None = None,
-                  seed: int = 0, strict: bool = False, trust_boundaries: bool = False) -> AuditReport:
+                  seed: int = 0, strict: bool = False, trust_boundaries: bool = False,
+                  batch: dict | None = None) -> AuditReport:
     """Audit a configured ``transformers.Trainer`` / ``trl.SFTTrainer`` before (or instead of) training.
 
     Args:
@@ -256,6 +257,10 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
         strict: a setting the trainer did not honour while corrupting nothing (DPO's fallback from
             ``padding_free`` to padding) fails the audit instead of being a notice beside a PASS.
         trust_boundaries: the batch's own boundary fields are the ground truth (as :func:`packsim.audit`).
+        batch: one collated training batch to audit instead of drawing the first ones (what
+            :class:`~packsim.AuditCallback` re-audits when the packed shape grows); its examples
+            are located from its tokens and fields (the dataset's features are not known for it),
+            and the accumulation check is skipped (it needs a whole accumulation step).
 
     Returns an :class:`~packsim.auditing.report.AuditReport` whose ``findings`` hold the
     configuration checks; ``report.ok`` is False when a probe or a finding fails. The model's
@@ -273,7 +278,7 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
     start = time.perf_counter()
     model = trainer.model
     ga = max(int(getattr(trainer.args, "gradient_accumulation_steps", 1) or 1), 1)
-    drawn = _draw(trainer, max(batches, ga))
+    drawn = _draw(trainer, max(batches, ga)) if batch is None else [(dict(batch), None)]
     forward_kwargs = {"use_cache": False} if is_sft(trainer) else {}
     autocast = trainer.accelerator.autocast
     compute = compute_dtype(trainer, model)
@@ -283,7 +288,7 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
     model.train()
     try:
         results = []
-        for raw, features in drawn[:batches]:
+        for raw, features in drawn[:batches]:  # a given batch: just it
             fields = trainer._prepare_inputs(raw)
             view = _view(trainer, model, fields)
             ev = _evidence(trainer, model, view, features)
@@ -302,7 +307,9 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
 
         model.eval()  # dropout off: the two forwards compared below must see the same network
         try:
-            accumulation = loss_over_accumulation(trainer, [b for b, _ in drawn], logits, autocast)
+            accumulation = loss_over_accumulation(trainer, [b for b, _ in drawn], logits, autocast) \
+                if batch is None else Finding("loss_over_accumulation", "skipped", "not measured: a re-audit of "
+                                              "one batch seen during training (it needs a whole accumulation step)")
         except ValueError as err:  # a hybrid's torch fallback refusing seq_idx: not measured here
             refused = kernel_refusal(model, err)
             if not refused:
