@@ -35,7 +35,8 @@ SUBCOMMANDS = {
     "audit": ("packsim.auditing.command",
               "pre-flight audit of a local checkpoint and JSONL data (--model DIR --data FILE "
               "--collator NAME) or of your own trainer (--trainer FILE.py:FUNC); exit 0 pass, 1 fault, "
-              "2 bad input, 3 not measured; without them, the built-in tiny pipeline"),
+              "2 bad input, 3 not measured or unverified, 4 the audit crashed (a bug); without them, the "
+              "built-in tiny pipeline"),
     "train": ("packsim.experiment.train_command", "train one setup on one process, or data-parallel under torchrun"),
 }
 OPTIONS = {"train": "packsim.experiment.train_options"}
@@ -67,6 +68,16 @@ def main(argv: list[str] | None = None) -> int:
         _fail(args.command, str(err))
     except OSError as err:  # a path the subcommand could not read or write
         _fail(args.command, f"cannot use {err.filename}: {err.strerror}" if err.filename else str(err))
+    except Exception as err:  # noqa: BLE001 -- the gate never reads a crash of its own as "fault found"
+        if args.command != "audit":
+            raise
+        import traceback
+
+        traceback.print_exc()
+        print(f"packsim audit: internal error ({type(err).__name__}: {' '.join(str(err).split())[:200]}): "
+              "a bug in packsim, not a verdict about your pipeline; please report it with the command "
+              "(exit 4)", file=sys.stderr, flush=True)
+        raise SystemExit(4) from None
 
 
 def _fail(command: str, message: str):

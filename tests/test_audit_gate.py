@@ -379,3 +379,16 @@ def test_gemma2_through_the_cli_is_audited_under_eager_and_says_so(root, capsys)
     assert "Gemma2ForCausalLM refuses sdpa" in out and "audited it under eager" in out
     assert gate("--model", path, "--data", root / "data.jsonl", "--collator", "flattening", "--attn", "sdpa") == 2
     assert "pass --attn eager" in one_error_line(capsys)
+
+
+def test_a_crash_inside_the_audit_is_exit_4_never_1(factory, capsys, monkeypatch):
+    """A bug in packsim must not read as "fault found" to a launch script."""
+    import packsim.auditing.trainer as trainer_module
+
+    def broken(*args, **kwargs):
+        raise TypeError("planted bug")
+
+    monkeypatch.setattr(trainer_module, "audit_trainer", broken)
+    assert gate("--trainer", f"{factory}:make_trainer") == 4
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("packsim audit: internal error (TypeError")

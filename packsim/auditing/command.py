@@ -24,7 +24,8 @@ EXIT_CODES = {0: "the audit passed", 1: "the audit found a fault (a leak, a wron
               3: "not measured (e.g. every batch holds one example, or the --attn you launch cannot run "
                  "here), or unverified (isolated only as the batch's own boundary fields mark the examples, "
                  "nothing independent locating them; --trust-boundaries when they are the ground truth): "
-                 "not a pass"}
+                 "not a pass",
+              4: "the audit itself crashed (a bug in packsim, with its traceback): not a verdict"}
 EPILOG = ("exit codes of the gate (--model or --trainer):\n"
           + "".join(f"  {code}  {text}\n" for code, text in EXIT_CODES.items())
           + "severity: a fault (a leak, a wrong label, loss over the wrong tokens) is exit 1; a setting the\n"
