@@ -17,7 +17,7 @@ import argparse
 import importlib.util
 
 from packsim.core.errors import PacksimError
-from packsim.experiment.run_mode import DESIGNS
+from packsim.experiment.data_designs import COMPARE_DESIGNS
 
 __all__ = ["add_arguments", "run"]
 
@@ -31,7 +31,7 @@ def plotly_installed() -> bool:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fast", action="store_true", help="notebook budget (~2 min on 2 CPU cores); default: full mode")
-    p.add_argument("--data", choices=DESIGNS, default="tasks", help="data design (default: tasks)")
+    p.add_argument("--data", choices=COMPARE_DESIGNS, default="tasks", help="data design (default: tasks)")
     p.add_argument("--setups", help="comma-separated presets or mask+positions+loss combinations "
                    "(default: buggy,correct in fast mode; buggy,correct,mask_fix,loss_fix,padded in full)")
     p.add_argument("--seeds", type=int, help="number of seeds (default: 1 fast, 3 full)")

@@ -23,7 +23,8 @@ from packsim.core.data import make_examples
 from packsim.core.loss import IGNORE_INDEX
 from packsim.experiment.data_parallel import _empty_like, data_parallel_step, train_data_parallel
 from packsim.experiment.step_plan import plan_step
-from packsim.experiment.train_command import compare_outputs, load_output, torchrun_command
+from packsim.experiment.train_command import torchrun_command
+from packsim.experiment.train_outputs import compare_outputs, load_output
 from packsim.experiment.training import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -219,10 +220,3 @@ def test_unknown_normalise_and_trainer_batch(capsys):
     _fails(["--engine", "trainer", "--nproc", "2", "--examples-per-step", "5", "--steps", "1"], capsys,
            "divisible by processes x --grad-accum (2 x 1)")
 
-
-def test_launch_runs_raises_with_the_runs_error(tmp_path):
-    from packsim.core.errors import PacksimError
-    from packsim.experiment.train_command import launch_runs
-
-    with pytest.raises(PacksimError, match="run .bad. failed \\(unknown --normalise .median."):
-        launch_runs({"bad": ["--normalise", "median", "--steps", "1", "--quiet"]}, tmp_path)

@@ -1,4 +1,4 @@
-"""packsim.experiment.normalisation: the three normalisers, exact values, empty micro-batches, DDP's average."""
+"""packsim.experiment.normalisation: the three kinds, exact values, empty micro-batches, DDP's average."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from packsim.core.errors import PacksimError
-from packsim.experiment.normalisation import NORMALISERS, backward_scales, objective, weights
+from packsim.core.loss import MICRO_BATCH_REDUCTIONS, micro_batch_weights
+from packsim.experiment.normalisation import NORMALISATIONS, backward_scales, objective, weights
 
 # 2 ranks x 2 micro-batches with unequal counts
 COUNTS = torch.tensor([[3, 1], [2, 6]])
@@ -19,10 +20,21 @@ def test_exact_values():
     assert float(objective(SUMS, COUNTS, "mean")) == pytest.approx((6 / 3 + 4 / 1 + 1 / 2 + 12 / 6) / 4)
 
 
+def test_each_kind_is_a_one_process_reduction_over_the_step_or_each_rank():
+    """On one rank every kind is its reduction of core.loss; global and local then coincide."""
+    assert list(NORMALISATIONS) == ["global", "local", "mean"]
+    assert {reduction for reduction, _ in NORMALISATIONS.values()} == set(MICRO_BATCH_REDUCTIONS)
+    one_rank = torch.tensor([[3, 1, 4]])
+    for kind, (reduction, _) in NORMALISATIONS.items():
+        assert torch.equal(weights(one_rank, kind), micro_batch_weights(one_rank, reduction))
+    assert torch.equal(weights(one_rank, "local"), torch.full((1, 3), 1 / 8, dtype=torch.float64))
+    assert torch.allclose(weights(one_rank, "mean"), torch.tensor([[1 / 9, 1 / 3, 1 / 12]], dtype=torch.float64))
+
+
 def test_all_agree_when_counts_are_equal():
     counts = torch.full((2, 3), 5)
     sums = torch.rand(2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    values = [float(objective(sums, counts, k)) for k in NORMALISERS]
+    values = [float(objective(sums, counts, k)) for k in NORMALISATIONS]
     assert values == pytest.approx([values[0]] * 3)
 
 
@@ -35,12 +47,12 @@ def test_local_equals_global_when_ranks_count_the_same_but_mean_does_not():
 def test_empty_micro_batch_weighs_zero_and_never_nan():
     counts = torch.tensor([[3, 0], [2, 6]])
     sums = torch.tensor([[6.0, 0.0], [1.0, 12.0]], dtype=torch.float64)
-    for kind in NORMALISERS:
+    for kind in NORMALISATIONS:
         w = weights(counts, kind)
         assert bool(torch.isfinite(w).all()) and float(w[0, 1]) == 0.0
     assert float(objective(sums, counts, "global")) == pytest.approx(19 / 11)
     nothing = torch.zeros(2, 2, dtype=torch.long)
-    for kind in NORMALISERS:
+    for kind in NORMALISATIONS:
         assert float(objective(torch.zeros(2, 2), nothing, kind)) == 0.0
 
 
@@ -55,7 +67,7 @@ def test_backward_scales_undo_ddps_average():
         return (x @ theta).sin() ** 2
 
     ddp_grads = {}
-    for kind in NORMALISERS:
+    for kind in NORMALISATIONS:
         scales = backward_scales(COUNTS, kind)
         per_rank = []
         for r, row in enumerate(tokens):

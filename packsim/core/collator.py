@@ -10,7 +10,7 @@ for any tokenizer (see :class:`PackingCollator`). Whether the examples then stay
 the forward (eager / sdpa / flex: no ``attention_mask``, ``use_cache=False``); ``packsim.audit``
 checks it.
 
-Lessons: A6.
+Lessons: 10, A6.
 """
 
 from __future__ import annotations

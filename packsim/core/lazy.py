@@ -1,7 +1,8 @@
 """Lazy public names for a package (PEP 562): each name loads its module on first access.
 
 ``packsim``, ``packsim.auditing`` and ``packsim.viz`` map each public name to the module that
-defines it, so importing the package loads none of them (``import packsim`` stays at three modules).
+defines it, so importing the package loads none of them (``import packsim`` loads only itself,
+``packsim.core``, this module and ``packsim.core.version``).
 
 Lessons: none directly.
 """

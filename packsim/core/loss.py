@@ -8,7 +8,7 @@ it from the previous EOS is the boundary-token bug), ``PROMPT``, ``RESPONSE``, `
 so the model learns to stop) and ``UNKNOWN`` (the audit's role where a collator batch does not say
 prompt or response). Lesson 05 teaches this module step by step; lesson 07 audits it.
 
-Lessons: 05, 07, A4, A6.
+Lessons: 05, 07, 10, A4, A6.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ __all__ = [
     "count_targets",
     "packed_cross_entropy",
     "token_losses",
-    "REDUCTIONS",
+    "MICRO_BATCH_REDUCTIONS",
     "micro_batch_weights",
     "accumulated_loss",
 ]
@@ -117,7 +117,9 @@ def packed_cross_entropy(
 
 # ------------------------------------------------------------------ over micro-batches: token mean or mean of means
 
-REDUCTIONS = ("token_mean", "mean_of_means")
+# how the summed token losses of a step's micro-batches become its loss (packsim.experiment.normalisation
+# applies them across data-parallel ranks as its --normalise kinds)
+MICRO_BATCH_REDUCTIONS = ("token_mean", "mean_of_means")
 
 
 def micro_batch_weights(counts, reduction: str = "token_mean") -> torch.Tensor:
@@ -129,8 +131,8 @@ def micro_batch_weights(counts, reduction: str = "token_mean") -> torch.Tensor:
     each micro-batch's own mean, averaged, which over-weights the tokens of sparse micro-batches.
     A micro-batch with no counted target weighs exactly 0 (never 0/0).
     """
-    if reduction not in REDUCTIONS:
-        raise PacksimError(f"unknown reduction {reduction!r}: use one of {list(REDUCTIONS)}.")
+    if reduction not in MICRO_BATCH_REDUCTIONS:
+        raise PacksimError(f"unknown reduction {reduction!r}: use one of {list(MICRO_BATCH_REDUCTIONS)}.")
     n = torch.as_tensor(counts).to(torch.float64)  # (..., M)
     if reduction == "token_mean":
         w = _safe_inverse(n.sum(dim=-1, keepdim=True)).expand_as(n)  # (..., 1) -> (..., M)

@@ -12,7 +12,7 @@ and shares it (the museum's and the trap explorer's). ``forward`` runs a :class:
 - ``backend="transformers"``: the model's own attention (eager / sdpa / flex_attention) with
   a 4D additive mask built from the setup (dense, O(T^2): the reference way).
 
-Lessons: 00, 02, 04, 06, 07, 09, A1, A2, A3, A4, A6, A7, A8.
+Lessons: 00, 02, 04, 06, 07, 09, 10, A1, A2, A3, A4, A6, A7, A8.
 """
 
 from __future__ import annotations

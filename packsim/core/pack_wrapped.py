@@ -14,10 +14,10 @@ into the current row; if it reaches the row's end it is cut there, and its rest 
 next rows (one piece per row it touches). numba compiles that loop to machine code on the first
 call (``cache=True`` keeps the compiled code on disk, by default beside this file, so later
 processes load it): one
-pass that reads each length once and writes each output value once. The numpy formulation it
-replaced (issue 24) needed about 25 passes over fresh memory (a cumulative sum, gathers,
-scatters and patches per cut): 2.5x-3x slower at a million examples (``benchmarks/packing.py``
-has the ratios, and to TRL and to a bare ``np.cumsum``).
+pass that reads each length once and writes each output value once, where the numpy formulation
+it replaced (issue 24) made many passes over fresh memory (a cumulative sum, gathers, scatters
+and patches per cut). benchmarks/RESULTS.md holds the figures: against that formulation (issue
+24), and ``benchmarks/packing.py``'s against TRL and a bare ``np.cumsum``.
 
 numba loads only when wrapped packing first runs (``import packsim`` does not import it).
 

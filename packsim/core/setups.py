@@ -9,7 +9,8 @@ A setup says *how* a batch of examples is turned into one training forward:
   (response tokens and EOS only, normalised per counted token);
 - ``packed``: ``False`` for the one-example-per-row reference (``padded``).
 
-Used by notebooks 02-07 and by every trainer and audit call.
+Every batch, trainer and audit call takes a setup, by preset name or as a :class:`Setup`; the
+lessons pass preset names (``"correct"``, ``"buggy"``) and import nothing from this module.
 
 Lessons: none directly.
 """

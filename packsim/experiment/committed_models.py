@@ -12,8 +12,8 @@ measured on that model: ``isolated_exact_match`` (the 512 held-out examples of
 ``make_dataset(..., seed=0)``, each scored alone) and ``outside_attention_share`` (mean over
 layers, heads and real tokens of 64 of them packed into rows of 256), plus the command and the
 versions that produced it. ``tests/test_committed_models.py`` rescores both from the files. The
-run is a rerun of ``results/tasks-full``'s seed 0 and lands close to it, not on it (isolated exact
-match 0.348 vs 0.342 for ``buggy``, 0.803 vs 0.814 for ``correct``).
+run is a rerun of ``results/tasks-full``'s seed 0 and lands close to it, not on it (each file's
+metadata and ``results/tasks-full/results.json`` hold the two scores).
 
 How the files were made (``runs/`` is not committed)::
 

@@ -42,15 +42,16 @@ from packsim.core.device import get_device, model_device
 from packsim.core.errors import PacksimError
 from packsim.core.model import attention_maps, build_model
 from packsim.core.setups import get_setup
+from packsim.experiment.data_designs import COMPARE_DESIGNS
 from packsim.experiment.evaluation import evaluate_isolated, evaluate_packed, held_out_metrics
 from packsim.experiment.model_files import load_weights, model_path, save_weights
 from packsim.experiment.paraphrased_facts import make_facts
 from packsim.experiment.results import Results, RunResult, StepRecord
-from packsim.experiment.run_mode import DESIGNS, fast_mode
+from packsim.experiment.run_mode import fast_mode
 from packsim.experiment.throughput import measure_throughput
 from packsim.experiment.training import TrainConfig, train
 
-__all__ = ["ExperimentConfig", "DESIGNS", "experiment_config", "run_comparison", "load_model"]
+__all__ = ["ExperimentConfig", "experiment_config", "run_comparison", "load_model"]
 
 DEFAULT_SETUPS = {
     "full": ("buggy", "correct", "mask_fix", "loss_fix", "padded"),
@@ -85,8 +86,8 @@ def experiment_config(data: str = "tasks", fast: bool | None = None, **overrides
     ``fast=None`` follows ``PACKSIM_FAST``. ``overrides`` replace ExperimentConfig fields, or
     TrainConfig fields (``steps=``, ``examples_per_step=``, ``eval_every=`` ...).
     """
-    if data not in DESIGNS:
-        raise PacksimError(f"unknown data design {data!r}: use one of {list(DESIGNS)}.")
+    if data not in COMPARE_DESIGNS:
+        raise PacksimError(f"unknown data design {data!r}: use one of {list(COMPARE_DESIGNS)}.")
     fast = fast_mode() if fast is None else fast
     mode = "fast" if fast else "full"
     train_cfg = TrainConfig(strategy="sequential" if data == "facts" else "bfd")

@@ -17,7 +17,7 @@ A micro-batch with no counted target (a rank with fewer packs than micro-batches
 forward and backward on a padding-only pack (:func:`train_data_parallel` makes it), so DDP stays
 in step; it contributes 0. ``packsim train`` is the command around it (:mod:`packsim.experiment.train_command`).
 
-Lessons: 10.
+Lessons: none directly (lesson 10 writes this step out as a loop, then runs it in ``packsim train``).
 """
 
 from __future__ import annotations
@@ -35,10 +35,11 @@ from packsim.core.device import model_device
 from packsim.core.loss import IGNORE_INDEX, count_targets, token_losses
 from packsim.core.model import forward
 from packsim.core.setups import get_setup
+from packsim.experiment.launch_env import world
 from packsim.experiment.normalisation import backward_scales, weights
 from packsim.experiment.rank_balance import pack_costs, straggler_ratio
 from packsim.experiment.results import RunResult, StepRecord
-from packsim.experiment.step_plan import plan_step, select_rows, validate, world
+from packsim.experiment.step_plan import plan_step, select_rows, validate
 from packsim.experiment.training import TrainConfig, autocast, make_optimizer, optimizer_step
 
 __all__ = ["StepOutput", "data_parallel_step", "train_data_parallel"]

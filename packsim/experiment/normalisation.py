@@ -3,19 +3,25 @@
 One optimiser step of data-parallel training sees ``R`` ranks x ``M`` micro-batches. Micro-batch
 ``m`` of rank ``r`` holds ``counts[r, m]`` counted targets (response tokens and EOS under a
 completion-only loss) whose per-token losses add up to ``sums[r, m]``. Both are ``(R, M)``
-tensors. Every normaliser here is a *weight* per micro-batch, ``weights(counts) -> (R, M)``, and
-the step's objective is ``(weights * sums).sum()``:
+tensors. Every kind here is a *weight* per micro-batch, ``weights(counts) -> (R, M)``, and the
+step's objective is ``(weights * sums).sum()``.
 
-=========  =====================================  =============================================
-kind       objective                              who does this
-=========  =====================================  =============================================
-global     sum of all token losses / all counts   one process with the whole batch; the
-                                                  ``Trainer`` with ``average_tokens_across_devices``
-local      mean over ranks of each rank's          the ``Trainer`` without it: each rank divides
-           per-token mean (its own count)         by its own count, DDP then averages ranks
-mean       mean over ranks and micro-batches of   a per-micro-batch ``reduction="mean"`` loss,
-           each micro-batch's per-token mean      divided by the accumulation steps
-=========  =====================================  =============================================
+The kinds (:data:`NORMALISATIONS`, the values of ``packsim train --normalise``) speak the
+vocabulary of one process: each is one of :data:`packsim.core.loss.MICRO_BATCH_REDUCTIONS`
+(``token_mean``: summed losses over summed counts; ``mean_of_means``: each micro-batch's own mean,
+averaged) applied over the whole ``step`` (all ``R * M`` micro-batches), or over each ``rank``'s
+``M`` micro-batches and then averaged over the ranks (what DDP's gradient average does):
+
+======  ==================  ====================================  ==================================
+kind    reduction, over     objective                             who does this
+======  ==================  ====================================  ==================================
+global  token_mean, step    sum of all token losses / all counts  one process; the ``Trainer`` with
+                                                                  ``average_tokens_across_devices``
+local   token_mean, rank    mean over ranks of each rank's        the ``Trainer`` without it
+                            per-token mean
+mean    mean_of_means,      mean over ranks and micro-batches of  a per-micro-batch ``"mean"`` loss
+        rank                each micro-batch's per-token mean     divided by the accumulation steps
+======  ==================  ====================================  ==================================
 
 Only ``global`` gives every counted token the same weight whatever rank and micro-batch it
 landed in, so only ``global`` reproduces the one-process run. ``local`` and ``mean`` agree with it
@@ -40,14 +46,16 @@ import torch
 from packsim.core.errors import PacksimError
 from packsim.core.loss import micro_batch_weights
 
-__all__ = ["NORMALISERS", "weights", "objective", "backward_scales"]
+__all__ = ["NORMALISATIONS", "weights", "objective", "backward_scales"]
 
-NORMALISERS = ("global", "local", "mean")
+# kind -> (the one-process reduction it applies, over the whole "step" or each "rank" then averaged)
+NORMALISATIONS = {"global": ("token_mean", "step"), "local": ("token_mean", "rank"),
+                  "mean": ("mean_of_means", "rank")}
 
 
 def _check(counts, kind: str) -> torch.Tensor:
-    if kind not in NORMALISERS:
-        raise PacksimError(f"unknown normalisation {kind!r}: use one of {list(NORMALISERS)} "
+    if kind not in NORMALISATIONS:
+        raise PacksimError(f"unknown normalisation {kind!r}: use one of {list(NORMALISATIONS)} "
                            "(global is the one that matches a single process).")
     counts = torch.as_tensor(counts)
     if counts.dim() != 2 or counts.numel() == 0:
@@ -63,15 +71,14 @@ def weights(counts, kind: str = "global") -> torch.Tensor:
 
     ``global``: ``1 / counts.sum()``; ``local``: ``1 / (R * counts[r].sum())``;
     ``mean``: ``1 / (R * M * counts[r, m])``. 0 wherever the count it divides by is 0.
-    All three are :func:`packsim.core.loss.micro_batch_weights` over the right group of cells.
+    Each is :func:`packsim.core.loss.micro_batch_weights` of its reduction over its group of cells.
     """
     n = _check(counts, kind)  # (R, M)
     R, M = n.shape
-    if kind == "global":  # one token mean over all R*M micro-batches
-        return micro_batch_weights(n.reshape(1, R * M), "token_mean").view(R, M)
-    if kind == "local":  # a token mean per rank, then DDP's average over R
-        return micro_batch_weights(n, "token_mean") / R
-    return micro_batch_weights(n.reshape(1, R * M), "mean_of_means").view(R, M)  # every micro-batch's own mean
+    reduction, over = NORMALISATIONS[kind]
+    if over == "step":  # one reduction over all R*M micro-batches
+        return micro_batch_weights(n.reshape(1, R * M), reduction).view(R, M)
+    return micro_batch_weights(n, reduction) / R  # each rank's own reduction, then DDP's average over R
 
 
 def objective(sums, counts, kind: str = "global") -> torch.Tensor:

@@ -1,9 +1,7 @@
-"""Fast or full mode: the budget every run of the experiment and every lesson uses; the data designs.
+"""Fast or full mode: the budget every run of the experiment and every lesson uses.
 
 ``PACKSIM_FAST=1`` (CI, a workshop's quick pass) shrinks each training run, evaluation and
-benchmark; unset, the runs are the full ones the committed results come from. :data:`DESIGNS`
-names the comparison's data designs (:mod:`packsim.experiment.comparison`), here so that the
-``packsim compare`` options need no torch.
+benchmark; unset, the runs are the full ones the committed results come from.
 
 Lessons: 00, 01, 02, 05, 06, 07, 08, 09, 10, A1, A2, A3, A4, A5, A6, A7.
 """
@@ -12,9 +10,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["DESIGNS", "fast_mode"]
-
-DESIGNS = ("tasks", "facts")  # the comparison's data: task suites, or facts recalled from memory
+__all__ = ["fast_mode"]
 
 
 def fast_mode() -> bool:

@@ -14,49 +14,30 @@ It returns the micro-batches ``[r][m]`` (``PackedBatch`` of (B, T) rows, or None
 micro-batch got no example) and every rank's packs as segment lengths (their costs).
 :func:`validate` runs every check that can fail before any process group or training starts:
 a world size larger than the examples per step, a rank with no pack, an unknown normalisation.
-:func:`world` reads the launcher's environment (torchrun and accelerate set ``RANK``,
-``WORLD_SIZE``, ``LOCAL_RANK``).
+(The example stream is :func:`packsim.experiment.data_designs.make_data`; the rank and world size,
+:func:`packsim.experiment.launch_env.world`.)
 
 Lessons: 10.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 import numpy as np
 import torch
 
 from packsim.core.batch import PackedBatch
-from packsim.core.data import make_examples, make_long_tailed_examples
 from packsim.core.errors import PacksimError
 from packsim.core.segments import Segment, cu_seqlens_from_lengths
 from packsim.core.setups import get_setup
-from packsim.experiment.normalisation import NORMALISERS
+from packsim.experiment.normalisation import NORMALISATIONS
 from packsim.experiment.rank_balance import METHODS, assign
 from packsim.experiment.training import TrainConfig, make_batches
 
-__all__ = ["DATA", "BALANCE", "world", "make_data", "select_rows", "plan_step", "validate"]
+__all__ = ["BALANCE", "select_rows", "plan_step", "validate"]
 
-DATA = ("tasks", "long_tailed")
 BALANCE = ("none", *METHODS)
-
-
-def world() -> tuple[int, int, int]:
-    """(rank, world_size, local_rank) from the launcher's environment; (0, 1, 0) when run plainly."""
-    return (int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
-            int(os.environ.get("LOCAL_RANK", 0)))
-
-
-def make_data(kind: str, n: int, seed: int, capacity: int) -> list:
-    """The training stream: ``tasks`` (the course's mix) or ``long_tailed`` copy examples (lengths up
-    to ``capacity``; response counts differ a lot between examples, so ranks get unequal counts)."""
-    if kind == "tasks":
-        return make_examples(n, seed=seed)
-    if kind == "long_tailed":
-        return make_long_tailed_examples(n, seed=seed, median=max(8, min(90, capacity // 4)), max_len=capacity)
-    raise PacksimError(f"unknown --data {kind!r}: use one of {list(DATA)}.")
 
 
 def _shards(n: int, world_size: int, grad_accum: int) -> list[list[np.ndarray]]:
@@ -105,8 +86,8 @@ def plan_step(step_examples: list, cfg: TrainConfig, setup, world_size: int, gra
 def validate(n_examples: int, cfg: TrainConfig, world_size: int, grad_accum: int, normalise: str,
              balance: str, data: list | None = None) -> None:
     """Every check that can fail, before any process group or training starts (one clear line each)."""
-    if normalise not in NORMALISERS:
-        raise PacksimError(f"unknown --normalise {normalise!r}: use one of {list(NORMALISERS)} "
+    if normalise not in NORMALISATIONS:
+        raise PacksimError(f"unknown --normalise {normalise!r}: use one of {list(NORMALISATIONS)} "
                            "(global matches one process; local and mean are the common mistakes).")
     if balance not in BALANCE:
         raise PacksimError(f"unknown --balance {balance!r}: use one of {list(BALANCE)}.")

@@ -1,4 +1,4 @@
-"""``packsim train``: its options, launching it on N processes through torchrun, and its outputs (lesson 10).
+"""``packsim train``: its options checked, one process or N through torchrun, and its outputs (lesson 10).
 
 Run plainly it is one process. Launched by a real launcher it trains data-parallel, one rank per
 process (:mod:`packsim.experiment.data_parallel` is the step each rank runs; with accelerate 1.15,
@@ -11,27 +11,20 @@ for mpirun; ``--multi_gpu`` goes through torch.distributed.run, gloo when there 
     packsim train --nproc 2 --out runs/two                                  # the same, via torchrun
 
 Every option is checked before any process group starts (:func:`packsim.experiment.step_plan.validate`).
-Outputs (rank 0): ``OUT/results.json`` (one run, :class:`~packsim.experiment.results.Results`),
-``OUT/model.pt`` (final weights, :mod:`packsim.experiment.model_files`) and ``OUT/losses.json``
-(the loss curves at full precision; results.json keeps 6 digits). :func:`compare_outputs` diffs two
-runs; :func:`launch_runs` starts several runs at once, each in fresh processes (torchrun for
-``--nproc N``), as a notebook does. ``--engine trainer`` trains through the transformers
-``Trainer`` instead (:mod:`packsim.experiment.trainer_parallel`).
+Rank 0 writes ``OUT/results.json``, ``OUT/model.pt`` and ``OUT/losses.json``
+(:mod:`packsim.experiment.train_outputs`). ``--engine trainer`` trains through the transformers
+``Trainer`` instead (:mod:`packsim.experiment.trainer_parallel`). Several runs at once from a
+notebook: :mod:`packsim.experiment.train_runs`.
 
-Lessons: 10.
+Lessons: none directly (lesson 10 starts it through :mod:`packsim.experiment.train_runs`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import subprocess
 import sys
-import tempfile
-import time
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -40,116 +33,22 @@ from packsim.core.device import get_device
 from packsim.core.errors import PacksimError
 from packsim.core.model import build_model
 from packsim.core.setups import get_setup
+from packsim.experiment.data_designs import make_data
 from packsim.experiment.data_parallel import train_data_parallel
-from packsim.experiment.model_files import read_weights, save_weights
-from packsim.experiment.results import Results, RunResult
-from packsim.experiment.step_plan import make_data, validate, world
+from packsim.experiment.launch_env import world
+from packsim.experiment.step_plan import validate
 from packsim.experiment.train_options import OPTIONS as _OPTIONS
 from packsim.experiment.train_options import add_arguments
+from packsim.experiment.train_outputs import save_output
 from packsim.experiment.training import TrainConfig
 
-__all__ = ["save_output", "load_output", "compare_outputs", "torchrun_command", "launch_runs", "add_arguments",
-           "run", "main"]
-
-
-# ------------------------------------------------------------------------------ outputs
-
-
-def save_output(run: RunResult, model, out: str | Path, config: dict, env: dict) -> Path:
-    """Write results.json (one run), model.pt and losses.json (full precision) under ``out``."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    Results(runs=[run], config=config, env=env, wall_s=run.wall_s).save(out / "results.json")
-    save_weights(model, out / "model.pt")
-    train = run.curves["train"]
-    exact = {k: train[k] for k in ("reported_loss", "response_loss") if k in train}
-    (out / "losses.json").write_text(json.dumps(exact))
-    return out / "results.json"
-
-
-def load_output(out: str | Path) -> dict:
-    """``{"run": RunResult, "losses": {name: [float]}, "state": state_dict}`` of a ``packsim train`` output."""
-    out = Path(out)
-    if not (out / "model.pt").exists():
-        raise PacksimError(f"no packsim train output in {out}: run `packsim train --out {out}` first.")
-    return {"run": Results.load(out / "results.json").runs[0],
-            "losses": json.loads((out / "losses.json").read_text()),
-            "state": read_weights(out / "model.pt")}
-
-
-def compare_outputs(a: str | Path | dict, b: str | Path | dict, loss: str = "reported_loss") -> dict:
-    """Max |difference| of the per-step ``loss`` and of every weight between two outputs (dirs or loaded)."""
-    a = a if isinstance(a, dict) else load_output(a)
-    b = b if isinstance(b, dict) else load_output(b)
-    la, lb = a["losses"][loss], b["losses"][loss]
-    if len(la) != len(lb) or a["state"].keys() != b["state"].keys():
-        raise PacksimError("the two runs differ in steps or model: compare runs of the same --steps and model.")
-    weight = max(float((a["state"][k].float() - b["state"][k].float()).abs().max()) for k in a["state"])
-    return {"steps": len(la), "max_loss_diff": max(abs(x - y) for x, y in zip(la, lb, strict=True)),
-            "max_weight_diff": weight}
-
-
-# ------------------------------------------------------------------------------ the command
+__all__ = ["torchrun_command", "add_arguments", "run", "main"]
 
 
 def torchrun_command(nproc: int, train_args: list[str]) -> list[str]:
     """``python -m torch.distributed.run --standalone --nproc_per_node N -m packsim train ARGS``."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
             "-m", "packsim", "train", *train_args]
-
-
-def launch_runs(runs: dict[str, list[str]], out: str | Path, threads: int = 1) -> dict[str, dict]:
-    """Run every ``packsim train`` run of ``runs`` (name -> options) at the same time; load their outputs.
-
-    Options holding ``--nproc N`` start N ranks through torchrun (:func:`torchrun_command`), in
-    fresh processes with ``threads`` torch threads each (``OMP_NUM_THREADS``); the other runs are
-    one process: this one, with ``torch.set_num_threads(threads)`` while they run (restored after),
-    so every rank and every single process computes with the same number of threads. Outputs go to
-    ``out/<name>``; returns ``{name: load_output(out/<name>)}``. A failed run raises with its error.
-    """
-    out = Path(out)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    argvs = {name: [*options, "--out", str(out / name)] for name, options in runs.items()}
-    procs, t0 = {}, time.perf_counter()
-    for name, argv in argvs.items():
-        if "--nproc" in argv:
-            i = argv.index("--nproc")
-            cmd = torchrun_command(int(argv[i + 1]), argv[:i] + argv[i + 2 :])
-            print(f"{name:12} python {' '.join(cmd[1:])}", flush=True)
-            log = tempfile.TemporaryFile("w+")  # a file, not a pipe: a chatty run never blocks on a full pipe
-            procs[name] = (subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True), log)
-    errors = {}
-    for name, argv in argvs.items():
-        if name not in procs:  # one process: here, while the launched runs train
-            print(f"{name:12} packsim train {' '.join(argv)}   (in this process)", flush=True)
-            errors.update(_train_here(name, argv, threads))
-    for name, (proc, log) in procs.items():
-        proc.wait()
-        log.seek(0)
-        if proc.returncode:
-            errors[name] = f"exit {proc.returncode}: {log.read()[-1500:]}"
-        log.close()
-    if errors:
-        name, why = next(iter(errors.items()))
-        raise PacksimError(f"packsim train run {name!r} failed ({why})")
-    print(f"{len(runs)} run(s) finished in {time.perf_counter() - t0:.0f} s", flush=True)
-    return {name: load_output(out / name) for name in runs}
-
-
-def _train_here(name: str, argv: list[str], threads: int) -> dict[str, str]:
-    """``packsim train ARGV`` in this process with ``threads`` torch threads; {name: error} if it failed."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        main([*argv, "--quiet"] if "--quiet" not in argv else argv)
-    except PacksimError as err:
-        return {name: str(err)}
-    except SystemExit as exit_:  # argparse rejected an option (it printed why)
-        return {name: f"exit {exit_.code}: bad options, see the message above"}
-    finally:
-        torch.set_num_threads(before)
-    return {}
-
 
 
 def _train_argv(args: argparse.Namespace) -> list[str]:

@@ -27,7 +27,6 @@ Lessons: none directly.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
@@ -39,6 +38,7 @@ from packsim.core.collator import PackingCollator
 from packsim.core.device import model_device
 from packsim.core.errors import PacksimError
 from packsim.core.setups import get_setup
+from packsim.experiment.launch_env import world
 from packsim.experiment.results import RunResult, StepRecord
 from packsim.experiment.training import TrainConfig, lr_at, make_optimizer
 
@@ -65,7 +65,7 @@ def train_with_trainer(model, examples: list, setup, cfg: TrainConfig, seed: int
     n = cfg.steps * cfg.examples_per_step
     args = TrainingArguments(
         output_dir=tempfile.mkdtemp(prefix="packsim-trainer-"),
-        per_device_train_batch_size=cfg.examples_per_step // (_world_size() * grad_accum),
+        per_device_train_batch_size=cfg.examples_per_step // (world()[1] * grad_accum),
         gradient_accumulation_steps=grad_accum,
         max_steps=cfg.steps,
         max_grad_norm=cfg.clip,
@@ -103,13 +103,9 @@ def train_with_trainer(model, examples: list, setup, cfg: TrainConfig, seed: int
     run.wall_s = time.perf_counter() - start
     losses = run.curves["train"]["reported_loss"]
     run.final = {"reported_loss": sum(losses[-20:]) / len(losses[-20:]), "train_time_s": run.wall_s}
-    run.extra.update(world_size=_world_size(), grad_accum=grad_accum, normalise=normalise, engine="trainer",
+    run.extra.update(world_size=world()[1], grad_accum=grad_accum, normalise=normalise, engine="trainer",
                      average_tokens_across_devices=args.average_tokens_across_devices,
                      model_accepts_loss_kwargs=trainer.model_accepts_loss_kwargs,
                      distributed_type=str(trainer.accelerator.distributed_type),
                      backend=dist.get_backend() if dist.is_initialized() else None)
     return run
-
-
-def _world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", 1))

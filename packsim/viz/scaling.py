@@ -17,9 +17,9 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from packsim.experiment.normalisation import NORMALISERS, weights
+from packsim.experiment.normalisation import NORMALISATIONS, weights
 from packsim.experiment.rank_balance import straggler_ratio
-from packsim.experiment.train_command import compare_outputs
+from packsim.experiment.train_outputs import compare_outputs
 from packsim.viz.style import OKABE_ITO, layout
 from packsim.viz.widget import PacksimWidget, show_figure
 
@@ -34,8 +34,8 @@ def token_weights_figure(counts) -> go.Figure:
     counts = torch.as_tensor(counts)  # (R, M)
     R, M = counts.shape
     cells = [f"rank {r}, mb {m}<br>({int(counts[r, m])} tokens)" for r in range(R) for m in range(M)]
-    z = [weights(counts, kind).reshape(-1).tolist() for kind in NORMALISERS]  # (kinds, R*M)
-    fig = go.Figure(go.Heatmap(z=z, x=cells, y=list(NORMALISERS), colorscale="Blues", showscale=False,
+    z = [weights(counts, kind).reshape(-1).tolist() for kind in NORMALISATIONS]  # (kinds, R*M)
+    fig = go.Figure(go.Heatmap(z=z, x=cells, y=list(NORMALISATIONS), colorscale="Blues", showscale=False,
                                text=[[f"{w:.4f}" for w in row] for row in z], texttemplate="%{text}",
                                hovertemplate="%{y}, %{x}: one token weighs %{text}<extra></extra>"))
     total = int(counts.sum())
@@ -77,7 +77,7 @@ def token_weights_explorer(rank0_tokens: int = 40, rank1_tokens: int = 105) -> T
 def ranks_vs_one_figure(runs: dict[str, dict], reference: str = "one", loss: str = "response_loss") -> go.Figure:
     """Three panels: ``loss`` per step, its |difference| from ``runs[reference]``, max |weight difference|.
 
-    ``runs``: name -> a loaded ``packsim train`` output (:func:`~packsim.experiment.train_command.load_output`);
+    ``runs``: name -> a loaded ``packsim train`` output (:func:`~packsim.experiment.train_outputs.load_output`);
     each run other than ``reference`` is coloured by the normaliser it recorded.
     """
     one = runs[reference]["losses"][loss]
