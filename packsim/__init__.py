@@ -12,6 +12,8 @@ The stable API (every name in ``__all__``, loaded on first use so ``import packs
 - :func:`audit`, :func:`audit_trainer`, :class:`AuditReport` -- detect contamination in a packed pipeline;
   :class:`AuditCallback` -- the same audit when ``trainer.train()`` starts, stopping a leaking run;
   :func:`audit_logprobs` -- per-sequence log-probs packed vs alone (DPO pairs, RL groups);
+- :func:`emulate_flash` -- transformers' own flash-attention path on a reference kernel (packsim, pure torch),
+  not flash-attn, where no real flash-attn runs (CPU); the real kernel wins where it is there;
 - :func:`get_device`, :func:`fast_mode`, :class:`PacksimError`, ``__version__``;
 - ``packsim.viz`` (widgets and figures: plotly, ipywidgets) and ``packsim.testing``
   (:func:`~packsim.testing.assert_isolated`) are subpackages, imported by name.
@@ -35,6 +37,7 @@ _HOMES = {
     "PackingCollator": "packsim.core.collator",
     "get_device": "packsim.core.device",
     "PacksimError": "packsim.core.errors",
+    "emulate_flash": "packsim.core.flash_emulation",
     "fast_mode": "packsim.experiment.run_mode",
     "train": "packsim.experiment.training",
     "TrainConfig": "packsim.experiment.training",

@@ -1,0 +1,146 @@
+"""transformers' own flash-attention path, run on the reference kernel: :func:`emulate_flash`.
+
+``emulate_flash()`` returns a :class:`FlashEmulation` whose ``name`` is the
+``attn_implementation`` to load models with. Where no real flash-attn can run (no CUDA, or no
+``flash_attn`` package) that is :data:`REFERENCE_NAME` (``"packsim_reference_flash"``): a model
+loaded with it runs transformers' unmodified ``flash_attention_forward`` ->
+``_flash_attention_forward`` on the two kernels of :mod:`packsim.core.reference_flash` (reference
+kernel (packsim, pure torch), not flash-attn). Where a real flash-attn and CUDA are there, the
+real kernel wins: nothing is installed and the name is ``"flash_attention_2"``
+(``force_reference=True`` installs the reference anyway, to compare the two on a GPU).
+
+What is ours: only the two kernel functions. How they get in (transformers 5.24):
+
+1. ``modeling_flash_attention_utils._lazy_imports(implementation)`` picks a flash implementation's
+   kernels (``lazy_import_flash_attention`` calls it at model load and from every
+   ``_flash_attention_forward``); it is wrapped so that for :data:`REFERENCE_NAME` only it returns
+   (reference ``flash_attn_func``, reference ``flash_attn_varlen_func``, no kv-cache kernel,
+   transformers' own ``_pad_input`` / ``_unpad_input``); every other name goes to the original;
+2. :data:`REFERENCE_NAME` is registered with ``AttentionInterface`` as transformers' own
+   ``integrations.flash_attention.flash_attention_forward`` and with ``AttentionMaskInterface``
+   as transformers' own flash mask (``masking_utils.flash_attention_mask``, the one
+   ``"flash_attention_2"`` uses: None, or the 2D padding mask).
+
+Everything else stays transformers': the name holds "flash", so ``is_flash_attention_requested``
+is True for it everywhere; ``_flash_attention_forward`` unpads by the 2D mask (``_upad_input``),
+takes ``cu_seq_lens_*`` / ``max_length_*``, infers segments from ``position_ids`` when
+``_is_packed_sequence`` says so (batch size 1 only) via ``_prepare_from_posids``, and turns
+``sliding_window`` / ``softcap`` into ``window_size`` / ``softcap`` (``_process_flash_attention_kwargs``,
+which reads the reference's signature like a real kernel's). The kernel reads q/k/v as
+(B, T, H, D) or, unpadded, (total, H, D) with ``cu_seqlens`` (S+1,) int32.
+
+Why a name of its own and not ``"flash_attention_2"``: for that name transformers checks
+flash-attn itself at load (``_flash_attn_can_dispatch``: the package, CUDA, fp16/bf16) and
+imports ``flash_attn`` in ``_lazy_imports``; passing those would take a fake ``flash_attn``
+package, which could shadow a real one. A registered name skips ``_flash_attn_can_dispatch``
+(so fp32 on CPU runs, exact to ~1e-6; and the model's ``_supports_flash_attn`` is not checked)
+and never imports ``flash_attn``. tests/test_flash_emulation_pins.py fails, naming what moved,
+when a transformers upgrade changes any of this.
+
+Lessons: none directly.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from packsim.core import reference_flash
+from packsim.core.reference_flash import REFERENCE_KERNEL
+
+__all__ = ["REAL_NAME", "REFERENCE_NAME", "FlashEmulation", "emulate_flash", "real_flash_attn"]
+
+REFERENCE_NAME = "packsim_reference_flash"
+REAL_NAME = "flash_attention_2"
+_MARK = "_packsim_reference_flash"  # set on our wrapper of _lazy_imports
+
+
+@dataclass(frozen=True)
+class FlashEmulation:
+    """What :func:`emulate_flash` did: ``name`` to pass as ``attn_implementation``, the ``kernel``
+    it runs (:data:`~packsim.core.reference_flash.REFERENCE_KERNEL`, or "flash-attn <version>"),
+    ``reference`` (True: the reference kernel (packsim, pure torch), not flash-attn) and
+    ``installed`` (True when this call changed transformers' registries, False when all was there)."""
+
+    name: str
+    kernel: str
+    reference: bool
+    installed: bool
+
+    def __str__(self) -> str:
+        done = "installed now" if self.installed else ("already installed" if self.reference else "nothing installed")
+        return f"attn_implementation={self.name!r} runs transformers' flash path on the {self.kernel} ({done})"
+
+
+def real_flash_attn() -> str | None:
+    """"flash-attn <version>" where a real ``flash_attn`` is importable and CUDA is available, else None.
+
+    Not imported here: found by ``importlib.util.find_spec`` (or already in ``sys.modules``).
+    """
+    if not torch.cuda.is_available():
+        return None
+    try:
+        found = importlib.util.find_spec("flash_attn") is not None
+    except (ValueError, ImportError):  # in sys.modules without a __spec__
+        found = sys.modules.get("flash_attn") is not None
+    if not found:
+        return None
+    try:
+        version = importlib.metadata.version("flash-attn")
+    except importlib.metadata.PackageNotFoundError:
+        version = getattr(sys.modules.get("flash_attn"), "__version__", "(version unknown)")
+    return f"flash-attn {version}"
+
+
+def emulate_flash(*, force_reference: bool = False) -> FlashEmulation:
+    """Make transformers' flash path runnable here; idempotent. See the module docstring.
+
+    Returns the name to load models with (``model_from_config(config, attn_implementation=
+    emulate_flash().name)``) and the kernel behind it: the real flash-attn where it and CUDA are
+    there (unless ``force_reference``), else the reference kernel (packsim, pure torch), not
+    flash-attn, installed behind :data:`REFERENCE_NAME`.
+    """
+    real = real_flash_attn()
+    if real is not None and not force_reference:
+        return FlashEmulation(REAL_NAME, real, reference=False, installed=False)
+    return FlashEmulation(REFERENCE_NAME, REFERENCE_KERNEL, reference=True, installed=_install())
+
+
+def _install() -> bool:
+    """Install the reference kernel behind REFERENCE_NAME; True if anything changed."""
+    import transformers.modeling_flash_attention_utils as fa_utils
+    from transformers import AttentionInterface
+    from transformers.integrations.flash_attention import flash_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    changed = False
+    if not getattr(fa_utils._lazy_imports, _MARK, False):
+        fa_utils._lazy_imports = _with_reference(fa_utils._lazy_imports, fa_utils)
+        changed = True
+    if AttentionInterface._global_mapping.get(REFERENCE_NAME) is not flash_attention_forward:
+        AttentionInterface.register(REFERENCE_NAME, flash_attention_forward)
+        changed = True
+    if AttentionMaskInterface._global_mapping.get(REFERENCE_NAME) is not flash_attention_mask:
+        AttentionMaskInterface.register(REFERENCE_NAME, flash_attention_mask)
+        changed = True
+    return changed
+
+
+def _with_reference(original, fa_utils):
+    """``_lazy_imports`` answering REFERENCE_NAME with the reference kernels, others as before."""
+
+    def _lazy_imports(implementation, *args, **kwargs):
+        if implementation == REFERENCE_NAME:
+            return (reference_flash.flash_attn_func, reference_flash.flash_attn_varlen_func, None,
+                    fa_utils._pad_input, fa_utils._unpad_input)
+        return original(implementation, *args, **kwargs)
+
+    _lazy_imports.__wrapped__ = original
+    _lazy_imports.__doc__ = (f"transformers' _lazy_imports, with {REFERENCE_NAME!r} answered by the "
+                             f"{REFERENCE_KERNEL} (packsim.core.flash_emulation).")
+    setattr(_lazy_imports, _MARK, True)
+    return _lazy_imports

@@ -1,0 +1,323 @@
+"""Tests for packsim.core.flash_emulation: transformers' own flash path on the reference kernel
+(packsim, pure torch), not flash-attn, and the known flash traps reproduced and measured.
+
+Ground truth is computed apart from the flash path: each example run alone through the same
+weights with ``attn_implementation="eager"``. A spy on the reference kernels records what
+transformers decided to call (which kernel, which ``cu_seqlens``, which ``window_size``), so
+each trap is asserted on transformers' decision, not only on its symptom.
+
+Families: the trap table's tiny models (:func:`packsim.exhibits.trap_cases.build_family`,
+2 layers, hidden 32, GQA 4/2 heads), fp32; GPT-2 only in bf16 (see
+``test_gpt2_in_fp32_stops_in_transformers_get_target_dtype``).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.machinery
+import importlib.util
+import sys
+import types
+
+import pytest
+import torch
+
+import packsim
+import packsim.core.flash_emulation as flash_emulation
+from packsim.core import reference_flash
+from packsim.core.flash_emulation import (
+    REAL_NAME,
+    REFERENCE_NAME,
+    FlashEmulation,
+    emulate_flash,
+    real_flash_attn,
+)
+from packsim.core.model import build_model
+from packsim.core.reference_flash import REFERENCE_KERNEL
+from packsim.core.segments import cu_seqlens_from_lengths, example_positions
+from packsim.exhibits.trap_cases import build_family
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+TOL = 1e-5  # fp32: isolated
+LEAK = 1e-2  # a later example moved by more than this: it saw an earlier one
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "phi")
+ROWS = ((10, 13, 9), (12, 8, 12))  # example lengths, 32 tokens a row
+VOCAB = 96
+
+# ---- batches and ground truth ---------------------------------------------------------------
+
+
+def _row_batch(rows: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids (B, 32), position_ids (B, 32) restarting per example, example index (B, 32))."""
+    lengths = ROWS[:rows]
+    ids = torch.randint(3, VOCAB, (rows, 32), generator=torch.Generator().manual_seed(seed))
+    seq = torch.stack([torch.repeat_interleave(torch.arange(len(r)), torch.tensor(r)) for r in lengths])
+    return ids, example_positions(seq), seq
+
+
+def _alone(eager, ids: torch.Tensor, position_ids=None) -> torch.Tensor:
+    """Logits (L, V) of one sequence run by itself through eager, a plain causal mask (all-ones 2D)."""
+    key = (eager, tuple(ids.tolist()), None if position_ids is None else tuple(position_ids.tolist()))
+    if key not in _ALONE:  # the same examples recur across (a)-(c): run each once (the key holds the model)
+        kwargs = {} if position_ids is None else {"position_ids": position_ids[None]}
+        with torch.no_grad():
+            _ALONE[key] = eager(input_ids=ids[None], attention_mask=torch.ones(1, ids.numel(), dtype=torch.long),
+                                use_cache=False, **kwargs).logits[0].float()
+    return _ALONE[key]
+
+
+def _per_example(logits, eager, ids, seq) -> list[float]:
+    """Max |packed - alone| per example, row 0's examples first. logits (B, T, V)."""
+    diffs = []
+    for b in range(seq.shape[0]):
+        for e in dict.fromkeys(seq[b].tolist()):
+            where = seq[b] == e
+            diffs.append(float((logits[b, where] - _alone(eager, ids[b, where])).abs().max()))
+    return diffs
+
+
+_MODELS: dict = {}
+_ALONE: dict = {}
+
+
+def _models(family: str, dtype=torch.float32):
+    """(model on the reference flash path, the same weights on eager), built once per family."""
+    if (family, dtype) not in _MODELS:
+        name = emulate_flash().name
+        eager = build_family(family, "eager").to(dtype)
+        flash = copy.deepcopy(eager)
+        flash.set_attn_implementation(name)
+        _MODELS[family, dtype] = flash, eager
+    return _MODELS[family, dtype]
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Every call transformers makes into the reference kernels: [(kind, q shape, kwargs)]."""
+    import transformers.modeling_flash_attention_utils as fa
+
+    emulate_flash()
+    record = []
+
+    def spy(fn, kind):
+        @functools.wraps(fn)  # inspect.signature follows __wrapped__: transformers sees fn's parameters
+        def wrapped(q, k, v, *args, **kwargs):
+            record.append((kind, tuple(q.shape), args, kwargs))
+            return fn(q, k, v, *args, **kwargs)
+        return wrapped
+
+    for cached in ("_loaded_implementation", "_flash_fn", "_flash_varlen_fn", "_flash_with_kvcache_fn", "_pad_fn",
+                   "_unpad_fn", "_process_flash_kwargs_fn", "_process_with_kvcache_kwargs_fn"):
+        monkeypatch.setattr(fa, cached, getattr(fa, cached))  # restored after the test
+    monkeypatch.setattr(fa, "_loaded_implementation", None)  # the next forward imports the kernels again
+    monkeypatch.setattr(reference_flash, "flash_attn_func", spy(reference_flash.flash_attn_func, "dense"))
+    monkeypatch.setattr(reference_flash, "flash_attn_varlen_func",
+                        spy(reference_flash.flash_attn_varlen_func, "varlen"))
+    return record
+
+
+def _cu(call) -> list[int]:
+    return call[3]["cu_seqlens_q"].tolist()
+
+
+# ---- (a)-(d): packed vs each example alone, on transformers' flash path ----------------------
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_one_row_with_restarting_positions_isolates(family, calls):
+    flash, eager = _models(family)
+    ids, pos, seq = _row_batch(1)
+    with torch.no_grad():
+        logits = flash(input_ids=ids, position_ids=pos, use_cache=False).logits.float()
+    assert max(_per_example(logits, eager, ids, seq)) < TOL
+    # transformers' decision: _is_packed_sequence (batch size 1) -> _prepare_from_posids -> varlen
+    assert calls and {c[0] for c in calls} == {"varlen"} and _cu(calls[0]) == [0, 10, 23, 32]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_b_two_rows_with_restarting_positions_and_no_cu_seq_lens_leak(family, calls):
+    flash, eager = _models(family)
+    ids, pos, seq = _row_batch(2)
+    with torch.no_grad():
+        logits = flash(input_ids=ids, position_ids=pos, use_cache=False).logits.float()
+    first, *later = _per_example(logits[:1], eager, ids[:1], seq[:1])
+    first_b, *later_b = _per_example(logits[1:], eager, ids[1:], seq[1:])
+    assert max(first, first_b) < TOL and min(later + later_b) > LEAK
+    # what runs instead: each row as ONE causal sequence (positions as given), as if unpacked.
+    # modeling_flash_attention_utils._is_packed_sequence: `if position_ids is None or batch_size != 1
+    # ...: return False`, so _flash_attention_forward falls through to flash_fn (no varlen).
+    for b in range(2):
+        assert float((logits[b] - _alone(eager, ids[b], pos[b])).abs().max()) < TOL
+    assert {c[0] for c in calls} == {"dense"} and calls[0][1][:2] == (2, 32)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_c_cu_seq_lens_fix_the_two_rows(family, calls):
+    flash, eager = _models(family)
+    ids, pos, seq = _row_batch(2)
+    cu = cu_seqlens_from_lengths([n for row in ROWS for n in row])  # (7,) int32 over the 2 x 32 tokens
+    with torch.no_grad():
+        logits = flash(input_ids=ids, position_ids=pos, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=13,
+                       max_length_k=13, use_cache=False).logits.float()
+    assert max(_per_example(logits, eager, ids, seq)) < TOL
+    assert {c[0] for c in calls} == {"varlen"} and _cu(calls[0]) == cu.tolist()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_d_a_2d_mask_with_zeros_next_to_packed_positions_unpads_into_one_segment_per_row(family, calls):
+    """Row: example 0 (10 tokens), 2 masked tokens, example 1 (13), example 2 (7); position_ids
+    restart at every example (and at the masked run)."""
+    flash, eager = _models(family)
+    seq = torch.tensor([0] * 10 + [-1] * 2 + [1] * 13 + [2] * 7)[None]  # (1, 32), -1 = masked
+    mask = (seq >= 0).long()  # (1, 32): zeros next to the packed positions
+    ids, pos = _row_batch(1)[0], example_positions(seq)  # (1, 32), restarting
+    with torch.no_grad():
+        logits = flash(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=False).logits.float()
+    kept = seq[0] >= 0
+    first, *later = _per_example(logits[:, kept], eager, ids[:, kept], seq[:, kept])
+    assert first < TOL and min(later) > LEAK
+    # what transformers does: modeling_flash_attention_utils._flash_attention_forward, `if
+    # attention_mask is not None:` -> _upad_input (before any look at position_ids): one segment per
+    # ROW of the unmasked tokens, so the kept tokens run as one causal sequence.
+    assert float((logits[0, kept] - _alone(eager, ids[0, kept], pos[0, kept])).abs().max()) < TOL
+    assert {c[0] for c in calls} == {"varlen"} and _cu(calls[0]) == [0, 30]
+
+
+def test_sliding_windows_and_softcap_are_transformers_decisions(calls):
+    """gemma2: window on every other layer, softcap 50; transformers turns them into kernel keywords."""
+    flash, eager = _models("gemma2")
+    ids, pos, seq = _row_batch(1)
+    with torch.no_grad():
+        flash(input_ids=ids, position_ids=pos, use_cache=False)
+    windows = [c[3].get("window_size") for c in calls]
+    # sliding_window 8 -> window_size (7, 7) (_process_flash_attention_kwargs, key length 32 > 8)
+    assert windows == [(7, 7), None] and {c[3]["softcap"] for c in calls} == {flash.config.attn_logit_softcapping}
+
+
+def test_build_model_tiny_llama_on_the_flash_path():
+    name = emulate_flash().name
+    flash = build_model("tiny", vocab_size=VOCAB, attn_implementation=name)
+    eager = copy.deepcopy(flash)
+    eager.set_attn_implementation("eager")
+    assert flash.config._attn_implementation == name
+    ids, pos, seq = _row_batch(1)
+    with torch.no_grad():
+        one = flash(input_ids=ids, position_ids=pos).logits.float()
+        ids2, pos2, seq2 = _row_batch(2)
+        two = flash(input_ids=ids2, position_ids=pos2).logits.float()
+    assert max(_per_example(one, eager, ids, seq)) < TOL
+    assert max(_per_example(two, eager, ids2, seq2)) > LEAK
+
+
+def test_gpt2_in_bf16_isolates_in_one_row_and_leaks_in_two():
+    flash, eager = _models("gpt2", torch.bfloat16)
+    ids, pos, seq = _row_batch(2)
+    with torch.no_grad():
+        one = flash(input_ids=ids[:1], position_ids=pos[:1], use_cache=False).logits.float()
+        two = flash(input_ids=ids, position_ids=pos, use_cache=False).logits.float()
+    assert max(_per_example(one, eager, ids[:1], seq[:1])) < LEAK  # bf16: isolated to ~2e-3
+    diffs = _per_example(two, eager, ids, seq)
+    assert min(diffs[1:3] + diffs[4:]) > 3 * LEAK
+
+
+def test_gpt2_in_fp32_stops_in_transformers_get_target_dtype():
+    """transformers' flash path itself, not the kernel: integrations/flash_attention.get_target_dtype
+    looks for an nn.Linear to read the dtype of fp32 queries, and GPT-2 has Conv1D only. If this
+    fails, transformers fixed it: run GPT-2 in fp32 with the other families."""
+    name = emulate_flash().name
+    model = build_family("gpt2", name)
+    ids, pos, _ = _row_batch(1)
+    with pytest.raises(StopIteration), torch.no_grad():
+        model(input_ids=ids, position_ids=pos, use_cache=False)
+
+
+# ---- emulate_flash: what it installs, idempotent, the real kernel wins ------------------------
+
+
+def test_emulate_flash_says_what_it_did_and_is_idempotent(monkeypatch):
+    import transformers.modeling_flash_attention_utils as fa
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    emulate_flash()
+    original = fa._lazy_imports.__wrapped__
+    monkeypatch.setattr(fa, "_lazy_imports", original)  # a fresh process: nothing installed
+    monkeypatch.delitem(AttentionInterface._global_mapping, REFERENCE_NAME)
+    monkeypatch.delitem(AttentionMaskInterface._global_mapping, REFERENCE_NAME)
+    first, second = emulate_flash(), emulate_flash()
+    assert first == FlashEmulation(REFERENCE_NAME, REFERENCE_KERNEL, reference=True, installed=True)
+    assert second == FlashEmulation(REFERENCE_NAME, REFERENCE_KERNEL, reference=True, installed=False)
+    assert REFERENCE_KERNEL in str(first) and "installed now" in str(first) and "already" in str(second)
+    assert fa._lazy_imports.__wrapped__ is original  # one layer, however many calls
+
+
+def test_only_the_kernels_are_ours():
+    import transformers.modeling_flash_attention_utils as fa
+    from transformers import AttentionInterface
+    from transformers.integrations.flash_attention import flash_attention_forward
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    emulate_flash()
+    assert AttentionInterface._global_mapping[REFERENCE_NAME] is flash_attention_forward
+    assert ALL_MASK_ATTENTION_FUNCTIONS[REFERENCE_NAME] is ALL_MASK_ATTENTION_FUNCTIONS["flash_attention_2"]
+    flash_fn, varlen_fn, kvcache_fn, pad_fn, unpad_fn = fa._lazy_imports(REFERENCE_NAME)
+    assert (flash_fn, varlen_fn, kvcache_fn) == (reference_flash.flash_attn_func,
+                                                 reference_flash.flash_attn_varlen_func, None)
+    assert (pad_fn, unpad_fn) == (fa._pad_input, fa._unpad_input)  # transformers' own padding
+
+
+def test_other_names_go_to_transformers_unchanged():
+    seen = []
+    wrapped = flash_emulation._with_reference(lambda *a, **kw: seen.append((a, kw)) or "theirs", None)
+    assert wrapped("flash_attention_2", None, allow_all_kernels=True) == "theirs"
+    assert seen == [(("flash_attention_2", None), {"allow_all_kernels": True})]
+
+
+def test_no_flash_attn_package_is_faked():
+    emulate_flash()
+    assert "flash_attn" not in sys.modules and importlib.util.find_spec("flash_attn") is None
+
+
+@pytest.fixture
+def stand_in_flash_attn(monkeypatch):
+    """A flash_attn module object in sys.modules (no __spec__), and CUDA said to be there."""
+    module = types.ModuleType("flash_attn")
+    module.__version__ = "2.99.0-standin"
+    monkeypatch.setitem(sys.modules, "flash_attn", module)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    return module
+
+
+def test_a_real_flash_attn_with_cuda_wins(stand_in_flash_attn):
+    import transformers.modeling_flash_attention_utils as fa
+
+    before = fa._lazy_imports
+    got = emulate_flash()
+    assert got == FlashEmulation(REAL_NAME, "flash-attn 2.99.0-standin", reference=False, installed=False)
+    assert "flash-attn 2.99.0-standin" in str(got) and "nothing installed" in str(got)
+    assert fa._lazy_imports is before  # nothing touched
+    forced = emulate_flash(force_reference=True)
+    assert forced.name == REFERENCE_NAME and forced.reference and forced.kernel == REFERENCE_KERNEL
+
+
+def test_a_real_flash_attn_found_by_find_spec_wins(monkeypatch):
+    spec = importlib.machinery.ModuleSpec("flash_attn", loader=None)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec if name == "flash_attn" else find_spec(name, *a))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert real_flash_attn() == "flash-attn (version unknown)"
+    assert emulate_flash().name == REAL_NAME
+    assert "flash_attn" not in sys.modules  # found, never imported
+
+
+def test_without_cuda_the_reference_runs_even_beside_flash_attn(stand_in_flash_attn, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert real_flash_attn() is None and emulate_flash().name == REFERENCE_NAME
+
+
+def test_the_public_name_and_its_docstrings_say_reference_kernel():
+    assert packsim.emulate_flash is emulate_flash
+    for obj in (flash_emulation, FlashEmulation, emulate_flash):
+        assert "reference kernel (packsim, pure torch), not flash-attn" in " ".join(obj.__doc__.split())
