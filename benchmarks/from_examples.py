@@ -48,7 +48,7 @@ def loop_from_examples(examples, capacity: int, setup: str, strategy: str) -> di
             n = p.stop - p.start
             ids[r, t : t + n] = torch.tensor(tokens[p.start : p.stop])
             seq[r, t : t + n] = p.index
-            reset_pos[r, t : t + n] = torch.arange(p.start, p.stop)
+            reset_pos[r, t : t + n] = torch.arange(n)  # 0.. in every piece (issue 30)
             got = [Role.PROMPT if j < n_prompt else Role.EOS if j == len(tokens) - 1 else Role.RESPONSE
                    for j in range(p.start, p.stop)]
             got[0] = Role.FIRST if t == 0 else Role.BOUNDARY

@@ -10,6 +10,7 @@ from transformers import DataCollatorWithFlattening
 from packsim.core.batch import PackedBatch
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX, Role
+from packsim.core.packing import pack_pieces
 from packsim.core.segments import seq_ids_from_cu_seqlens
 
 SHAPES = st.lists(st.tuples(st.integers(0, 12), st.integers(0, 12)), min_size=1, max_size=12)
@@ -20,16 +21,22 @@ def _batch_from(shapes, seed, capacity, setup, strategy, overflow="split"):
         toy_examples(shapes, seed), capacity, setup, strategy=strategy, overflow=overflow)
 
 
-def _check_invariants(examples, b: PackedBatch):
+def _check_invariants(examples, b: PackedBatch, strategy: str, overflow: str = "split"):
     B, T = b.shape
     seen = {i: [] for i in range(len(examples))}
-    for s in b.segments:
+    # which tokens of its example each segment holds: the packer's pieces, in the layout's order
+    pieces = [p for row in pack_pieces([len(e.tokens) for e in examples], b.capacity, strategy, overflow)
+              for p in row]
+    if not b.setup.packed:
+        pieces.sort(key=lambda p: (p.index, p.start))
+    assert len(pieces) == len(b.segments)
+    for s, p in zip(b.segments, pieces, strict=True):
         ids = b.input_ids[s.row, s.start:s.stop].tolist()
         pos = b.example_positions[s.row, s.start:s.stop].tolist()
-        assert ids == list(examples[s.example].tokens[pos[0]:pos[-1] + 1]), "tokens land in order"
-        assert pos == list(range(pos[0], pos[0] + len(pos))), "positions count inside the example"
+        assert s.example == p.index and ids == list(examples[s.example].tokens[p.start:p.stop]), "tokens land in order"
+        assert pos == list(range(len(pos))), "positions count from 0 in every piece"
         assert (b.seq_ids[s.row, s.start:s.stop] == s.example).all()
-        seen[s.example].append((pos[0], pos[-1] + 1))
+        seen[s.example].append((p.start, p.stop))
     for i, ex in enumerate(examples):  # every token once (overflow="split" loses none)
         assert sorted(seen[i])[0][0] == 0 and sum(b - a for a, b in seen[i]) == len(ex.tokens)
     assert int(b.real_mask.sum()) == sum(len(e.tokens) for e in examples)
@@ -63,7 +70,7 @@ def _check_invariants(examples, b: PackedBatch):
        setup=st.sampled_from(["buggy", "correct", "mask_fix", "loss_fix", "positions_only", "padded"]))
 def test_packed_batch_invariants(shapes, seed, capacity, strategy, setup):
     examples, b = _batch_from(shapes, seed, capacity, setup, strategy)
-    _check_invariants(examples, b)
+    _check_invariants(examples, b, strategy)
 
 
 @settings(max_examples=200, deadline=None)
@@ -193,7 +200,8 @@ def test_repr_is_a_one_line_summary(examples):
 
 
 # --- from_examples against the loop builder it replaced (issue 24) -------------------------------
-# The builder before issue 24, verbatim in substance: one Python loop over the pieces of pack_pieces.
+# The builder before issue 24, verbatim in substance: one Python loop over the pieces of pack_pieces
+# (positions since issue 30: 0.. in every piece, not the piece's offset in its example).
 
 
 def _loop_reference(examples, capacity, setup, strategy, overflow, pad_id=0):
@@ -220,7 +228,7 @@ def _loop_reference(examples, capacity, setup, strategy, overflow, pad_id=0):
             n = p.stop - p.start
             ids[r, t:t + n] = torch.tensor(tokens[p.start:p.stop])
             seq[r, t:t + n] = p.index
-            pos[r, t:t + n] = torch.arange(p.start, p.stop)
+            pos[r, t:t + n] = torch.arange(n)  # the position convention: 0.. in every piece
             got = [Role.PROMPT if j < n_prompt else Role.EOS if j == len(tokens) - 1 else Role.RESPONSE
                    for j in range(p.start, p.stop)]
             got[0] = Role.FIRST if t == 0 else Role.BOUNDARY

@@ -13,6 +13,14 @@ Two kinds of boundaries live here, and the difference matters:
   ``B*T`` tokens: one per row for the causal mask (examples see each other: the bug), one per
   example and per padding run for the block-diagonal mask.
 
+Positions: ``position_ids`` under a ``reset`` setup, and ``example_positions`` always, count from
+0 at the start of every piece (a run of one example's tokens in one row): an example split across
+rows (``"wrapped"``, ``overflow="split"``) restarts in each row, as TRL's ``bfd_split`` does.
+One rule, :func:`packsim.core.batch_layout.piece_positions`; ``to_flattening`` and
+``from_flattening`` use it too, so the flattened row carries the same positions as the rows (the
+module docstring of :mod:`packsim.core.batch_layout` says why this rule and not the example's
+offsets).
+
 Lessons: 00, 01, 02, 05, 06, 07, 09, A2, A4, A6.
 """
 
@@ -25,7 +33,7 @@ from itertools import chain
 import numpy as np
 import torch
 
-from packsim.core.batch_layout import layout
+from packsim.core.batch_layout import layout, piece_positions
 from packsim.core.boundaries import find_boundaries
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX, Role, make_labels, response_mask
@@ -35,7 +43,6 @@ from packsim.core.segments import (
     Segment,
     cu_seqlens_from_lengths,
     cu_seqlens_from_position_ids,
-    example_positions,
     seq_ids_from_cu_seqlens,
 )
 from packsim.core.setups import Setup, get_setup
@@ -91,7 +98,9 @@ class PackedBatch:
     Attributes:
         input_ids, labels (-100 where ignored), position_ids: what the model sees;
         seq_ids: example index per token, -1 on padding; roles: :class:`packsim.core.loss.Role` per token;
-        example_positions: each token's index inside its example (padding: 0.. per run);
+        example_positions: each token's position id under the convention: its index inside its
+        piece, the run of its example in its row (the whole example unless it was split; padding:
+        0.. per run);
         cu_seqlens (S+1,) int32 and max_seqlen: example boundaries over real tokens (see module doc);
         segments: one :class:`Segment` per example piece, in row-major order;
         setup, capacity, strategy (``"given"`` for :meth:`from_flattening`: the row came packed);
@@ -240,7 +249,7 @@ class PackedBatch:
         if self.setup.mask == "causal":
             cu = torch.arange(0, B * T + 1, T, dtype=torch.int32)
             return cu, T
-        cu = cu_seqlens_from_position_ids(self.example_positions)  # positions restart per example
+        cu = cu_seqlens_from_position_ids(self.example_positions)  # positions restart in every piece
         return cu, int((cu[1:] - cu[:-1]).max())
 
     def to(self, device) -> PackedBatch:
@@ -254,15 +263,21 @@ class PackedBatch:
         """This batch as ``DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)`` returns it.
 
         One row of the real tokens (padding dropped): ``input_ids``, ``labels`` (first token of
-        every example set to -100), ``position_ids`` (reset per example), ``cu_seq_lens_q/k``
-        (int32), ``max_length_q/k`` (int), ``seq_idx`` (int32, 0..S-1 in order).
+        every example set to -100), ``position_ids``, ``cu_seq_lens_q/k`` (int32),
+        ``max_length_q/k`` (int), ``seq_idx`` (int32, 0..S-1 in order). One sequence per piece
+        (per example unless one was split): ``position_ids`` restart at 0 in every piece
+        (:func:`~packsim.core.batch_layout.piece_positions`), the rows' own ``example_positions``
+        concatenated, so no piece continues the one before it in the flattened row and every
+        reader of the fields (``cu_seq_lens_q``, ``seq_idx``, position resets) finds the same
+        pieces. Whatever the setup: this format marks its sequences by ``position_ids``, so a
+        ``continuous`` setup's 0..T-1 positions have no flattened form.
         """
         real = self.real_mask.reshape(-1)
         labels = self.labels.reshape(-1)[real].clone()
         starts = self.cu_seqlens[:-1].long()
         labels[starts] = IGNORE_INDEX
-        seq_idx = seq_ids_from_cu_seqlens(self.cu_seqlens)  # (N,) example per real token
-        position_ids = example_positions(seq_idx)  # (N,) restarting at 0 for each example
+        seq_idx = seq_ids_from_cu_seqlens(self.cu_seqlens)  # (N,) piece per real token
+        position_ids = piece_positions(self.cu_seqlens.diff())  # (N,) restarting at 0 in every piece
         return {
             "input_ids": self.input_ids.reshape(-1)[real].unsqueeze(0),
             "labels": labels.unsqueeze(0),
@@ -279,7 +294,8 @@ class PackedBatch:
         """One-row PackedBatch from a ``DataCollatorWithFlattening``-style dict.
 
         Boundaries come from ``cu_seq_lens_q`` if present, else ``seq_idx``, else resets of
-        ``position_ids``. Roles are inferred from the labels (counted -> RESPONSE, ignored ->
+        ``position_ids``; the batch's positions are then the convention's, 0 at the start of each
+        sequence found (:func:`~packsim.core.batch_layout.piece_positions`). Roles are inferred from the labels (counted -> RESPONSE, ignored ->
         PROMPT; the collator's own -100 at each example start -> FIRST/BOUNDARY), so the
         batch's ``labels`` are kept as given rather than rebuilt for ``setup.loss``.
         """
@@ -295,7 +311,7 @@ class PackedBatch:
             )
         lens = (cu[1:] - cu[:-1]).long()
         seq = found.seq_ids.cpu()  # (1, N): 0..S-1, no padding
-        positions = example_positions(seq)  # (1, N)
+        positions = piece_positions(lens).reshape(1, N)  # (1, N)
         roles = torch.where(labels[0] != IGNORE_INDEX, int(Role.RESPONSE), int(Role.PROMPT)).to(torch.uint8)
         roles[cu[1:-1].long()] = Role.BOUNDARY
         roles[0] = Role.FIRST

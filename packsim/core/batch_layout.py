@@ -6,6 +6,23 @@ from a few whole-array gathers over the pieces (example, start, length, row offs
 examples' tokens concatenated once. The batch's ``segments`` are a :class:`Segments`, a sequence
 over the same arrays that makes a :class:`~packsim.core.segments.Segment` only when one is read.
 
+**The position convention** (one rule, :func:`piece_positions`, used by ``from_examples``,
+``to_flattening``, ``from_flattening`` and :class:`~packsim.core.collator.PackingCollator`):
+position ids count from 0 at the start of every *piece*, a run of one example's tokens in one row.
+A whole example is one piece; an example cut by ``"wrapped"`` packing or ``overflow="split"``
+is several, and each restarts at 0, as TRL's ``bfd_split`` does (lengths ``[9, 3]``, capacity 4,
+``bfd``: ``[0,1,2,3 | 0,1,2,3 | 0,1,2,0]``, not the example's offsets ``[0,1,2,3 | 4,5,6,7 |
+0,1,2,8]``). A piece cannot attend to the rest of its example (another row, or another sequence
+once flattened), and position ids are how transformers finds the sequences: sdpa / eager / flex
+start one wherever a position does not continue by +1 (``find_packed_sequence_indices``), the
+flash path only where it equals the minimum, 0 (``prepare_fa_kwargs_from_position_ids``). A 0
+continues nothing, so under this rule both readers find exactly the pieces in any row and in any
+concatenation of rows; continued offsets would merge ``0,1,2,3`` and ``4,5,6,7`` of two rows
+into one sequence once flattened (of two different examples, with ``bfd``), and flash would read
+``[0,1,2,8]`` as one sequence. The cost: a model with absolute position embeddings (GPT-2)
+reads a later piece at positions 0.. instead of its offset in the example; under RoPE only
+differences of positions count, so the logits are the same.
+
 Lessons: none directly.
 """
 
@@ -20,7 +37,7 @@ from packsim.core.loss import Role
 from packsim.core.pack_result import PackArrays
 from packsim.core.segments import Segment
 
-__all__ = ["Segments", "layout"]
+__all__ = ["Segments", "layout", "piece_positions"]
 
 
 class Segments(Sequence):
@@ -62,6 +79,21 @@ class Segments(Sequence):
         return f"Segments({len(self)} pieces: {self[0]!r}, ..., {self[-1]!r})"
 
 
+def piece_positions(lengths) -> torch.Tensor:
+    """Position ids under packsim's convention (module docstring): ``(P,)`` piece lengths, in the
+    order their tokens come, -> ``(sum(lengths),)`` long, counting from 0 in every piece.
+
+    ``[4, 4, 3, 1]`` -> ``[0,1,2,3, 0,1,2,3, 0,1,2, 0]``. Takes a list, numpy array or tensor
+    (a tensor's device is kept); every length must be positive (an empty piece is no piece).
+    """
+    lengths = torch.as_tensor(lengths).reshape(-1).long()  # (P,)
+    before = torch.zeros(lengths.numel(), dtype=torch.long, device=lengths.device)  # (P,) tokens before each
+    torch.cumsum(lengths[:-1], 0, out=before[1:])
+    N = int(lengths.sum())
+    starts = torch.repeat_interleave(before, lengths, output_size=N)  # (N,) where each token's piece starts
+    return torch.arange(N, device=lengths.device) - starts
+
+
 def layout(tokens: torch.Tensor, n_prompt: np.ndarray, arrays: PackArrays, T: int, packed: bool, pad_id: int):
     """The (B, T) tensors of a batch and its :class:`Segments`, from the packing arrays.
 
@@ -75,8 +107,8 @@ def layout(tokens: torch.Tensor, n_prompt: np.ndarray, arrays: PackArrays, T: in
 
     Returns:
         ``(input_ids, seq_ids, roles, example_positions, segments)``: ids and seq ids ``-1`` on
-        padding, roles as :class:`Role` values, positions inside each example (padding runs count
-        0.. on their own).
+        padding, roles as :class:`Role` values, position ids of the convention (0.. in every piece:
+        :func:`piece_positions`; padding runs count 0.. on their own).
     """
     # writable int64 copies: torch.from_numpy warns on the read-only arrays of PackArrays (int32 or int64)
     index, start, length = (a.astype(np.int64) for a in (arrays.index, arrays.start, arrays.length))  # (P,) each
@@ -94,9 +126,9 @@ def layout(tokens: torch.Tensor, n_prompt: np.ndarray, arrays: PackArrays, T: in
     row = np.repeat(np.arange(B), np.diff(row_offsets))  # (P,) row of each piece
     col = before[:-1] - before[row_offsets[:-1]][row]  # (P,) column where each piece starts
     piece = torch.repeat_interleave(torch.arange(P), torch.from_numpy(length))  # (N,) piece of each token
-    within = torch.arange(int(before[-1])) - torch.from_numpy(before[:-1])[piece]  # (N,) offset in piece
+    within = piece_positions(length)  # (N,) offset in its piece: the position ids (the convention)
     example = torch.from_numpy(index)[piece]  # (N,)
-    pos = torch.from_numpy(start)[piece] + within  # (N,) position in its example
+    pos = torch.from_numpy(start)[piece] + within  # (N,) offset in its example: which token, which role
     dst = torch.from_numpy(row * T + col)[piece] + within  # (N,) flat (B*T) place of each token
     ids = torch.full((B * T,), pad_id, dtype=torch.long)
     ids[dst] = tokens[torch.from_numpy(ex_off[:-1])[example] + pos]
@@ -106,7 +138,7 @@ def layout(tokens: torch.Tensor, n_prompt: np.ndarray, arrays: PackArrays, T: in
     row_len = torch.from_numpy(before[row_offsets[1:]] - before[row_offsets[:-1]])  # (B,)
     cols = torch.arange(T).expand(B, T)
     reset_pos = (cols - row_len[:, None]).clamp_min(0).reshape(-1)  # (B*T,) real tokens set below
-    reset_pos[dst] = pos
+    reset_pos[dst] = within
     last = torch.from_numpy(lengths)[example] - 1
     role = torch.where(pos < torch.from_numpy(n_prompt)[example], int(Role.PROMPT),
                        torch.where(pos == last, int(Role.EOS), int(Role.RESPONSE)))

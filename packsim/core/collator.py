@@ -36,7 +36,9 @@ class PackingCollator:
             each example is always -100. The mask is not in the batch: the forward decides it.
         return_flash_attn_kwargs: add ``cu_seq_lens_q/k`` (int32, (S+1,)) and ``max_length_q/k``
             (int), read by flash attention's varlen path and by packsim's attention.
-        return_position_ids: add ``position_ids`` (1, N), restarting at 0 for each example. Keep
+        return_position_ids: add ``position_ids`` (1, N), restarting at 0 for each example
+            (packsim's one position convention, :func:`packsim.core.batch_layout.piece_positions`,
+            through :meth:`PackedBatch.to_flattening`; this collator never splits an example). Keep
             it: eager / sdpa / flex find the example boundaries from it.
         return_seq_idx: add ``seq_idx`` (1, N) int32, the example index of each token.
         vocab_size: if given, token ids are checked to lie in ``[0, vocab_size)``.

@@ -52,7 +52,9 @@ class Piece(NamedTuple):
     """Tokens ``[start, stop)`` of example ``index`` (a part of it, or all of it).
 
     Notebook 01 meets pieces where an example is cut: by ``"wrapped"`` packing or by the
-    ``"truncate"`` and ``"split"`` overflow policies.
+    ``"truncate"`` and ``"split"`` overflow policies. ``start`` says which tokens, not their
+    position ids: in a batch every piece counts from 0
+    (:func:`packsim.core.batch_layout.piece_positions`).
     """
 
     index: int
