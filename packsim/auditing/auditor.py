@@ -71,13 +71,14 @@ BATCH_FIELDS = ("attention_mask", "position_ids", "cu_seq_lens_q", "cu_seq_lens_
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 3e-2}
 
 
-def _pipeline(model, batch, response_mask, forward_kwargs, examples=None) -> tuple[Pipeline, list]:
+def _pipeline(model, batch, response_mask, forward_kwargs, examples=None, objective="sft") -> tuple[Pipeline, list]:
     """The pipeline, and the evidence findings (boundary fields, special tokens) of a dict batch."""
     if isinstance(batch, PackedBatch):
-        return packed_pipeline(model, batch, response_mask, forward_kwargs), []
+        return packed_pipeline(model, batch, response_mask, forward_kwargs, objective), []
     if isinstance(batch, Mapping):
         ev = dict_evidence(model, batch, examples)
-        p = dict_pipeline(model, batch, response_mask, forward_kwargs, seq=ev.seq, source=ev.source)
+        p = dict_pipeline(model, batch, response_mask, forward_kwargs, seq=ev.seq, source=ev.source,
+                          objective=objective)
         return p, ev.findings
     raise PacksimError(
         f"cannot audit a batch of type {type(batch).__name__}: pass a packsim.PackedBatch or the "
@@ -106,7 +107,7 @@ def baseline(p: Pipeline, seed: int) -> ForwardOutput:
 
 def audit(model, batch, response_mask=None, *, examples=None, max_examples: int = 4,
           tol: float | None = None, seed: int = 0, trust_boundaries: bool = False,
-          **forward_kwargs) -> AuditReport:
+          objective: str = "sft", **forward_kwargs) -> AuditReport:
     """Audit a packed pipeline for cross-example contamination and loss-coverage bugs.
 
     Args:
@@ -129,6 +130,11 @@ def audit(model, batch, response_mask=None, *, examples=None, max_examples: int 
         trust_boundaries: the batch's own boundary fields are the ground truth (you built them from
             the examples yourself). Without it, a dict batch with no independent evidence (no
             ``examples``, no BOS / EOS to locate them by) gets the status ``"unverified"``, not a pass.
+        objective: what the loss should count. ``"sft"`` (default): completion-only fine-tuning,
+            prompts -100 and responses + EOS counted (told apart by ``response_mask``). ``"lm"``:
+            language modelling (pretraining-style batches): every real token is a target, no
+            prompt/response split expected (no ``response_mask``); padding and the label across
+            each example boundary are still checked, and every label by value.
         **forward_kwargs: passed to every forward exactly as the pipeline passes them; batch fields
             among them (``attention_mask``, ``position_ids``, ...) count as the batch's fields.
 
@@ -140,7 +146,7 @@ def audit(model, batch, response_mask=None, *, examples=None, max_examples: int 
     if isinstance(batch, Mapping):  # a batch field passed as a forward keyword is still the batch's field
         moved = {k: forward_kwargs.pop(k) for k in BATCH_FIELDS if k in forward_kwargs}
         batch = {**batch, **moved} if moved else batch
-    p, findings = _pipeline(model, batch, response_mask, forward_kwargs, examples)
+    p, findings = _pipeline(model, batch, response_mask, forward_kwargs, examples, objective)
     report, _ = audit_pipeline(p, max_examples=max_examples, tol=tol, seed=seed, start=start,
                                findings=findings)
     report.trust_boundaries = trust_boundaries

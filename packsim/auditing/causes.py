@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from packsim.auditing.hybrid_findings import stateful_layers
 from packsim.auditing.pipeline import ForwardOutput, Pipeline
 from packsim.auditing.report import ProbeResult
 
@@ -22,10 +23,22 @@ def likely_causes(p: Pipeline, probes: dict[str, ProbeResult], base_out: Forward
     causes += _loss_causes(probes["loss_coverage"])
     pos = probes["positions"]
     if pos.failed:
-        causes.append("position_ids continue across examples and this model uses absolute positions, "
-                      "so every later example is computed at positions it never has alone: reset "
-                      "position_ids to 0 at each example.")
+        how = pos.details.get("how", "do not restart at each example")
+        causes.append(f"position_ids {how}, and this model uses absolute positions, so the examples "
+                      "are computed at positions they never have alone: " + _POSITIONS_FIX)
     return causes
+
+
+_POSITIONS_FIX = ("rebuild position_ids from the example lengths, 0 on each example's first token "
+                  "(DataCollatorWithFlattening does).")
+# what transformers does with position_ids that restart at the wrong token (masking_utils.
+# find_packed_sequence_indices starts a sequence wherever position_ids[t] != position_ids[t-1] + 1)
+_WRONG_RESTART = {
+    "early": "the last token of each example is attended with the next example, and reads it",
+    "late": "the first token of each example is attended with the previous example, and reads it",
+    "wrong": "the sequences it attends within are not the examples",
+    "values": "the examples are split where they start, but computed at positions they never have alone",
+}
 
 
 def _packed_leak_causes(p: Pipeline) -> list[str]:
@@ -65,16 +78,65 @@ def _dict_leak_causes(p: Pipeline, probes, base_out: ForwardOutput) -> list[str]
                       "(use_cache is true in the call or in model.config, the default for a "
                       "hand-built config): pass use_cache=False.")
     elif not probes["positions"].details.get("reset"):
-        causes.append("position_ids do not restart at each example, so transformers sees one long "
-                      "sequence per row and applies a plain causal mask: pass per-example "
-                      "position_ids (DataCollatorWithFlattening does).")
-    if any(k in fields for k in _FA_KWARGS) and not impl.startswith("flash"):
-        causes.append(f"note: cu_seq_lens_*/max_length_* are read only by flash attention; "
-                      f"{impl!r} ignores them and isolates only through position_ids or a mask.")
+        pos = probes["positions"].details
+        restart = pos.get("restart")
+        if restart in _WRONG_RESTART:
+            causes.append(f"position_ids {pos['how']}: transformers starts a sequence wherever position_ids "
+                          f"restart (masking_utils.find_packed_sequence_indices), so {_WRONG_RESTART[restart]}: "
+                          + _POSITIONS_FIX)
+        else:
+            causes.append("position_ids do not restart at each example, so transformers sees one long "
+                          "sequence per row and applies a plain causal mask: pass per-example "
+                          "position_ids (DataCollatorWithFlattening does).")
+        if any(k in fields for k in _FA_KWARGS) and not impl.startswith("flash"):
+            # the batch's cu_seq_lens_* mark the examples, but this path reads position_ids
+            causes.append(f"note: the batch's cu_seq_lens_*/max_length_* do not isolate here: only flash "
+                          f"attention reads them; {impl!r} isolates through position_ids or a mask.")
+    causes += _state_causes(p, explained=bool(causes))
+    if not causes and _no_pair_leaks(probes):
+        causes.append(_numerical_cause(probes["perturbation"]))
     if not causes:
         causes.append("the batch looks right, yet attention crosses examples: check custom "
                       "attention code or patched layers.")
     return causes
+
+
+def _state_causes(p: Pipeline, explained: bool) -> list[str]:
+    """A conv / SSM state running across a boundary: the cause of a hybrid model's leak (with the
+    boundary kwargs given, only when nothing else ``explained`` it)."""
+    layers = stateful_layers(p.model)
+    if not layers:
+        return []
+    fields = p.context["fields"]
+    given = [k for k in ("seq_idx", "cu_seqlens") if fields.get(k) is not None]
+    names = ", ".join(layers)
+    if given and explained:
+        return []
+    if given:
+        return [f"{names} carry a conv / SSM state along the row and the batch gives {', '.join(given)}, yet "
+                "the examples leak: the kernels that read it (causal_conv1d, mamba_ssm, flash-linear-attention) "
+                "are not reached on this path: check that the forward passes it to every stateful layer."]
+    return [f"{names} carry a conv / SSM state along the row, and the batch gives no seq_idx: the state of "
+            "one example runs into the next whatever the attention mask says. Pass seq_idx "
+            "(DataCollatorWithFlattening(return_seq_idx=True)) on a GPU with the kernels that read it "
+            "(causal_conv1d and mamba_ssm; flash-linear-attention for gated DeltaNet), or put one example "
+            "per row (padding) instead of packing."]
+
+
+def _no_pair_leaks(probes) -> bool:
+    """Only the packed-vs-alone comparison failed: no example's tokens moved another's logits."""
+    pert = probes["perturbation"]
+    return (pert.failed and pert.details.get("leaking_pairs") == 0
+            and not probes["gradient"].failed and not probes["attention_mass"].failed)
+
+
+def _numerical_cause(pert: ProbeResult) -> str:
+    worst = max(pert.details.get("alone", [0.0]), default=0.0)
+    return (f"no example's tokens move another example's logits (0 leaking pairs), yet the examples packed "
+            f"differ from the same examples alone by up to {worst:.3g} (tolerance {pert.threshold:.0e}): the "
+            "difference does not come from another example: the packed forward computes them differently "
+            "(round-off of a lower precision, a kernel that treats the row differently from its pieces); "
+            "compare with a tolerance for the dtype the step computes in (tol=).")
 
 
 def _layer_cause(attn: ProbeResult) -> list[str]:
@@ -105,8 +167,9 @@ def _loss_causes(loss: ProbeResult) -> list[str]:
                     "tokens should be -100.",
         "EOS": "the EOS label is -100, so the model never learns to stop: keep EOS counted.",
         "every": "every token inside the examples is counted, so prompts are in the loss: mask them "
-                 "with -100 (for plain language modelling without prompts, pass "
-                 "response_mask=all True).",
+                 "with -100; for language modelling (pretraining-style data, every token a target) "
+                 "audit with objective='lm' (packsim.audit(..., objective='lm'), "
+                 "audit_trainer(..., objective='lm'), packsim audit --objective lm).",
         "no_label": "no label in the batch is counted, so the step trains nothing: keep at least one "
                     "response token per example (raise max_length, drop prompt-only records).",
     }

@@ -61,6 +61,12 @@ def add_arguments(parser) -> None:
     pre.add_argument("--trust-boundaries", action="store_true",
                      help="the batch's own boundary fields are the ground truth: an isolated verdict that rests "
                           "on them alone is a PASS, not UNVERIFIED (exit 3)")
+    pre.add_argument("--objective", choices=("sft", "lm"), default="sft",
+                     help="what the loss should count: sft (default) checks completion-only fine-tuning "
+                          "(prompt labels -100, responses and EOS counted); lm (pretraining-style language "
+                          "modelling) expects every real token to be a target, no prompt/response split, "
+                          "padding and cross-boundary labels still checked (with --model the gate builds "
+                          "the collator so: each record's prompt + completion is one text)")
     pre.add_argument("--batches", type=int, default=1, help="training batches to audit (default 1)")
     pre.add_argument("--batch-size", type=int, default=4, help="per-device batch size (default 4)")
     pre.add_argument("--max-length", type=int, default=256, help="TRL packing length (default 256)")
@@ -114,7 +120,8 @@ def _wants_preflight(args) -> bool:
     from packsim.core.errors import PacksimError
 
     given = [f for f, v in (("--data", args.data), ("--collator", args.collator), ("--attn", args.attn),
-                            ("--strict", args.strict), ("--trust-boundaries", args.trust_boundaries)) if v]
+                            ("--strict", args.strict), ("--trust-boundaries", args.trust_boundaries),
+                            ("--objective", getattr(args, "objective", "sft") != "sft")) if v]
     if args.model is None and given:
         raise PacksimError(f"{', '.join(given)} need(s) --model DIR: the pre-flight gate is "
                            "packsim audit --model DIR --data FILE.jsonl --collator NAME, or packsim audit --trainer "
@@ -169,7 +176,7 @@ def _own_trainer(args) -> int:
         check_tokenizer(trainer.model, tokenizer, [], f"--trainer {args.trainer}")
     try:
         report = audit_trainer(trainer, batches=args.batches, strict=args.strict,
-                               trust_boundaries=args.trust_boundaries)
+                               trust_boundaries=args.trust_boundaries, objective=args.objective)
     except PacksimError as err:
         raise PacksimError(f"--trainer {args.trainer}: {err}") from None
     print(f"=== audit of the trainer from {args.trainer}: {type(trainer).__name__}")
@@ -189,7 +196,7 @@ def _preflight(args) -> int:
     _quiet()
     report = preflight(args.model, args.data, args.collator, attn=args.attn, batches=args.batches,
                        batch_size=args.batch_size, max_length=args.max_length, strict=args.strict,
-                       trust_boundaries=args.trust_boundaries)
+                       trust_boundaries=args.trust_boundaries, objective=args.objective)
     print(f"=== pre-flight: model {args.model}, data {args.data}, collator {args.collator}, "
           f"attn {args.attn or 'default (sdpa; eager where the architecture refuses sdpa)'}")
     print(report.console())

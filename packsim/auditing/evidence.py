@@ -42,7 +42,7 @@ from packsim.core.segments import run_starts, seq_ids_from_starts
 from packsim.core.special_tokens import example_starts, is_token, start_ids, token_ids
 
 __all__ = ["BoundaryEvidence", "boundary_fields", "collect", "dict_evidence", "field_starts",
-           "special_tokens"]
+           "position_restarts", "special_tokens"]
 
 # field -> how the report says "an example starts here" for it
 _VERB = {"position_ids": "restart", "cu_seq_lens_q": "has an offset", "cu_seq_lens_k": "has an offset",
@@ -136,6 +136,45 @@ def _disagreement(name: str, fstarts: torch.Tensor, istarts: torch.Tensor, real:
         r, e = (int(v) for v in extra.nonzero()[0])
         texts.append(f"{name} {verb} at {_where(B, r, e)}, inside an example")
     return "; ".join(texts) + f" ({n_bad} token(s) where {name} and the examples disagree)"
+
+
+def position_restarts(pos: torch.Tensor, seq: torch.Tensor) -> tuple[str, str]:
+    """How ``pos`` (B, T) restarts against the examples of ``seq`` (B, T): (kind, sentence).
+
+    kind: ``"right"`` (0 on each example's first token, +1 after), ``"early"`` / ``"late"`` (every
+    wrong restart one token before / after the example's first token), ``"wrong"`` (restarts at
+    other tokens), ``"across"`` (no restart where later examples start: one run per row),
+    ``"values"`` (restarts where the examples do, from another value than 0).
+    """
+    real = seq >= 0
+    B = seq.shape[0]
+    ex = run_starts(seq) & real  # (B, T): an example starts here
+    ps = run_starts(pos, step=1) & real  # (B, T): position_ids restart here (transformers' reading)
+    missing, extra = ex & ~ps, ps & ~ex
+    n_later = int(ex[:, 1:].sum())
+    if not bool(missing.any()) and not bool(extra.any()):
+        bad = ex & (pos != 0)
+        if not bool(bad.any()):
+            return "right", "restart at each example"
+        r, t = (int(v) for v in bad.nonzero()[0])
+        return "values", (f"restart where each example starts, but not from 0 ({int(bad.sum())} example(s); "
+                          f"first: position {int(pos[r, t])} at {_where(B, r, t)})")
+    shifts = []
+    for r, t in missing.nonzero().tolist():
+        near = extra[r].nonzero().flatten()
+        shifts.append(int(near[(near - t).abs().argmin()]) - t if near.numel() else None)
+    r, t = (int(v) for v in (missing if bool(missing.any()) else extra).nonzero()[0])
+    if shifts and None not in shifts and set(shifts) in ({-1}, {1}) and int(extra.sum()) == len(shifts):
+        kind = "early" if shifts[0] < 0 else "late"
+        return kind, (f"restart one token {kind}: at {_where(B, r, t + shifts[0])}, where the example starts at "
+                      f"{_where(B, r, t)} ({len(shifts)} of the {n_later} later examples' starts)")
+    if not bool(extra.any()):
+        return "across", (f"do not restart where {int(missing.sum())} of the {n_later} later examples start "
+                          f"(first at {_where(B, r, t)}): each row counts on as one sequence")
+    e = extra.nonzero()[0].tolist()
+    return "wrong", (f"restart at the wrong tokens: {int(extra.sum())} restart(s) inside an example (first at "
+                     f"{_where(B, e[0], e[1])}), {int(missing.sum())} example start(s) without one"
+                     + (f" (first at {_where(B, r, t)})" if bool(missing.any()) else ""))
 
 
 def boundary_fields(fields: Mapping, seq: torch.Tensor | None, source: str) -> Finding:

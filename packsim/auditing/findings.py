@@ -17,6 +17,7 @@ import torch
 
 from packsim.auditing.report import Finding
 from packsim.core.segments import run_starts
+from packsim.core.special_tokens import is_token, start_ids, token_ids
 
 _MASKING_IMPLS = ("eager", "sdpa", "flex_attention")  # transformers' masking_utils builds their masks
 _FA_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
@@ -30,7 +31,8 @@ class BatchView:
     (-1 padding) the audit uses. field_seq (B, T): the examples the batch's own fields mark
     (cu_seq_lens_q > seq_idx > position_ids restarts; one per row without them). source: where
     ``seq`` came from. from_tokens: ``seq`` came from BOS/EOS tokens because the fields mark at
-    most one example per row. rows_mid_example: rows whose first token is not BOS (BOS known).
+    most one example per row. rows_mid_example: rows whose first token is not BOS (BOS known; what
+    the report says of it is :func:`rows_mid_example`'s).
     """
 
     fields: dict
@@ -72,13 +74,39 @@ def is_sft(trainer) -> bool:
 # ----------------------------------------------------------------------------- packing
 
 
+def rows_mid_example(trainer, view: BatchView) -> str:
+    """", k of B rows start in the middle of an example (...)" when the batch shows it, else "".
+
+    Only where the tokens located the examples (``view.from_tokens``: nothing else marks them) and
+    the BOS really starts examples in this batch: a row whose first token is not that BOS then
+    begins with the rest of an example cut at the previous row's end. Examples located whole (the
+    dataset's, or the fields') start their rows; a BOS id the tokenizer never puts in front says
+    nothing.
+    """
+    if not view.from_tokens:
+        return ""
+    bos = start_ids(token_ids("bos", getattr(trainer, "processing_class", None),
+                              getattr(getattr(trainer, "model", None), "config", None)),
+                    token_ids("eos", getattr(trainer, "processing_class", None),
+                              getattr(getattr(trainer, "model", None), "config", None)))
+    ids, real = view.fields["input_ids"], view.seq >= 0
+    is_bos = is_token(ids, bos).to(real.device) & real  # (B, T)
+    n_bos = int(is_bos.sum())
+    if not n_bos:
+        return ""
+    rows = real[:, 0]
+    mid = int((rows & ~is_bos[:, 0]).sum())
+    if not mid:
+        return ""
+    return (f", {mid} of {int(rows.sum())} row(s) start in the middle of an example (their first token is not "
+            f"a BOS, while {n_bos} example(s) in the batch start with one)")
+
+
 def wrapped_packing(trainer, view: BatchView) -> Finding:
     args = trainer.args
     B, T = view.shape
     n = int(view.seq.max()) + 1 if bool((view.seq >= 0).any()) else 0
-    where = (f"the audited batch: {B} row(s) of {T} tokens hold {n} examples ({view.source})"
-             + (f", {view.rows_mid_example} row(s) start in the middle of an example"
-                if view.rows_mid_example else ""))
+    where = f"the audited batch: {B} row(s) of {T} tokens hold {n} examples ({view.source}){rows_mid_example(trainer, view)}"
     fix = ("use packing_strategy='bfd' (TRL's default: whole examples, padding-free, with "
            "position_ids and cu_seq_lens_*), or packing=False")
     if is_sft(trainer) and getattr(args, "packing", False) and getattr(args, "packing_strategy", "") == "wrapped":
@@ -207,14 +235,45 @@ def static_findings(trainer, view: BatchView, impl: str | None) -> list[Finding]
 # ----------------------------------------------------------------------------- loss
 
 
+def sft_language_modelling(trainer) -> str:
+    """Why TRL trains this SFTTrainer as language modelling (every token a target), or '' (not, or unknown).
+
+    TRL (``SFTTrainer.__init__``) sets ``completion_only_loss`` from the data when the config leaves it
+    unset: True for prompt/completion data. Set to False, the prepared dataset tells the data apart only
+    before packing (its text / messages column is still there); a packed one holds input_ids only.
+    """
+    if not is_sft(trainer):
+        return ""
+    args = trainer.args
+    if getattr(trainer, "completion_only_loss", False) or getattr(args, "assistant_only_loss", False):
+        return ""
+    if getattr(args, "completion_only_loss", None) is None:
+        return ("completion_only_loss unset and TRL found language-modelling data (no prompt and completion "
+                "fields)")
+    columns = set(getattr(getattr(trainer, "train_dataset", None), "column_names", None) or [])
+    text = getattr(args, "dataset_text_field", None) or "text"
+    if {text, "messages"} & columns and not {"prompt", "completion"} & columns:
+        return (f"completion_only_loss=False on language-modelling data (the dataset has "
+                f"{sorted({text, 'messages'} & columns)[0]!r}, no prompt and completion fields)")
+    return ""
+
+
 def completion_only_loss(trainer, mask_note: str | None, counted: tuple[int, int], loss_probe) -> Finding:
-    """Prompt/completion data trained with the prompts in the loss.
+    """Prompt/completion data trained with the prompts in the loss (or, under objective='lm', a trainer
+    that leaves tokens out).
 
     counted: (counted, total) labels inside the examples of the audited batch (boundaries left
-    out); loss_probe: that batch's ``loss_coverage`` ProbeResult.
+    out); loss_probe: that batch's ``loss_coverage`` ProbeResult (its details name the objective).
     """
     c, n = counted
+    lm = loss_probe.details.get("objective") == "lm"
     if not is_sft(trainer):
+        if lm:
+            return Finding("completion_only_loss", "fail" if c < n else "pass",
+                           f"objective='lm': every real token should be a target; {c} of the {n} tokens inside "
+                           "the examples of the audited batch are counted",
+                           "count every token's label (labels = input_ids, -100 on padding and each example's "
+                           "first token only), or audit with objective='sft' if the prompts are masked on purpose")
         if mask_note:
             prompts = {"prompt", "every"} & set(loss_probe.details.get("problems", []))
             counts = loss_probe.details.get("counts", {})
@@ -227,17 +286,33 @@ def completion_only_loss(trainer, mask_note: str | None, counted: tuple[int, int
         return Finding("completion_only_loss", "skipped",
                        "the collated features carry no prompt/completion split, so prompt labels cannot be "
                        "told from response labels; pass features with completion_mask or "
-                       "prompt_ids + response_ids (TrainingArguments(remove_unused_columns=False))")
+                       "prompt_ids + response_ids (TrainingArguments(remove_unused_columns=False)), or, for "
+                       "language modelling (every token a target), audit with objective='lm'")
     args = trainer.args
-    if getattr(trainer, "completion_only_loss", False) or getattr(args, "assistant_only_loss", False):
-        which = "completion_only_loss" if getattr(trainer, "completion_only_loss", False) else "assistant_only_loss"
+    masks = getattr(trainer, "completion_only_loss", False) or getattr(args, "assistant_only_loss", False)
+    which = "completion_only_loss" if getattr(trainer, "completion_only_loss", False) else "assistant_only_loss"
+    lm_data = sft_language_modelling(trainer)
+    if lm_data:
+        return Finding("completion_only_loss", "pass", f"{lm_data}: every token is a target")
+    if lm:
+        if masks:
+            return Finding("completion_only_loss", "fail",
+                           f"objective='lm' makes every real token a target, but SFTTrainer.{which}=True sets "
+                           f"the prompts' labels to -100: {c} of {n} tokens inside the examples of the audited "
+                           "batch are counted",
+                           "SFTConfig(completion_only_loss=False) to train on every token, or audit with "
+                           "objective='sft' (the default) for completion-only fine-tuning")
         return Finding("completion_only_loss", "pass",
-                       f"SFTTrainer.{which}=True: prompt labels are -100 ({c} of {n} tokens inside the "
-                       "examples of the audited batch counted)")
-    if getattr(args, "completion_only_loss", None) is None:
+                       f"objective='lm' and TRL counts every token (SFTTrainer.completion_only_loss=False): {c} "
+                       f"of {n} tokens inside the examples of the audited batch counted")
+    if masks:
+        form = loss_probe.details.get("measured")
         return Finding("completion_only_loss", "pass",
-                       "completion_only_loss unset and TRL found language-modelling data (no prompt and "
-                       "completion fields): every token is a target")
+                       f"SFTTrainer.{which}=True (the configuration, read): TRL set the labels of each prompt to "
+                       f"-100 while it prepared the dataset; in the audited batch {c} of {n} tokens inside the "
+                       "examples are counted" + (f" ({form})" if form else "")
+                       + ("; whether the -100 run is exactly each prompt is not measured (see loss_coverage)"
+                          if "not_measured" in loss_probe.details else ""))
     columns = getattr(getattr(trainer, "train_dataset", None), "column_names", None) or []
     why = ("the prepared dataset still holds completion_mask (prompt/completion data)"
            if "completion_mask" in columns else "TRL's default for prompt/completion data is True")
@@ -245,7 +320,8 @@ def completion_only_loss(trainer, mask_note: str | None, counted: tuple[int, int
                    f"SFTConfig(completion_only_loss=False) trains on the prompts too: {c} of {n} tokens "
                    f"inside the examples of the audited batch are counted; {why}",
                    "leave completion_only_loss unset (TRL then masks the prompts of prompt/completion "
-                   "data) or set it to True")
+                   "data) or set it to True; if this is language-modelling data (every token a target), "
+                   "audit with objective='lm'")
 
 
 def loss_across_devices(trainer, counts_items: bool) -> Finding:

@@ -101,8 +101,11 @@ def refused_report(p, refused: str, tol: float, start: float, findings=None,
     The stand-in output has logits of width 0 (B, T, 0) in the model's dtype: no forward ran.
     """
     names = ", ".join(stateful_layers(p.model))
-    why = f"{NEEDS_KERNEL} for {names}: {refused}"
-    probes = {name: ProbeResult(name, "skipped", None, tol, why) for name in leak_probes}
+    why = f"{NEEDS_KERNEL} for {names}: the forward refused the batch ({refused})"
+    how = (f"run the audit where the forward accepts this batch: a GPU with the kernels {names} reads "
+           "seq_idx with (causal_conv1d and mamba_ssm; flash-linear-attention for gated DeltaNet) installed")
+    probes = {name: ProbeResult(name, "skipped", None, tol, why, {"refused": refused, "how_to_get": how})
+              for name in leak_probes}
     probes["loss_coverage"] = loss_coverage(p)
     probes["positions"] = positions_probe(p, tol)
     S = len(p.example_ids)
@@ -135,7 +138,7 @@ def hybrid_state(model, batch, refused: str = "") -> Finding | None:
     missing = [p for p in KERNEL_PACKAGES if importlib.util.find_spec(p) is None]
     given = [k for k in ("seq_idx", "cu_seq_lens_q", "cu_seqlens") if batch.get(k) is not None]
     on_gpu = torch.cuda.is_available()
-    where = f"{names} carry conv/recurrent state along the row; rows hold up to {per_row} examples"
+    where = f"{names} carry a conv / SSM (recurrent) state along the row; rows hold up to {per_row} examples"
     gpu_fix = ("on a GPU with causal_conv1d and mamba_ssm (Mamba2 / short conv) or flash-linear-attention "
                "(gated DeltaNet) installed, pass seq_idx from DataCollatorWithFlattening(return_seq_idx=True)")
     if not given:

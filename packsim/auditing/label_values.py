@@ -13,6 +13,9 @@ value against the tokens and the examples ``seq`` (B, T):
 - ``wrong``: neither.
 
 Repeated tokens (``input_ids[t] == input_ids[t+1]``) count as aligned. Counts come per role.
+:func:`completion_form` reads what the labels alone can say of the prompt/completion split: whether
+each example is -100 on a leading run and counted on every token after it (not which run is the
+prompt: that needs a split independent of the labels).
 
 Lessons: none directly (the loss probe of packsim.audit calls it).
 """
@@ -23,7 +26,7 @@ import torch
 
 from packsim.core.loss import IGNORE_INDEX, Role
 
-__all__ = ["CONVENTION", "label_values", "realign"]
+__all__ = ["CONVENTION", "completion_form", "label_values", "realign"]
 
 CONVENTION = ("the loss shifts (transformers ForCausalLMLoss, packsim.core.loss): a counted "
               "labels[t] must equal input_ids[t]")
@@ -58,3 +61,25 @@ def realign(labels: torch.Tensor) -> torch.Tensor:
     out = torch.full_like(labels, IGNORE_INDEX)
     out[:, 1:] = labels[:, :-1]
     return out
+
+
+def completion_form(labels: torch.Tensor, seq: torch.Tensor) -> dict:
+    """Which examples of ``seq`` (B, T) have labels (B, T) of the prompt/completion form.
+
+    The form: -100 on the example's first ``j`` tokens (its first is never a target), counted on
+    every token after them to its end (the completion and its EOS), at least one counted. ->
+    {"examples": examples of 2+ tokens, "form": how many have it, "lead": (shortest, longest) ``j``
+    among them, or None}.
+    """
+    counted = (labels != IGNORE_INDEX).tolist()
+    runs: dict[int, list[bool]] = {}
+    for r, row in enumerate(seq.tolist()):
+        for t, k in enumerate(row):
+            if k >= 0 and t > 0 and row[t - 1] == k:  # inside example k (not its first token)
+                runs.setdefault(k, []).append(counted[r][t])
+    leads = []
+    for flags in runs.values():
+        j = flags.index(True) if True in flags else None
+        if j is not None and all(flags[j:]):
+            leads.append(j + 1)
+    return {"examples": len(runs), "form": len(leads), "lead": (min(leads), max(leads)) if leads else None}

@@ -2,7 +2,9 @@
 
 A :class:`Pipeline` wraps a PackedBatch (run with ``packsim.core.model.forward``) or a collator dict
 (run as ``model(**batch, **kwargs)``): input_ids (B, T), seq (B, T) example index (-1 padding),
-roles (B, T), positions (B, T).
+roles (B, T), positions (B, T). The objective (:data:`OBJECTIVES`) says what the loss should count:
+``"sft"`` (prompts -100) or ``"lm"`` (every real token a target: the roles inside the examples are
+all response).
 
 Lessons: none directly (they call packsim.audit, which builds the pipeline).
 """
@@ -58,6 +60,31 @@ class Pipeline:
     forward: str
     context: dict
     run_alone: Callable[..., torch.Tensor] | None = None  # (ids, positions, mask) (R, L) -> logits (R, L, V)
+    objective: str = "sft"  # "sft": prompts are not targets; "lm": every real token is one (OBJECTIVES)
+
+
+# what the loss should count: the completion-only SFT check (default) or language modelling
+OBJECTIVES = {"sft": "completion-only fine-tuning: the prompts' labels are -100, the responses and EOS counted",
+              "lm": "language modelling (pretraining style): every real token is a target, no prompt/response "
+                    "split; padding and the label across each example boundary are still not counted"}
+LM_NOTE = "every real token is a target (objective='lm')"
+
+
+def check_objective(objective: str, response_mask=None) -> str:
+    """``objective`` when it is one of :data:`OBJECTIVES` and fits ``response_mask``; else PacksimError."""
+    if objective not in OBJECTIVES:
+        raise PacksimError(f"objective={objective!r}: use 'sft' ({OBJECTIVES['sft']}; the default) or 'lm' "
+                           f"({OBJECTIVES['lm'].split(':')[0]}: every token a target).")
+    if objective == "lm" and response_mask is not None:
+        raise PacksimError("objective='lm' makes every real token a target, so a response_mask cannot go with it: "
+                           "pass one or the other.")
+    return objective
+
+
+def _objective_mask(objective: str, response_mask, shape):
+    """The response mask the objective implies: all True for 'lm' (padding is set apart by the roles)."""
+    check_objective(objective, response_mask)
+    return torch.ones(tuple(shape), dtype=torch.bool) if objective == "lm" else response_mask
 
 
 @contextmanager
@@ -107,7 +134,7 @@ def _dense_ids(ids: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
 # ---------------------------------------------------------------------------- PackedBatch
 
 
-def packed_pipeline(model, batch: PackedBatch, response_mask, forward_kwargs) -> Pipeline:
+def packed_pipeline(model, batch: PackedBatch, response_mask, forward_kwargs, objective: str = "sft") -> Pipeline:
     from packsim.core.model import forward
 
     def run(input_ids=None, inputs_embeds=None, output_attentions=False) -> ForwardOutput:
@@ -116,7 +143,9 @@ def packed_pipeline(model, batch: PackedBatch, response_mask, forward_kwargs) ->
 
     found = find_boundaries(batch)
     seq, ids = _dense_ids(found.seq_ids)
-    roles, notes = _packed_roles(model, batch, response_mask)
+    roles, notes = _packed_roles(model, batch, _objective_mask(objective, response_mask, batch.shape))
+    if objective == "lm":
+        notes[0] = LM_NOTE
     kw = "".join(f", {k}={v!r}" for k, v in forward_kwargs.items())
     return Pipeline(
         model=model, run=run, input_ids=batch.input_ids, seq=seq, example_ids=ids,
@@ -127,6 +156,7 @@ def packed_pipeline(model, batch: PackedBatch, response_mask, forward_kwargs) ->
         context={"kind": "packed", "setup": batch.setup, "batch": batch},
         run_alone=lambda x, pos, mask: logits_of(
             model(input_ids=x, position_ids=pos, attention_mask=mask, use_cache=False)).logits,
+        objective=objective,
     )
 
 
@@ -156,8 +186,10 @@ def _packed_roles(model, batch: PackedBatch, response_mask) -> tuple[torch.Tenso
 # ---------------------------------------------------------------------------- plain dicts
 
 
-def dict_pipeline(model, batch: Mapping, response_mask, forward_kwargs, seq=None, source=None) -> Pipeline:
-    """The pipeline ``model(**batch, **forward_kwargs)``; ``seq`` (B, T) overrides the batch's boundaries."""
+def dict_pipeline(model, batch: Mapping, response_mask, forward_kwargs, seq=None, source=None,
+                  objective: str = "sft") -> Pipeline:
+    """The pipeline ``model(**batch, **forward_kwargs)``; ``seq`` (B, T) overrides the batch's boundaries;
+    ``objective`` as :data:`OBJECTIVES` ("lm": every real token is a target)."""
     fields = dict(batch)
     if seq is None:
         seq, ex_ids, found = _dict_boundaries(fields)  # checks input_ids is (B, T) first
@@ -166,7 +198,10 @@ def dict_pipeline(model, batch: Mapping, response_mask, forward_kwargs, seq=None
         ex_ids = list(range(int(seq.max()) + 1))
     ids = fields["input_ids"]
     _check_field_shapes(fields, ids.shape)
-    roles, notes = dict_roles(model, fields, seq, _check_response_mask(response_mask, ids.shape))
+    mask = _objective_mask(objective, _check_response_mask(response_mask, ids.shape), ids.shape)
+    roles, notes = dict_roles(model, fields, seq, mask)
+    if objective == "lm":
+        notes[0] = LM_NOTE
     fields_no_ids = {k: v for k, v in fields.items() if k != "input_ids"}
 
     def run(input_ids=None, inputs_embeds=None, output_attentions=False) -> ForwardOutput:
@@ -188,6 +223,7 @@ def dict_pipeline(model, batch: Mapping, response_mask, forward_kwargs, seq=None
         context={"kind": "dict", "fields": fields, "impl": impl, "forward_kwargs": forward_kwargs},
         run_alone=lambda x, pos, mask: logits_of(
             model(input_ids=x, position_ids=pos, attention_mask=mask, **forward_kwargs)).logits,
+        objective=objective,
     )
 
 

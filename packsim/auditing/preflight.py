@@ -194,7 +194,7 @@ def _split(tokenizer, record: dict) -> tuple[list[int], list[int]]:
     return full[:k], full[k:]
 
 
-def _plain_trainer(model, tokenizer, records, collator: str, out: str, batch_size: int):
+def _plain_trainer(model, tokenizer, records, collator: str, out: str, batch_size: int, objective: str = "sft"):
     from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
 
     try:  # datasets comes with TRL; without it (pip install packsim) the Trainer reads a plain list
@@ -209,11 +209,15 @@ def _plain_trainer(model, tokenizer, records, collator: str, out: str, batch_siz
         prompt, completion = _split(tokenizer, r)
         if collator == "packsim":
             features.append({"prompt_ids": prompt, "response_ids": completion})
+        elif objective == "lm":  # language modelling: every token's label counted
+            features.append({"input_ids": prompt + completion, "labels": prompt + completion})
         else:
             features.append({"input_ids": prompt + completion,
                              "labels": [-100] * len(prompt) + completion,
                              "completion_mask": [0] * len(prompt) + [1] * len(completion)})
-    collate = PackingCollator(vocab_size=len(tokenizer)) if collator == "packsim" else DataCollatorWithFlattening()
+    setup = "mask_fix" if objective == "lm" else "correct"  # mask_fix: block-diagonal, every token counted
+    collate = (PackingCollator(setup, vocab_size=len(tokenizer)) if collator == "packsim"
+               else DataCollatorWithFlattening())
     args = TrainingArguments(output_dir=out, per_device_train_batch_size=batch_size, max_steps=1,
                              report_to="none", save_strategy="no", remove_unused_columns=False,
                              use_cpu=not torch.cuda.is_available(), seed=0)
@@ -221,7 +225,8 @@ def _plain_trainer(model, tokenizer, records, collator: str, out: str, batch_siz
                    data_collator=collate)
 
 
-def _sft_trainer(model, tokenizer, records, collator: str, out: str, batch_size: int, max_length: int):
+def _sft_trainer(model, tokenizer, records, collator: str, out: str, batch_size: int, max_length: int,
+                 objective: str = "sft"):
     from packsim.core.extras import require
 
     require(f"--collator {collator}", "trl", "trl")  # one line naming pip install "packsim[trl]"
@@ -233,23 +238,30 @@ def _sft_trainer(model, tokenizer, records, collator: str, out: str, batch_size:
                "trl-padding-free": dict(padding_free=True, max_length=None)}[collator]
     args = SFTConfig(output_dir=out, per_device_train_batch_size=batch_size, max_steps=1, report_to="none",
                      save_strategy="no", bf16=False, use_cpu=not torch.cuda.is_available(), seed=0, **packing)
+    if objective == "lm":  # language-modelling data: TRL counts every token
+        records = [{"text": r["prompt"] + r["completion"]} for r in records]
     return SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(records),
                       processing_class=tokenizer)
 
 
 def build_trainer(model, tokenizer, records, collator: str, out: str, batch_size: int = 4,
-                  max_length: int = 256):
-    """The Trainer / SFTTrainer the collator NAME stands for (see the module doc)."""
+                  max_length: int = 256, objective: str = "sft"):
+    """The Trainer / SFTTrainer the collator NAME stands for (see the module doc); ``objective="lm"``:
+    each record's prompt + completion is one text, every token a target."""
     if collator not in COLLATORS:
         raise PacksimError(f"unknown collator {collator!r}: use one of {', '.join(COLLATORS)}.")
     if collator.startswith("trl-"):
-        return _sft_trainer(model, tokenizer, records, collator, out, batch_size, max_length)
-    return _plain_trainer(model, tokenizer, records, collator, out, batch_size)
+        return _sft_trainer(model, tokenizer, records, collator, out, batch_size, max_length, objective)
+    return _plain_trainer(model, tokenizer, records, collator, out, batch_size, objective)
 
 
 def preflight(model_dir, data, collator: str, attn: str | None = None, batches: int = 1,
-              batch_size: int = 4, max_length: int = 256, strict: bool = False, trust_boundaries: bool = False):
-    """Audit the pipeline DIR + FILE + collator + attention would train; returns the AuditReport."""
+              batch_size: int = 4, max_length: int = 256, strict: bool = False, trust_boundaries: bool = False,
+              objective: str = "sft"):
+    """Audit the pipeline DIR + FILE + collator + attention would train; returns the AuditReport.
+
+    ``objective``: as :func:`packsim.audit_trainer` ("lm": the records are trained as plain text,
+    prompt + completion, every token a target)."""
     from packsim.auditing.findings import BatchView, flash_rows, is_flash
     from packsim.auditing.report import Finding
     from packsim.auditing.trainer import audit_trainer
@@ -271,8 +283,9 @@ def preflight(model_dir, data, collator: str, attn: str | None = None, batches: 
         planned = run_attn = loaded
     check_tokenizer(model, tokenizer, records, f"--model {model_dir}")
     with tempfile.TemporaryDirectory(prefix="packsim-preflight-") as out:
-        trainer = build_trainer(model, tokenizer, records, collator, out, batch_size, max_length)
-        report = audit_trainer(trainer, batches=batches, strict=strict, trust_boundaries=trust_boundaries)
+        trainer = build_trainer(model, tokenizer, records, collator, out, batch_size, max_length, objective)
+        report = audit_trainer(trainer, batches=batches, strict=strict, trust_boundaries=trust_boundaries,
+                               objective=objective)
         if refused:
             report.findings.append(Finding(
                 "attention", "notice", f"{type(model).__name__} refuses sdpa in the installed transformers, so the "

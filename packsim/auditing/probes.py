@@ -14,7 +14,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from packsim.auditing.label_values import CONVENTION, label_values, realign
+from packsim.auditing.evidence import position_restarts
+from packsim.auditing.label_values import CONVENTION, completion_form, label_values, realign
 from packsim.auditing.pipeline import Pipeline, logits_of, same_randomness
 from packsim.auditing.report import ProbeResult
 from packsim.core.attention_share import outside_share
@@ -90,8 +91,11 @@ def perturbation(p: Pipeline, base: torch.Tensor, chosen, tol, seed,
     own = torch.diagonal(change)[chosen]
     if bool((own <= tol).all()):
         return ProbeResult("perturbation", "skipped", worst, tol,
-                           "changing an example's tokens does not change even its own logits: the "
-                           "model output does not depend on input_ids as passed"), change
+                           "the forward ran, but changing an example's tokens does not change even its own "
+                           "logits: the model output does not depend on input_ids as passed",
+                           {"how_to_get": "pass the batch exactly as the model's forward receives it (its logits "
+                                          "did not change with input_ids: e.g. a wrapper that binds its own "
+                                          "tokens or reads inputs_embeds)"}), change
     n_leaky = int((torch.nan_to_num(cross, nan=0.0) > tol).sum())
     summary = (f"max |change| of another example's logits when one example's tokens change "
                f"({len(chosen)} of {S} perturbed; {n_leaky} leaking pairs)")
@@ -258,21 +262,39 @@ def loss_coverage(p: Pipeline) -> ProbeResult:
         summary += "; WRONG: " + "; ".join(text for _, _, text in problems)
     summary += " (" + "; ".join(p.role_notes) + ")"
     details = {"counts": counts, "problems": [key for key, _, _ in problems],
-               "label_values": values, "convention": CONVENTION}
+               "label_values": values, "convention": CONVENTION, "objective": p.objective}
     c, n = counts["unknown"]
     if n and not problems:  # labels look right where they can be judged, the split cannot be
-        details.update(not_measured=NO_SPLIT, how_to_get=HOW_TO_SPLIT)
+        form = completion_form(judged, p.seq.to(judged.device))
+        measured = _form_text(form)
+        details.update(not_measured=NO_SPLIT, how_to_get=HOW_TO_SPLIT, measured=measured, form=form)
         return ProbeResult("loss_coverage", "skipped", None, 0,
-                           f"not measured: {NO_SPLIT} ({c} of the {n} tokens inside the examples are "
-                           "counted, of either kind); checked: " + summary, details)
+                           f"not measured: {NO_SPLIT}; measured by value: {measured}, {c} of the {n} tokens "
+                           "inside the examples counted; checked: " + summary, details)
     return ProbeResult("loss_coverage", "fail" if problems else "pass",
                        float(sum(n for _, n, _ in problems)), 0, summary, details)
 
 
-NO_SPLIT = "no prompt/response split reached the audit, so it cannot tell prompt labels from response labels"
-HOW_TO_SPLIT = ("keep the split in what the audit sees: TrainingArguments(remove_unused_columns=False) so "
-                "the collator's features keep completion_mask (or prompt_ids + response_ids), or pass "
-                "response_mask= to packsim.audit")
+NO_SPLIT = ("which tokens are the prompt and which the response: no prompt/response split independent of the "
+            "labels reached the audit, so whether the -100 labels are exactly the prompts cannot be told")
+HOW_TO_SPLIT = ("give the audit the split: packsim.audit(model, batch, response_mask=...) with a (B, T) bool, True "
+                "on the response and EOS (packsim.response_mask_from_features(features) builds it from features "
+                "with completion_mask or prompt_ids + response_ids); a transformers Trainer keeps those feature "
+                "columns for audit_trainer with TrainingArguments(remove_unused_columns=False); TRL's SFTTrainer "
+                "folds completion_mask into the labels while it prepares the dataset, so none of its batches carry "
+                "the split: audit one of them with packsim.audit(..., response_mask=); for language modelling "
+                "(every token a target) use objective='lm'")
+
+
+def _form_text(form: dict) -> str:
+    """What :func:`completion_form` measured, in words."""
+    S, k = form["examples"], form["form"]
+    if not k:
+        return f"none of the {S} examples is -100 on a leading run and counted after it"
+    lo, hi = form["lead"]
+    lead = f"{lo}" if lo == hi else f"{lo}..{hi}"
+    return (f"{k} of {S} examples are -100 on their first {lead} tokens and counted on every token after "
+            "them to their end (a prompt, then the completion and EOS, as the labels mark them)")
 
 
 def _value_problems(kinds: dict, values: dict, shifted: bool) -> list[tuple[str, int, str]]:
@@ -356,16 +378,18 @@ def positions_probe(p: Pipeline, tol) -> ProbeResult:
     """Do positions restart per example, and does it matter for this model?"""
     real = p.seq >= 0
     if p.positions is None:
-        reset, how = False, "absent: the model counts 0..T-1 across each row"
+        reset, restart, how = False, "absent", "absent: the model counts 0..T-1 across each row"
     else:
         pos = p.positions.to(p.expected_positions.device)
         reset = bool((pos[real] == p.expected_positions[real]).all())
-        how = "restart at each example" if reset else "do not restart at each example"
+        restart, how = position_restarts(pos, p.seq.to(pos.device))
+        how = "restart at each example" if reset else how
     kind = _position_kind(p.model)
     effect, where = _shift_effect(p)
     shift_tol = max(1e-4, 10 * tol)  # RoPE is shift-invariant only up to round-off of the angles
     matters = None if effect is None else effect > shift_tol
-    detail = {"reset": reset, "kind": kind, "shift_effect": effect}
+    detail = {"reset": reset, "restart": "right" if reset else restart, "how": how, "kind": kind,
+              "shift_effect": effect}
     if effect is None:
         effect_txt = f"shift test not run ({where})"
     else:

@@ -94,8 +94,9 @@ class Finding:
 
 # How to get a probe the audit had to skip (printed under the table, with what a skip means).
 HOW_TO_GET = {
-    "perturbation": "pass the batch exactly as the model's forward receives it (its logits did not "
-                    "depend on input_ids as passed)",
+    "perturbation": "audit a batch of 2+ examples through a forward that runs here; the evidence column "
+                    "says what stopped it (one example in the batch, a forward that refused the batch, or "
+                    "logits that did not change with input_ids)",
     "gradient": "audit where this forward has a backward pass (attn_implementation='eager' or "
                 "'sdpa' on CPU, or a GPU)",
     "attention_mass": "load the model with attn_implementation='eager' (the transformers attention "
@@ -192,11 +193,15 @@ class AuditReport:
         """What the verdict may say about the loss: only what the loss_coverage probe measured."""
         loss = self.probes.get("loss_coverage")
         if loss is not None and "not_measured" in loss.details:
+            measured = loss.details.get("measured")
             return ("; which labels are prompt and which response was not measured (no prompt/response split "
-                    "reached the audit), so the loss was not measured: only its padding, boundary and label "
-                    "values were checked.")
+                    "independent of the labels reached the audit: see loss_coverage for how to give it), so the "
+                    "loss was not measured as completion-only; it was checked by value (padding, boundaries, EOS, "
+                    f"each counted label its own token{'; ' + measured if measured else ''}).")
         if loss is None or loss.status == "skipped":
             return f"; the loss was not checked ({loss.summary if loss else 'no loss probe'})."
+        if loss.details.get("objective") == "lm":
+            return " and the loss counts every real token (the 'lm' objective), no padding or cross-boundary label."
         return " and the loss counts only responses."
 
     def _boundary_claim(self) -> str:

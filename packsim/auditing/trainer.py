@@ -42,11 +42,18 @@ from packsim.auditing.findings import (
     completion_only_loss,
     is_sft,
     loss_across_devices,
+    sft_language_modelling,
     static_findings,
 )
 from packsim.auditing.grpo import audit_grpo_trainer, is_grpo
-from packsim.auditing.hybrid_findings import kernel_refusal
-from packsim.auditing.pipeline import ForwardOutput, Pipeline, dict_roles, logits_of
+from packsim.auditing.hybrid_findings import hybrid_state, kernel_refusal
+from packsim.auditing.pipeline import (
+    ForwardOutput,
+    Pipeline,
+    check_objective,
+    dict_roles,
+    logits_of,
+)
 from packsim.auditing.preference import audit_dpo_trainer, is_dpo
 from packsim.auditing.report import AuditReport, Finding
 from packsim.auditing.truncation import truncated_examples
@@ -148,9 +155,11 @@ def _evidence(trainer, model, view: BatchView, features) -> BoundaryEvidence:
     return ev
 
 
-def _response_mask(trainer, view: BatchView, features) -> tuple[torch.Tensor | None, str | None]:
+def _response_mask(trainer, view: BatchView, features, objective: str = "sft") -> tuple[torch.Tensor | None, str | None]:
     """(B, T) bool response mask and where it came from, or (None, None) when unknown."""
     real = view.seq >= 0
+    if objective == "lm":
+        return real.clone(), "objective='lm' (every real token is a target)"
     if features is not None:
         try:
             flags = feature_response_masks(features)
@@ -171,14 +180,13 @@ def _response_mask(trainer, view: BatchView, features) -> tuple[torch.Tensor | N
                 for row, f in enumerate(layout):
                     mask[row, real[row]] = torch.tensor(f, dtype=torch.bool, device=mask.device)
                 return mask, "the collated features' prompt/completion split"
-    if is_sft(trainer) and getattr(trainer.args, "completion_only_loss", None) is None \
-            and not getattr(trainer, "completion_only_loss", False) \
-            and not getattr(trainer.args, "assistant_only_loss", False):
+    if sft_language_modelling(trainer):  # TRL's config says every token is a target
         return real.clone(), "language-modelling data (every token is a response token)"
     return None, None
 
 
-def _pipeline(trainer, model, view: BatchView, features, forward_kwargs, autocast) -> tuple[Pipeline, str | None]:
+def _pipeline(trainer, model, view: BatchView, features, forward_kwargs, autocast,
+              objective: str = "sft") -> tuple[Pipeline, str | None]:
     fields = view.fields
     ids = fields["input_ids"]
     rest = {k: v for k, v in fields.items() if k not in ("input_ids", "labels")}
@@ -196,7 +204,7 @@ def _pipeline(trainer, model, view: BatchView, features, forward_kwargs, autocas
                                    **forward_kwargs)).logits
 
     seq, S = view.seq, int(view.seq.max()) + 1 if bool((view.seq >= 0).any()) else 0
-    mask, note = _response_mask(trainer, view, features)
+    mask, note = _response_mask(trainer, view, features, objective)
     roles, notes = dict_roles(model, fields, seq, mask)
     if note:
         notes[0] = f"prompt/response from {note}"
@@ -213,7 +221,7 @@ def _pipeline(trainer, model, view: BatchView, features, forward_kwargs, autocas
         positions=None if pos is None else torch.as_tensor(pos).expand(ids.shape),
         expected_positions=example_positions(seq), forward=forward,
         context={"kind": "dict", "fields": fields, "impl": impl, "forward_kwargs": forward_kwargs},
-        run_alone=run_alone,
+        run_alone=run_alone, objective="lm" if objective == "lm" or sft_language_modelling(trainer) else "sft",
     )
     return p, note
 
@@ -243,7 +251,7 @@ def _use_cache(model, forward_kwargs) -> tuple[object, str]:
 
 def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: float | None = None,
                   seed: int = 0, strict: bool = False, trust_boundaries: bool = False,
-                  batch: dict | None = None) -> AuditReport:
+                  batch: dict | None = None, objective: str = "sft") -> AuditReport:
     """Audit a configured ``transformers.Trainer`` / ``trl.SFTTrainer`` before (or instead of) training.
 
     Args:
@@ -261,6 +269,12 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
             :class:`~packsim.AuditCallback` re-audits when the packed shape grows); its examples
             are located from its tokens and fields (the dataset's features are not known for it),
             and the accumulation check is skipped (it needs a whole accumulation step).
+        objective: what the loss should count, as :func:`packsim.audit`: ``"sft"`` (default: the
+            completion-only check, prompts -100) or ``"lm"`` (language modelling: every real token
+            a target, no prompt/response split expected; padding and cross-boundary labels still
+            checked). An SFTTrainer that TRL trains as language modelling (completion_only_loss
+            unset on data without prompt/completion fields, or False on a text / messages dataset)
+            is audited as ``"lm"`` either way.
 
     Returns an :class:`~packsim.auditing.report.AuditReport` whose ``findings`` hold the
     configuration checks; ``report.ok`` is False when a probe or a finding fails. The model's
@@ -271,6 +285,7 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
                            f"{type(trainer).__name__}: for a model and one batch use packsim.audit.")
     if not isinstance(batches, int) or batches < 1:
         raise PacksimError(f"batches={batches!r}: audit at least 1 batch.")
+    check_objective(objective)
     if is_dpo(trainer):  # per-sequence log-probs, not a token loss: auditing/preference.py
         return audit_dpo_trainer(trainer, tol=tol, strict=strict)
     if is_grpo(trainer):  # log-probs of the trainer's own completions: auditing/grpo.py
@@ -292,7 +307,7 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
             fields = trainer._prepare_inputs(raw)
             view = _view(trainer, model, fields)
             ev = _evidence(trainer, model, view, features)
-            p, note = _pipeline(trainer, model, view, features, forward_kwargs, autocast)
+            p, note = _pipeline(trainer, model, view, features, forward_kwargs, autocast, objective)
             try:
                 report, base_out = _probe(p, view, seed, max_examples, tol, ev.findings)
             except (ImportError, RuntimeError, ValueError) as err:
@@ -329,6 +344,9 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
                  accumulation, loss_across_devices(trainer, counts_items),
                  truncated_examples(trainer, p, drawn[worst][1], cut_across_rows=_wraps(trainer))]
     findings += report.findings  # boundary_fields, special_tokens (packsim.auditing.evidence)
+    hybrid = hybrid_state(model, view.fields)  # stateful (conv / SSM) layers; None for attention-only models
+    if hybrid and not any(f.name == "hybrid_state" for f in findings):  # refused: already there
+        findings.append(hybrid)
     if batches > 1:
         verdicts = [f"batch {k}: {'PASS' if r.ok else 'FAIL (' + ', '.join(r.failed) + ')'}"
                     for k, (r, *_rest) in enumerate(results)]

@@ -200,12 +200,15 @@ def dataset_cuts(dataset, max_length: int | None, eos: set[int], limit: int = SC
             "ending_is_eos": bool(ending) and ending <= set(eos), "rows": n, "capped": n < total}
 
 
-def collator_cuts(features, input_ids: torch.Tensor, labels, real: torch.Tensor | None) -> dict | None:
+def collator_cuts(features, input_ids: torch.Tensor, labels, real: torch.Tensor | None,
+                  eos: set[int] = frozenset()) -> dict | None:
     """Examples the collator was given vs its batch: which it kept only a prefix of; None without features.
 
-    ``real`` (B, T) bool, False on padding (None: unknown). Returns {"examples", "cut" {k: (kept,
-    length)}, "prompt_only" (cut examples keeping no counted label), "unfound" (neither whole nor a
-    prefix: tokens changed, not judged)}.
+    ``real`` (B, T) bool, False on padding (None: unknown); ``eos``: the EOS ids. Returns {"examples",
+    "cut" {k: (kept, length)}, "prompt_only" (cut examples keeping no counted label), "unfound"
+    (neither whole nor a prefix: tokens changed, not judged), "at_row_end" (cut examples whose kept
+    piece ends a full row, where a truncation of the row leaves it), "lost_eos" (cut examples whose
+    dropped end is their EOS alone), "longest" (the longest example given)}.
     """
     exs = feature_examples(features)
     if not exs:
@@ -221,8 +224,12 @@ def collator_cuts(features, input_ids: torch.Tensor, labels, real: torch.Tensor 
             first = mine & ~torch.cat([torch.zeros_like(mine[:, :1]), mine[:, :-1]], 1)
             if not bool((lab[mine & ~first] != IGNORE_INDEX).any()):
                 prompt_only.append(k)
+    T = ids.shape[1]
+    at_row_end = [k for k in cut if bool((seq[:, T - 1] == k).any())]
+    lost_eos = [k for k, m in cut.items() if len(exs[k]) - m == 1 and exs[k][-1] in eos]
     return {"examples": len(exs), "cut": {k: (m, len(exs[k])) for k, m in cut.items()},
-            "prompt_only": prompt_only, "unfound": len(missing) - len(cut)}
+            "prompt_only": prompt_only, "unfound": len(missing) - len(cut), "at_row_end": at_row_end,
+            "lost_eos": lost_eos, "longest": max(len(e) for e in exs)}
 
 
 def _dataset_part(found: dict | None, sft_truncates: bool) -> tuple[str, str]:
@@ -245,19 +252,40 @@ def _dataset_part(found: dict | None, sft_truncates: bool) -> tuple[str, str]:
             f"(prompt-only){dropped}"), "fail"
 
 
-def _collator_part(found: dict | None) -> tuple[str, str]:
-    """(text, status) for the collator's features vs its batch."""
+def _truncated_by_length(found: dict, k: int, max_length: int | None) -> bool:
+    """Can a truncation at ``max_length`` (or, unknown, at a row's end) have cut example ``k``?"""
+    _, n = found["cut"][k]
+    if max_length is not None and n > max_length:
+        return True
+    return k in found["at_row_end"]  # the kept piece fills its row: a row cut at its length
+
+
+def _collator_part(found: dict | None, max_length: int | None = None) -> tuple[str, str, set[str]]:
+    """(text, status, causes) for the collator's features vs its batch; causes: ``"truncation"`` for
+    cuts a max_length explains, ``"collator"`` for tokens dropped from examples that fit."""
     if found is None:
-        return "", "skipped"
+        return "", "skipped", set()
     cut, n = found["cut"], found["examples"]
     unfound = (f"; {found['unfound']} not found whole or as a prefix (their tokens changed: not judged)"
                if found["unfound"] else "")
     if not cut:
-        return f"the collator: each of the {n} examples it was given is whole in the batch{unfound}", "pass"
+        return f"the collator: each of the {n} examples it was given is whole in the batch{unfound}", "pass", set()
     kept = "; ".join(f"example {k} keeps {m} of {total} tokens" for k, (m, total) in list(cut.items())[:3])
-    return (f"the collator: {len(cut)} of the {n} examples it was given are cut short in the batch "
+    text = (f"the collator: {len(cut)} of the {n} examples it was given are cut short in the batch "
             f"({kept}{' ...' if len(cut) > 3 else ''}), {len(found['prompt_only'])} of them keep no counted "
-            f"label (prompt-only){unfound}"), "fail"
+            f"label (prompt-only){unfound}")
+    room = [k for k in cut if not _truncated_by_length(found, k, max_length)]
+    causes = {"collator"} if room else set()
+    if len(room) < len(cut):
+        causes.add("truncation")
+    if room:
+        limit = f"max_length={max_length}" if max_length is not None else "the rows (each stops before padding or the next example)"
+        eos = [k for k in room if k in found["lost_eos"]]
+        what = (f"{len(eos)} of them lose only their last token, the EOS" if eos
+                else f"{len(room)} of them lose tokens")
+        text += (f"; {what}, while they fit {limit} (the longest example given is {found['longest']} tokens): "
+                 "not a truncation")
+    return text, "fail", causes
 
 
 def _eos_ids(trainer) -> set[int]:
@@ -286,11 +314,22 @@ def truncated_examples(trainer, p, features, cut_across_rows: bool = False) -> F
     fields = p.context.get("fields", {}) if isinstance(p.context, dict) else {}
     mask = fields.get("attention_mask")
     real = mask.bool() if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
-    coll = _collator_part(collator_cuts(features, p.input_ids, p.labels, real))
-    parts = [data, coll, (f"the audited batch: {batch.evidence}", batch.status)]
+    limit = max_length if max_length is not None else getattr(getattr(trainer, "data_collator", None), "max_length", None)
+    limit = limit if isinstance(limit, int) else None
+    text, status, causes = _collator_part(collator_cuts(features, p.input_ids, p.labels, real, _eos_ids(trainer)), limit)
+    parts = [data, (text, status), (f"the audited batch: {batch.evidence}", batch.status)]
     statuses = {s for t, s in parts if t}
     status = "fail" if "fail" in statuses else "pass" if "pass" in statuses else "skipped"
-    fix = ("raise max_length above the longest example (SFTConfig(max_length=...), or the collator's or "
-           "tokenizer's max_length), or drop or shorten the examples longer than it (and those without a "
-           "response) before training") if status == "fail" else ""
-    return Finding("truncated_examples", status, "; ".join(t for t, _ in parts if t), fix)
+    if data[1] == "fail" or (batch.failed and "collator" not in causes):
+        causes.add("truncation")
+    fixes = []
+    if "collator" in causes:
+        fixes.append("fix the collator so it keeps every token of each example it is given, EOS included (an "
+                     "off-by-one slice such as input_ids[:-1], or a shift done in the collator); raising max_length "
+                     "does not help: the examples fit")
+    if "truncation" in causes:
+        fixes.append("raise max_length above the longest example (SFTConfig(max_length=...), or the collator's or "
+                     "tokenizer's max_length), or drop or shorten the examples longer than it (and those without a "
+                     "response) before training")
+    return Finding("truncated_examples", status, "; ".join(t for t, _ in parts if t),
+                   "; and ".join(fixes) if status == "fail" else "")
