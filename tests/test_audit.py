@@ -558,3 +558,148 @@ def test_cli_rejects_unknown_setup(capsys):
         main(["audit", "--setups", "nope"])
     err = capsys.readouterr().err
     assert info.value.code == 2 and "unknown setup 'nope'" in err and len(err.strip().splitlines()) == 1
+
+
+# ----------------------------------------------------------------------------- what the texts say (issue 30)
+
+
+def _later_starts(examples) -> list[int]:
+    """Ground truth: the token where each later example starts in the collated row (from the lengths)."""
+    lengths = torch.tensor([len(ex.tokens) for ex in examples])
+    return lengths.cumsum(0)[:-1].tolist()
+
+
+def _others_move(model, batch: dict, k: int, starts: list[int]) -> float:
+    """Ground truth without packsim: the largest logit change outside example k when its tokens change."""
+    ids = batch["input_ids"]
+    bounds = [0, *starts, ids.shape[1]]
+    mine = torch.zeros(ids.shape[1], dtype=torch.bool)
+    mine[bounds[k]:bounds[k + 1]] = True
+    rest = {key: v for key, v in batch.items() if key not in ("input_ids", "labels")}
+    with torch.no_grad():
+        base = model(input_ids=ids, **rest, use_cache=False).logits[0]
+        moved = model(input_ids=torch.where(mine, (ids + 7) % VOCAB, ids), **rest, use_cache=False).logits[0]
+    return float((moved - base).abs().amax(-1)[~mine].max())
+
+
+def test_a_numerical_difference_is_not_called_a_leak_nor_given_the_flash_note(examples, models):
+    """A correct flattening batch with cu_seq_lens on sdpa and a tolerance below fp32 round-off: packed and
+    alone differ by round-off, no example moves another (0 leaking pairs): no flash-only note, no
+    "attention crosses examples"."""
+    batch, model = collated(examples), models("sdpa")
+    starts = _later_starts(examples)
+    assert all(_others_move(model, batch, k, starts) == 0.0 for k in range(len(examples)))  # ground truth
+    report = packsim.audit(model, batch, response_mask(examples), use_cache=False, tol=1e-12)
+    pert = report.probes["perturbation"]
+    assert report.failed == ["perturbation"] and pert.details["leaking_pairs"] == 0, report.table()
+    text = " ".join(report.causes)
+    assert "cu_seq_lens" not in text and "attention crosses examples" not in text
+    assert "0 leaking pairs" in report.causes[0] and "tolerance 1e-12" in report.causes[0]
+
+
+def test_the_flash_note_comes_where_cu_seq_lens_mark_what_position_ids_do_not(examples, models):
+    batch, model = collated(examples), models("sdpa")
+    batch["position_ids"] = torch.arange(batch["input_ids"].shape[1])[None]  # cu_seq_lens_* still mark them
+    assert _others_move(model, batch, 0, _later_starts(examples)) > LEAK_MIN  # ground truth: it leaks
+    report = packsim.audit(model, batch, response_mask(examples), use_cache=False)
+    assert "perturbation" in report.failed
+    assert any(c.startswith("note: the batch's cu_seq_lens_*") and "'sdpa' isolates through position_ids" in c
+               for c in report.causes), report.table()
+
+
+@pytest.mark.parametrize("shift", [-1, 1], ids=["early", "late"])
+def test_positions_restarting_one_token_off_are_named_with_the_token(examples, models, shift):
+    """position_ids restart one token before (after) each later example's first token: the report says
+    so, at the token the test put it, instead of "do not restart at each example"."""
+    b = collated(examples)
+    starts = _later_starts(examples)
+    seq = torch.zeros(b["input_ids"].shape[1], dtype=torch.long)
+    for s in starts:
+        seq[s + shift:] += 1  # the collator's (wrong) examples: each start moved by `shift`
+    pos = seq.clone()
+    for k in range(int(seq.max()) + 1):
+        pos[seq == k] = torch.arange(int((seq == k).sum()))
+    batch = {"input_ids": b["input_ids"], "labels": b["labels"], "position_ids": pos[None]}
+    model = models("sdpa")
+    assert _others_move(model, batch, 0, starts) > LEAK_MIN  # ground truth: example 0 moves example 1
+    report = packsim.audit(model, batch, response_mask(examples), use_cache=False,
+                           examples=[list(ex.tokens) for ex in examples])
+    word = "early" if shift < 0 else "late"
+    s = starts[0]
+    expected = f"restart one token {word}: at token {s + shift}, where the example starts at token {s}"
+    assert expected in report.probes["positions"].summary, report.table()
+    assert f"({len(starts)} of the {len(starts)} later examples' starts)" in report.probes["positions"].summary
+    assert "perturbation" in report.failed
+    cause = next(c for c in report.causes if c.startswith("position_ids restart one token"))
+    assert expected in cause and ("the last token of each example" if shift < 0 else "the first token") in cause
+    assert "do not restart at each example" not in report.table()
+
+
+class _Blind(torch.nn.Module):
+    """A 'model' whose logits do not depend on input_ids (a wrapper that binds its own tokens)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(VOCAB, 4)
+        self.register_buffer("out", torch.randn(VOCAB, generator=torch.Generator().manual_seed(0)))
+
+    def get_input_embeddings(self):
+        return self.emb
+
+    def forward(self, input_ids=None, inputs_embeds=None, **kwargs):
+        x = input_ids if input_ids is not None else inputs_embeds[..., 0]
+        return self.out.expand(*x.shape[:2], VOCAB)
+
+
+def test_logits_that_ignore_input_ids_say_so_in_how_to_get_the_probe(examples):
+    b = collated(examples)
+    report = packsim.audit(_Blind(), b, response_mask(examples))
+    pert = report.probes["perturbation"]
+    assert pert.status == "skipped" and pert.summary.startswith("the forward ran, but"), report.table()
+    assert "its logits did not change with input_ids" in report.table()
+
+
+# ----------------------------------------------------------------------------- objective="lm"
+
+
+def _lm_batch(examples) -> dict:
+    """Pretraining-style: DataCollatorWithFlattening over token lists, labels = input_ids (first of each -100)."""
+    return DataCollatorWithFlattening()([{"input_ids": list(ex.tokens)} for ex in examples])
+
+
+def test_a_language_modelling_batch_passes_under_objective_lm(examples, models):
+    batch, model = _lm_batch(examples), models("sdpa")
+    ids, labels = batch["input_ids"][0], batch["labels"][0]
+    starts = [0, *_later_starts(examples)]
+    inside = torch.ones_like(ids, dtype=torch.bool)
+    inside[starts] = False
+    assert bool((labels[inside] == ids[inside]).all()) and bool((labels[starts] == IGNORE_INDEX).all())  # truth
+    sft = packsim.audit(model, batch, use_cache=False)  # the completion-only check: any prompt would count
+    assert "loss_coverage" in sft.failed and any("objective='lm'" in c for c in sft.causes), sft.table()
+    report = packsim.audit(model, batch, use_cache=False, objective="lm")
+    loss = report.probes["loss_coverage"]
+    assert report.ok and loss.status == "pass", report.table()
+    c, n = loss.details["counts"]["response"]
+    e, ne = loss.details["counts"]["EOS"]
+    assert c == n and e == ne and c + e == int(inside.sum()), loss.details["counts"]
+    assert "every real token" in report.verdict and "objective='lm'" in loss.summary
+
+
+def test_objective_lm_still_checks_boundaries_padding_and_coverage(examples, models):
+    model = models("sdpa")
+    batch = _lm_batch(examples)
+    s = _later_starts(examples)[0]
+    batch["labels"][0, s] = batch["input_ids"][0, s]  # the label across a boundary counted
+    assert "boundary" in packsim.audit(model, batch, use_cache=False, objective="lm").probes[
+        "loss_coverage"].details["problems"]
+    every = packed(examples, "mask_fix")  # loss 'all': every label counted, padding and boundaries too
+    pad, first = every.roles == Role.PAD, every.roles == Role.BOUNDARY  # ground truth from the packer's roles
+    assert bool((every.labels[pad | first] != IGNORE_INDEX).all()) and bool(pad.any()) and bool(first.any())
+    done = packsim.audit(models(), every, objective="lm")
+    assert set(done.probes["loss_coverage"].details["problems"]) == {"padding", "boundary"}, done.table()
+    sft = packsim.audit(models(), packed(examples, "correct"), objective="lm")  # prompts -100: not LM
+    assert "response" in sft.probes["loss_coverage"].details["problems"], sft.table()
+    with pytest.raises(PacksimError, match="objective='x'"):
+        packsim.audit(model, batch, objective="x")
+    with pytest.raises(PacksimError, match="response_mask cannot go with it"):
+        packsim.audit(model, batch, response_mask(examples), objective="lm")

@@ -350,19 +350,48 @@ def test_a_dropped_completion_mask_is_not_measured_not_claimed(root, tmp_path):
 # ----------------------------------------------------------------------------- paths and families
 
 
-def test_a_flash_gate_that_cannot_run_here_is_not_measured_exit_3(root, capsys):
-    """On a CPU without flash-attn the probes can only run under sdpa: that is not the path launched."""
+def test_the_flash_gate_runs_transformers_flash_path_on_the_reference_kernel(root, capsys):
+    """Without flash-attn, --attn flash_attention_2 runs transformers' own flash path on packsim's
+    reference kernel and says so; the ground truth (each example alone through that forward) agrees."""
     import torch
     from transformers.utils import is_flash_attn_2_available
 
     if torch.cuda.is_available() and is_flash_attn_2_available():
-        pytest.skip("flash_attention_2 runs here: the gate measures it")
+        pytest.skip("flash_attention_2 runs here on the real kernel")
     code = gate("--model", root / "ckpt", "--data", root / "data.jsonl", "--collator", "flattening",
                 "--attn", "flash_attention_2")
     out = capsys.readouterr().out
+    assert code == 0, out
+    assert "attn_implementation='packsim_reference_flash'" in out
+    assert "reference kernel (packsim, pure torch), not flash-attn" in out and out.rstrip().endswith("PASS")
+    # ground truth without the audit: the examples flattened into one row on that path vs each alone on sdpa
+    from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorWithFlattening
+
+    from packsim.core.flash_emulation import emulate_flash
+
+    tok = AutoTokenizer.from_pretrained(root / "ckpt")
+    flash = AutoModelForCausalLM.from_pretrained(root / "ckpt", attn_implementation=emulate_flash().name)
+    sdpa = AutoModelForCausalLM.from_pretrained(root / "ckpt", attn_implementation="sdpa")
+    features = [{"input_ids": tok(p + c)["input_ids"]} for p, c in PAIRS]
+    batch = DataCollatorWithFlattening()(features)
+    with torch.no_grad():
+        packed = flash(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits[0]
+        start, worst = 0, 0.0
+        for f in features:
+            n = len(f["input_ids"])
+            alone = sdpa(input_ids=torch.tensor([f["input_ids"]]), use_cache=False).logits[0]
+            worst, start = max(worst, float((packed[start:start + n] - alone).abs().max())), start + n
+    assert worst < 1e-5
+
+
+def test_a_flash_path_that_cannot_run_here_is_not_measured_exit_3(root, capsys):
+    """flash_attention_3 has no reference here: the probes can only run under sdpa, not the path launched."""
+    code = gate("--model", root / "ckpt", "--data", root / "data.jsonl", "--collator", "flattening",
+                "--attn", "flash_attention_3")
+    out = capsys.readouterr().out
     assert code == 3, out
     assert "NOT MEASURED: the attention path this pipeline launches did not run here" in out
-    assert "flash_attention_2 cannot run here" in out and out.rstrip().endswith("not a pass")
+    assert "flash_attention_3 cannot run here" in out and out.rstrip().endswith("not a pass")
 
 
 def test_gemma2_through_the_cli_is_audited_under_eager_and_says_so(root, capsys):
@@ -392,3 +421,33 @@ def test_a_crash_inside_the_audit_is_exit_4_never_1(factory, capsys, monkeypatch
     assert gate("--trainer", f"{factory}:make_trainer") == 4
     err = capsys.readouterr().err
     assert "Traceback" in err and err.strip().splitlines()[-1].startswith("packsim audit: internal error (TypeError")
+
+
+# ----------------------------------------------------------------------------- --objective lm (issue 30)
+
+
+@pytest.mark.parametrize("collator", ["flattening", "packsim", "trl-bfd"])
+def test_objective_lm_gates_a_language_modelling_pipeline(root, capsys, collator):
+    """--objective lm: the gate trains each record's prompt + completion as one text, every token a target;
+    the report says the loss counts every real token, exit 0."""
+    from packsim.auditing.preflight import preflight
+
+    report = preflight(root / "ckpt", root / "data.jsonl", collator, objective="lm")
+    loss = report.probes["loss_coverage"]
+    counts = loss.details["counts"]
+    # ground truth: no token inside an example is a prompt, every response / EOS token is counted
+    assert counts["prompt"] == (0, 0) and counts["response"][0] == counts["response"][1] > 0, report.table()
+    assert counts["EOS"][0] == counts["EOS"][1] and loss.details["objective"] == "lm"
+    assert report.ok and "every real token" in report.verdict, report.table()
+    assert gate("--model", root / "ckpt", "--data", root / "data.jsonl", "--collator", collator,
+                "--objective", "lm") == 0
+    assert capsys.readouterr().out.rstrip().endswith("pre-flight PASS")
+
+
+def test_objective_is_documented_and_needs_a_pipeline(root, capsys):
+    with pytest.raises(SystemExit):
+        main(["audit", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--objective {sft,lm}" in out and "every real token to be a target" in out
+    assert gate("--objective", "lm") == 2
+    assert "--objective need(s) --model DIR" in one_error_line(capsys)

@@ -63,3 +63,27 @@ def test_padding_free_attention_by_implementation():
 def test_loss_across_devices(world, avg, counts, status):
     trainer = SimpleNamespace(args=SimpleNamespace(world_size=world, average_tokens_across_devices=avg))
     assert loss_across_devices(trainer, counts).status == status
+
+
+def test_rows_start_mid_example_only_where_a_bos_really_starts_examples():
+    """wrapped_packing says rows start in the middle of an example only when the tokens located the
+    examples and the BOS marks starts in this batch; a BOS id the tokenizer never puts in front says nothing."""
+    from packsim.auditing.findings import rows_mid_example, wrapped_packing
+
+    BOS, EOS = 1, 2
+    ids = torch.tensor([[BOS, 5, 6, EOS, BOS, 7, 8, EOS],   # starts with BOS: whole examples
+                        [9, 9, EOS, BOS, 5, 5, 6, EOS]])    # starts with the rest of a cut example
+    seq = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 1], [2, 2, 2, 3, 3, 3, 3, 3]])
+    trainer = SimpleNamespace(processing_class=SimpleNamespace(bos_token_id=BOS, eos_token_id=EOS),
+                              model=SimpleNamespace(config=SimpleNamespace()), args=SimpleNamespace())
+    tokens = BatchView({"input_ids": ids}, seq, seq, "the tokens", True)
+    # ground truth: row 1's first token is not a BOS, while 3 examples of the batch start with one
+    assert rows_mid_example(trainer, tokens) == (", 1 of 2 row(s) start in the middle of an example (their "
+                                                 "first token is not a BOS, while 3 example(s) in the batch "
+                                                 "start with one)")
+    assert "1 of 2 row(s) start in the middle" in wrapped_packing(trainer, tokens).evidence
+    no_bos = BatchView({"input_ids": torch.where(ids == BOS, 4, ids)}, seq, seq, "the tokens", True)
+    assert rows_mid_example(trainer, no_bos) == ""  # the BOS id is never in front: it says nothing
+    located = BatchView({"input_ids": ids}, seq, seq, "the trainer's dataset examples", False)
+    assert rows_mid_example(trainer, located) == ""  # examples located whole start their rows
+    assert "middle" not in wrapped_packing(trainer, located).evidence

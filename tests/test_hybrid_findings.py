@@ -96,3 +96,52 @@ def test_a_trainer_whose_collator_gives_seq_idx_is_not_measured_on_cpu(bamba, tm
     finding = next(f for f in report.findings if f.name == "hybrid_state")
     assert finding.status == "skipped" and "BambaMixer" in finding.evidence and "needs the CUDA kernel" in finding.evidence
     assert report.status != "pass" and report.probes["perturbation"].status == "skipped"
+
+
+def test_a_flattening_trainer_on_a_hybrid_names_the_state_not_custom_attention(bamba, tmp_path):
+    """DataCollatorWithFlattening without seq_idx on Bamba: attention is isolated by position_ids, the Mamba2
+    conv / SSM state is not. audit_trainer adds the hybrid_state finding and the cause names the state and
+    the fix (seq_idx, the kernels), not "check custom attention code"."""
+    import datasets
+    from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
+
+    from packsim import audit_trainer
+
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(3, 90, (n,), generator=g).tolist() for n in (7, 9, 6, 8)]
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=1, report_to="none",
+                             use_cpu=True, save_strategy="no")
+    trainer = Trainer(model=bamba, args=args, train_dataset=datasets.Dataset.from_dict({"input_ids": rows}),
+                      data_collator=DataCollatorWithFlattening())
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    assert "seq_idx" not in batch
+    ids = batch["input_ids"][0]
+    first = next(r for r in rows if ids[:len(r)].tolist() == r)  # ground truth: the row's second example
+    second = next(r for r in rows if ids[len(first):len(first) + len(r)].tolist() == r)
+    with torch.no_grad():
+        packed = bamba(**{k: v for k, v in batch.items() if k != "labels"}).logits[0, len(first):len(first) + len(second)]
+        alone = bamba(input_ids=torch.tensor([second])).logits[0]
+    assert float((packed - alone).abs().max()) > 1e-3  # it leaks through the state
+    report = audit_trainer(trainer, objective="lm")
+    finding = next(f for f in report.findings if f.name == "hybrid_state")
+    assert finding.failed and "BambaMixer" in finding.evidence and "conv / SSM" in finding.evidence
+    assert "perturbation" in report.failed
+    text = " ".join(report.causes)
+    assert "check custom attention code" not in text, report.table()
+    cause = next(c for c in report.causes if c.startswith("BambaMixer carry a conv / SSM state"))
+    assert "no seq_idx" in cause and "DataCollatorWithFlattening(return_seq_idx=True)" in cause
+    assert "causal_conv1d and mamba_ssm" in cause
+
+
+def test_a_refused_forward_is_said_refused_with_how_to_get_the_probe(bamba):
+    if torch.cuda.is_available() and importlib.util.find_spec("causal_conv1d"):
+        pytest.skip("the kernels are installed: seq_idx runs, the audit measures it")
+    batch, _ = frontier_batch("seq_idx")
+    with pytest.raises(ValueError, match="can't keep packed sequences apart"), torch.no_grad():
+        bamba(**batch, use_cache=False)  # ground truth: the forward refuses the batch here
+    report = audit(bamba, batch, use_cache=False)
+    pert = report.probes["perturbation"]
+    assert "the forward refused the batch" in pert.summary and "refused" in pert.details
+    text = report.table()
+    assert "To get it: run the audit where the forward accepts this batch" in text
+    assert "did not depend on input_ids" not in text and "did not change with input_ids" not in text

@@ -228,3 +228,111 @@ def test_bad_input():
         packsim.audit_trainer(object())
     with pytest.raises(ValueError, match="status"):
         Finding("x", "ok", "evidence")
+
+
+# ----------------------------------------------------------------------------- what the texts say (issue 30)
+
+
+def lm_trainer(path, tmp_path):
+    """A pretraining-style transformers Trainer: token rows without BOS (the model's config still names
+    one), each ending with EOS, DataCollatorWithFlattening (labels = input_ids)."""
+    from transformers import DataCollatorWithFlattening
+
+    rows = [encode(p + c) + [EOS_ID] for p, c in PAIRS]
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=1,
+                             report_to="none", save_strategy="no", use_cpu=True, seed=0)
+    return Trainer(model=_model(path), args=args, train_dataset=datasets.Dataset.from_dict({"input_ids": rows}),
+                   data_collator=DataCollatorWithFlattening()), rows
+
+
+def test_pretraining_style_batches_pass_under_objective_lm_and_no_row_is_called_cut(checkpoint, tmp_path):
+    trainer, rows = lm_trainer(checkpoint, tmp_path)
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    ids = batch["input_ids"][0].tolist()
+    assert trainer.model.config.bos_token_id == BOS_ID and BOS_ID not in ids  # a BOS id nobody puts in front
+    at, whole = 0, 0  # ground truth: the row is whole examples back to back, the first starting it
+    while at < len(ids):
+        row = next(r for r in rows if ids[at:at + len(r)] == r)
+        at, whole = at + len(row), whole + 1
+    default = packsim.audit_trainer(trainer)  # the completion-only check: every token counted fails
+    assert default.failed == ["loss_coverage"] and any("objective='lm'" in c for c in default.causes), \
+        default.table()
+    report = packsim.audit_trainer(trainer, objective="lm")
+    assert report.ok and len(report.example_ids) == whole, report.table()
+    wrapped = next(f for f in report.findings if f.name == "wrapped_packing")
+    assert "middle of an example" not in wrapped.evidence, wrapped.evidence
+    assert "every real token" in report.verdict
+    assert next(f for f in report.findings if f.name == "completion_only_loss").evidence.startswith(
+        "objective='lm': every real token should be a target")
+
+
+def test_trl_default_pass_says_what_its_loss_check_measured_and_how_to_get_the_roles(checkpoint, tmp_path):
+    """SFTTrainer, prompt/completion data, BFD: TRL folds the completion mask into the labels, so no split
+    reaches the audit; the loss row and completion_only_loss say the same: config read, labels checked by
+    value (a -100 prompt run then every token counted, the lengths computed here), roles not measured."""
+    trainer = sft(checkpoint, tmp_path, packing=True)
+    assert "completion_mask" not in trainer.train_dataset.column_names  # ground truth: nothing to read
+    prompts = [1 + len(encode(p)) for p, _ in PAIRS]  # BOS + the prompt: TRL's common prefix, -100 in labels
+    report = packsim.audit_trainer(trainer)
+    loss = report.probes["loss_coverage"]
+    assert report.ok and loss.status == "skipped", report.table()
+    form = f"{len(PAIRS)} of {len(PAIRS)} examples are -100 on their first {min(prompts)}..{max(prompts)} tokens"
+    assert form in loss.summary and form in report.verdict, report.table()
+    assert "which labels are prompt and which response was not measured" in report.verdict
+    assert "counts only responses" not in report.verdict
+    finding = next(f for f in report.findings if f.name == "completion_only_loss")
+    assert "(the configuration, read)" in finding.evidence and "is not measured" in finding.evidence
+    assert form in finding.evidence
+    text = report.table()
+    assert "packsim.audit(model, batch, response_mask=...)" in text
+    assert "TRL's SFTTrainer folds completion_mask into the labels" in text
+
+
+def test_trl_language_modelling_with_completion_only_loss_off_counts_every_token(checkpoint, tmp_path):
+    data = datasets.Dataset.from_dict({"text": [p + c for p, c in PAIRS]})
+    args = SFTConfig(output_dir=str(tmp_path / "out"), max_length=48, per_device_train_batch_size=4, max_steps=1,
+                     report_to="none", save_strategy="no", bf16=False, use_cpu=True, completion_only_loss=False)
+    trainer = SFTTrainer(model=_model(checkpoint), args=args, train_dataset=data,
+                         processing_class=AutoTokenizer.from_pretrained(checkpoint))
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    real = batch["attention_mask"].bool()
+    real[:, 0] = False
+    assert bool((batch["labels"][real] == batch["input_ids"][real]).all())  # ground truth: every token counted
+    report = packsim.audit_trainer(trainer)
+    assert report.ok, report.table()
+    finding = next(f for f in report.findings if f.name == "completion_only_loss")
+    assert finding.status == "pass" and "completion_only_loss=False on language-modelling data" in finding.evidence
+    assert "every real token" in report.verdict
+
+
+def test_objective_lm_on_a_completion_only_trainer_fails_naming_the_setting(checkpoint, tmp_path):
+    trainer = sft(checkpoint, tmp_path, packing=True)  # TRL masks the prompts
+    report = packsim.audit_trainer(trainer, objective="lm")
+    assert {"loss_coverage", "completion_only_loss"} <= set(report.failed), report.table()
+    assert "response" in report.probes["loss_coverage"].details["problems"]
+    finding = next(f for f in report.findings if f.name == "completion_only_loss")
+    assert "SFTTrainer.completion_only_loss=True" in finding.evidence and "completion_only_loss=False" in finding.fix
+    with pytest.raises(PacksimError, match="objective='pretrain'"):
+        packsim.audit_trainer(trainer, objective="pretrain")
+
+
+class _DropEOS:
+    """Wraps PackingCollator: the collator's bug drops each response's last token (its EOS)."""
+
+    def __init__(self, collate):
+        self.collate = collate
+
+    def __call__(self, features):
+        return self.collate([{**f, "response_ids": f["response_ids"][:-1]} for f in features])
+
+
+def test_an_eos_dropped_by_the_collator_gets_the_collator_fix_not_max_length(checkpoint, tmp_path):
+    trainer = plain(checkpoint, tmp_path, _DropEOS(PackingCollator()))
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    assert EOS_ID not in batch["input_ids"].tolist()[0]  # ground truth: every example lost its EOS, with room
+    report = packsim.audit_trainer(trainer)
+    finding = next(f for f in report.findings if f.name == "truncated_examples")
+    assert finding.failed, report.table()
+    assert "4 of the 4 examples it was given are cut short" in finding.evidence
+    assert "4 of them lose only their last token, the EOS, while they fit the rows" in finding.evidence
+    assert finding.fix.startswith("fix the collator so it keeps every token") and "raise max_length" not in finding.fix

@@ -18,6 +18,8 @@ from independent evidence and checks every field against it:
    token); a multi-turn chat template ends every turn with EOS, so more pieces than examples
    cannot tell turns from merged examples, and the tokens are then not independent evidence.
 
+:func:`position_restarts` says how ``position_ids`` restart against the examples (one token early or
+late, at wrong tokens, not at all), for the positions probe and its causes.
 :func:`field_starts` reads every boundary field into (B, T) bool "an example starts here";
 :func:`boundary_fields` compares each with the independent starts and names the field and the
 token where they disagree ("position_ids restart at token 12, the example starts at token 11").

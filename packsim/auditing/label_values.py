@@ -26,7 +26,7 @@ import torch
 
 from packsim.core.loss import IGNORE_INDEX, Role
 
-__all__ = ["CONVENTION", "completion_form", "label_values", "realign"]
+__all__ = ["CONVENTION", "completion_form", "form_text", "label_values", "realign"]
 
 CONVENTION = ("the loss shifts (transformers ForCausalLMLoss, packsim.core.loss): a counted "
               "labels[t] must equal input_ids[t]")
@@ -69,7 +69,7 @@ def completion_form(labels: torch.Tensor, seq: torch.Tensor) -> dict:
     The form: -100 on the example's first ``j`` tokens (its first is never a target), counted on
     every token after them to its end (the completion and its EOS), at least one counted. ->
     {"examples": examples of 2+ tokens, "form": how many have it, "lead": (shortest, longest) ``j``
-    among them, or None}.
+    among them, or None, "text": :func:`form_text` of it}.
     """
     counted = (labels != IGNORE_INDEX).tolist()
     runs: dict[int, list[bool]] = {}
@@ -82,4 +82,16 @@ def completion_form(labels: torch.Tensor, seq: torch.Tensor) -> dict:
         j = flags.index(True) if True in flags else None
         if j is not None and all(flags[j:]):
             leads.append(j + 1)
-    return {"examples": len(runs), "form": len(leads), "lead": (min(leads), max(leads)) if leads else None}
+    form = {"examples": len(runs), "form": len(leads), "lead": (min(leads), max(leads)) if leads else None}
+    return {**form, "text": form_text(form)}
+
+
+def form_text(form: dict) -> str:
+    """What :func:`completion_form` found, in words."""
+    S, k = form["examples"], form["form"]
+    if not k:
+        return f"none of the {S} examples is -100 on a leading run and counted after it"
+    lo, hi = form["lead"]
+    lead = f"{lo}" if lo == hi else f"{lo}..{hi}"
+    return (f"{k} of {S} examples are -100 on their first {lead} tokens and counted on every token after "
+            "them to their end (a prompt, then the completion and EOS, as the labels mark them)")

@@ -266,7 +266,7 @@ def loss_coverage(p: Pipeline) -> ProbeResult:
     c, n = counts["unknown"]
     if n and not problems:  # labels look right where they can be judged, the split cannot be
         form = completion_form(judged, p.seq.to(judged.device))
-        measured = _form_text(form)
+        measured = form["text"]
         details.update(not_measured=NO_SPLIT, how_to_get=HOW_TO_SPLIT, measured=measured, form=form)
         return ProbeResult("loss_coverage", "skipped", None, 0,
                            f"not measured: {NO_SPLIT}; measured by value: {measured}, {c} of the {n} tokens "
@@ -284,17 +284,6 @@ HOW_TO_SPLIT = ("give the audit the split: packsim.audit(model, batch, response_
                 "folds completion_mask into the labels while it prepares the dataset, so none of its batches carry "
                 "the split: audit one of them with packsim.audit(..., response_mask=); for language modelling "
                 "(every token a target) use objective='lm'")
-
-
-def _form_text(form: dict) -> str:
-    """What :func:`completion_form` measured, in words."""
-    S, k = form["examples"], form["form"]
-    if not k:
-        return f"none of the {S} examples is -100 on a leading run and counted after it"
-    lo, hi = form["lead"]
-    lead = f"{lo}" if lo == hi else f"{lo}..{hi}"
-    return (f"{k} of {S} examples are -100 on their first {lead} tokens and counted on every token after "
-            "them to their end (a prompt, then the completion and EOS, as the labels mark them)")
 
 
 def _value_problems(kinds: dict, values: dict, shifted: bool) -> list[tuple[str, int, str]]:

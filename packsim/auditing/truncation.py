@@ -208,7 +208,7 @@ def collator_cuts(features, input_ids: torch.Tensor, labels, real: torch.Tensor 
     "cut" {k: (kept, length)}, "prompt_only" (cut examples keeping no counted label), "unfound"
     (neither whole nor a prefix: tokens changed, not judged), "at_row_end" (cut examples whose kept
     piece ends a full row, where a truncation of the row leaves it), "lost_eos" (cut examples whose
-    dropped end is their EOS alone), "longest" (the longest example given)}.
+    dropped end is their EOS alone), "longest" (the longest example given), "width" (T)}.
     """
     exs = feature_examples(features)
     if not exs:
@@ -229,7 +229,7 @@ def collator_cuts(features, input_ids: torch.Tensor, labels, real: torch.Tensor 
     lost_eos = [k for k, m in cut.items() if len(exs[k]) - m == 1 and exs[k][-1] in eos]
     return {"examples": len(exs), "cut": {k: (m, len(exs[k])) for k, m in cut.items()},
             "prompt_only": prompt_only, "unfound": len(missing) - len(cut), "at_row_end": at_row_end,
-            "lost_eos": lost_eos, "longest": max(len(e) for e in exs)}
+            "lost_eos": lost_eos, "longest": max(len(e) for e in exs), "width": T}
 
 
 def _dataset_part(found: dict | None, sft_truncates: bool) -> tuple[str, str]:
@@ -255,8 +255,8 @@ def _dataset_part(found: dict | None, sft_truncates: bool) -> tuple[str, str]:
 def _truncated_by_length(found: dict, k: int, max_length: int | None) -> bool:
     """Can a truncation at ``max_length`` (or, unknown, at a row's end) have cut example ``k``?"""
     _, n = found["cut"][k]
-    if max_length is not None and n > max_length:
-        return True
+    if max_length is not None:  # longer than it, or kept to the end of a row max_length tokens long
+        return n > max_length or (k in found["at_row_end"] and found["width"] >= max_length)
     return k in found["at_row_end"]  # the kept piece fills its row: a row cut at its length
 
 
@@ -275,6 +275,9 @@ def _collator_part(found: dict | None, max_length: int | None = None) -> tuple[s
             f"({kept}{' ...' if len(cut) > 3 else ''}), {len(found['prompt_only'])} of them keep no counted "
             f"label (prompt-only){unfound}")
     room = [k for k in cut if not _truncated_by_length(found, k, max_length)]
+    if room and max_length is None:  # no limit known: a cut at a row's end losing what the others lose is theirs
+        lost = {cut[k][1] - cut[k][0] for k in room}
+        room = [k for k in cut if k in room or cut[k][1] - cut[k][0] in lost]
     causes = {"collator"} if room else set()
     if len(room) < len(cut):
         causes.add("truncation")
