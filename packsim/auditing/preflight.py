@@ -275,6 +275,12 @@ def preflight(model_dir, data, collator: str, attn: str | None = None, batches: 
                            "(available here).")
     planned = attn or "sdpa"
     run_attn = planned if planned in available else "sdpa"
+    emulated = None
+    if planned == "flash_attention_2" and run_attn != planned:  # transformers' own flash path, reference kernel
+        from packsim.core.flash_emulation import emulate_flash
+
+        emulated = emulate_flash()
+        run_attn = emulated.name
     records = load_records(data)
     model, tokenizer = load_checkpoint(model_dir, run_attn, fallback="eager" if attn is None else None)
     loaded = getattr(model.config, "_attn_implementation", run_attn)
@@ -297,7 +303,13 @@ def preflight(model_dir, data, collator: str, attn: str | None = None, batches: 
             report.findings.append(found)
             if found.failed:
                 report.causes.insert(0, f"{found.name}: {found.fix}")
-        if run_attn != planned:
+        if emulated is not None:
+            report.findings.append(Finding(
+                planned, "notice", f"{planned} ran through transformers' own flash-attention path (unpadding, "
+                f"cu_seq_lens_*, packed-sequence detection from position_ids: transformers' code) on {emulated.kernel} "
+                f"as attn_implementation={emulated.name!r}: what decides isolation is measured; the real kernel's "
+                "bf16 numerics and speed are not", "on a GPU with flash-attn installed the real kernel runs instead"))
+        elif run_attn != planned:
             fields = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
             from packsim.core.boundaries import find_boundaries
 
