@@ -350,6 +350,12 @@ def test_a_dropped_completion_mask_is_not_measured_not_claimed(root, tmp_path):
 # ----------------------------------------------------------------------------- paths and families
 
 
+def flattening_gate(root, capsys, *more) -> tuple[int, str]:
+    """(exit code, stdout) of the pre-flight gate on the tiny checkpoint with the flattening collator."""
+    code = gate("--model", root / "ckpt", "--data", root / "data.jsonl", "--collator", "flattening", *more)
+    return code, capsys.readouterr().out
+
+
 def test_the_flash_gate_runs_transformers_flash_path_on_the_reference_kernel(root, capsys):
     """Without flash-attn, --attn flash_attention_2 runs transformers' own flash path on packsim's
     reference kernel and says so; the ground truth (each example alone through that forward) agrees."""
@@ -358,9 +364,7 @@ def test_the_flash_gate_runs_transformers_flash_path_on_the_reference_kernel(roo
 
     if torch.cuda.is_available() and is_flash_attn_2_available():
         pytest.skip("flash_attention_2 runs here on the real kernel")
-    code = gate("--model", root / "ckpt", "--data", root / "data.jsonl", "--collator", "flattening",
-                "--attn", "flash_attention_2")
-    out = capsys.readouterr().out
+    code, out = flattening_gate(root, capsys, "--attn", "flash_attention_2")
     assert code == 0, out
     assert "attn_implementation='packsim_reference_flash'" in out
     assert "reference kernel (packsim, pure torch), not flash-attn" in out and out.rstrip().endswith("PASS")
@@ -386,9 +390,7 @@ def test_the_flash_gate_runs_transformers_flash_path_on_the_reference_kernel(roo
 
 def test_a_flash_path_that_cannot_run_here_is_not_measured_exit_3(root, capsys):
     """flash_attention_3 has no reference here: the probes can only run under sdpa, not the path launched."""
-    code = gate("--model", root / "ckpt", "--data", root / "data.jsonl", "--collator", "flattening",
-                "--attn", "flash_attention_3")
-    out = capsys.readouterr().out
+    code, out = flattening_gate(root, capsys, "--attn", "flash_attention_3")
     assert code == 3, out
     assert "NOT MEASURED: the attention path this pipeline launches did not run here" in out
     assert "flash_attention_3 cannot run here" in out and out.rstrip().endswith("not a pass")
