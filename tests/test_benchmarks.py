@@ -5,7 +5,9 @@ each CPU script's --quick mode runs in a fresh process, prints its Markdown tabl
 writes consistent results, that the packing benchmark skips TRL cleanly when it cannot be
 imported, that gpu.py's CPU-testable parts (arguments, checks, table, JSON, the no-CUDA
 exit) work, and that gpu_check.py (``make gpu-check``) exits at once without CUDA, fits its
-parts in 8 minutes, stops a part at its budget and gathers every part into one JSON.
+parts in 10 minutes, stops a part at its budget and gathers every part into one JSON, and that
+reference_kernels.py (its part comparing packsim's reference kernels with the real ones) judges
+each comparison, says what it compared with and reaches the known isolation verdicts on CPU.
 """
 
 from __future__ import annotations
@@ -238,11 +240,11 @@ def test_gpu_check_without_cuda_exits_at_once_with_one_line(tmp_path):
     assert not (tmp_path / "out").exists() and not (tmp_path / "work").exists()
 
 
-def test_gpu_check_plan_fits_eight_minutes_and_runs_every_part(bench, tmp_path, capsys):
+def test_gpu_check_plan_fits_ten_minutes_and_runs_every_part(bench, tmp_path, capsys):
     check = bench("gpu_check")
     args = check.parse_args([])
-    assert args.parts == ["tests", "kernels", "compare"]
-    assert sum(check.budgets(args).values()) <= 450  # + start-up: under 8 minutes
+    assert args.parts == ["tests", "reference_kernels", "kernels", "compare"]
+    assert sum(check.budgets(args).values()) <= 540  # + start-up: under 10 minutes
     cmds = check.part_commands(args, tmp_path)
     assert cmds["tests"][1:5] == ["-m", "pytest", "-m", "gpu"]
     assert "tests/test_attention.py" in cmds["tests"]  # the files holding GPU tests
@@ -252,7 +254,7 @@ def test_gpu_check_plan_fits_eight_minutes_and_runs_every_part(bench, tmp_path, 
     assert cmds["compare"][1:5] == ["-m", "packsim", "compare", "--fast"]
     assert "cuda" in cmds["compare"]
     assert check.main(["--plan"]) == 0
-    assert "450 s of budget" in capsys.readouterr().out
+    assert "540 s of budget" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         check.parse_args(["--parts", "tests,nonsense"])
 
@@ -329,3 +331,87 @@ def test_from_examples_times_both_builders_and_checks_they_agree(bench, tmp_path
     data = json.loads((tmp_path / "from_examples.json").read_text())
     assert [r["strategy"] for r in data["rows"]] == ["bfd", "wrapped"] and data["n_examples"] == 200
     assert all(len(r["arrays"]["times"]) == len(r["loop"]["times"]) == 1 for r in data["rows"])
+
+
+def test_gate_time_quick_times_the_gate_and_records_what_it_imported(tmp_path):
+    out = run_script("gate_time.py", tmp_path, "--quick", "--paths", "--collator flattening")
+    last_line_is_table(out)
+    rows = json.loads((tmp_path / "gate_time.json").read_text())["rows"]
+    assert [(r["path"], r["checkout"]) for r in rows] == [("--collator flattening", "after")]
+    row = rows[0]
+    assert row["rc"] == 0 and row["verdict"] == "pre-flight PASS" and row["modules"] > 100
+    assert row["trl"] is False  # the flattening collator needs no TRL
+
+
+# ------------------------------------------------------------------------------ reference_kernels.py
+
+
+def test_reference_kernels_judges_each_comparison_and_says_what_it_was_made_against(bench, tmp_path, monkeypatch,
+                                                                                     capsys):
+    """The logic the GPU run relies on, on CPU: a real kernel that differs is caught, one that raises is
+    not counted, the flash rule's masks are flash-attn's, and nothing is claimed as a real comparison."""
+    rk = bench("reference_kernels")
+    assert rk.parse_args([]).sections == list(rk.SECTIONS) and rk.parse_args([]).dtypes == list(rk.DTYPES)
+    if not torch.cuda.is_available():
+        assert rk.main(["--out", str(tmp_path / "none")]) == 0
+        assert "CUDA is not available" in capsys.readouterr().out and not (tmp_path / "none").exists()
+    assert rk.real_kernels("conv", torch.device("cpu")) == (None, "causal-conv1d runs on CUDA only (this run is on cpu)")
+    # flash-attn 2's rule, written out: causal aligned bottom-right (q 2 tokens, k 4), a (1, 0) window
+    assert rk._visible(2, 4, True, (-1, -1), "cpu").tolist() == [[True, True, True, False], [True] * 4]
+    assert rk._visible(2, 4, True, (1, 0), "cpu").tolist() == [[False, True, True, False], [False, False, True, True]]
+    window = next(c for c in rk.flash_cases(rk.SIZES[True]) if "window" in c["name"])
+    x = rk.cast(window["make"](torch.Generator().manual_seed(0)), torch.float32, "cpu")
+    assert rk.errors(window["call"](rk.references()["flash_attn_varlen_func"], x), window["torch"](x))["max_rel"] < 1e-5
+    no_window = rk.flash_cases(rk.SIZES[True])[0]["torch"](x)  # the same inputs, plain causal
+    assert rk.errors(window["call"](rk.references()["flash_attn_varlen_func"], x), no_window)["max_rel"] > 0.1
+    # a stand-in "real" package: a conv that ignores seq_idx (differs), an update that raises (not compared)
+    ref = rk.references()
+
+    def leaky(x, weight, bias=None, seq_idx=None, activation=None):
+        return ref["causal_conv1d_fn"](x, weight, bias, activation=activation)
+
+    def refuses(*args, **kwargs):
+        raise RuntimeError("no such dtype")
+
+    monkeypatch.setattr(rk, "real_kernels", lambda section, device: (
+        {"causal_conv1d_fn": leaky, "causal_conv1d_update": refuses}, "causal-conv1d 0.0 (a stand-in)"))
+    args = rk.parse_args(["--device", "cpu", "--tiny"])
+    section = rk.run_kernel_section("conv", ["float32"], args, torch.device("cpu"), float("inf"), [])
+    checks = {r["case"]: r["check"] for r in section["rows"]}
+    assert checks["seq_idx, 2 packed rows, silu"] == "differs" and checks["no seq_idx, silu"] == "ok"
+    assert checks["one decode step (out, state)"].startswith("not compared: it raised RuntimeError")
+    assert all(r["against"] == "causal-conv1d 0.0 (a stand-in) (the real kernel)" for r in section["rows"])
+    bad = rk.problems({"sections": {"conv": section}, "verdicts": []})
+    assert len(bad) == 1 and "seq_idx, 2 packed rows" in bad[0]
+    verdicts = bench("reference_verdicts")
+    assert verdicts._verdict_row("m", "k", "bfloat16", "c", "isolates", 0.26)["check"] == "UNEXPECTED"
+    assert verdicts._verdict_row("m", "k", "float32", "c", "leaks", 0.26)["verdict"] == "leaks"
+    assert verdicts._verdict_row("m", "k", "float32", "c", "isolates", 1e-3)["verdict"] == "unclear"
+
+
+def test_gpu_check_reference_kernels_part_on_cpu(bench, tmp_path, capsys):
+    """The part as make gpu-check runs it, on CPU at tiny sizes (not GPU numbers): every kernel compared
+    with a torch path and saying so, and the known verdicts (one row isolates, two rows leak, cu_seq_lens
+    fix them; Bamba leaks without seq_idx and isolates with it)."""
+    check = bench("gpu_check")
+    cmd = check.part_commands(check.parse_args([]), tmp_path)["reference_kernels"]
+    assert cmd[1] == "benchmarks/reference_kernels.py" and float(cmd[cmd.index("--budget-s") + 1]) < 90
+    assert check.main(["--device", "cpu", "--parts", "reference_kernels", "--out", str(tmp_path),
+                       "--work", str(tmp_path / "work")]) == 0
+    last_line_is_table(capsys.readouterr().out)
+    part = json.loads((tmp_path / "gpu_check.json").read_text())["parts"][0]
+    assert part["status"] == "ok" and part["reference"]["complete"] and not part["reference"]["skipped"]
+    rows = [r for s in part["reference"]["sections"].values() for r in s["rows"]]
+    assert {r["kernel"] for r in rows} == set().union(*(names for _, names in bench("reference_kernels").KERNELS.values()))
+    assert all(r["check"] == "ok" and "runs on CUDA only" in r["against"] and r["against"].endswith("instead")
+               for r in rows)
+    assert {r["dtype"] for r in rows if r["kernel"].startswith("flash")} == {"bfloat16"}  # flash-attn: no fp32
+    verdicts = {(r["model"].split()[0], r["dtype"], r["condition"]): r["verdict"] for r in part["reference"]["verdicts"]}
+    assert verdicts[("llama", "float32", "two rows, position_ids restart, no cu_seq_lens")] == "leaks"
+    assert verdicts[("llama", "bfloat16", "two rows + cu_seq_lens_q/k (the fix)")] == "isolates"
+    assert verdicts[("bamba", "bfloat16", "position_ids only")] == "leaks"
+    assert verdicts[("bamba", "float32", "seq_idx, train mode (the fused kernel)")] == "isolates"
+    assert all(r["check"] == "as expected" for r in part["reference"]["verdicts"]) and len(verdicts) == 12
+    kernels, judged = (line for _, line in part["lines"])
+    assert "conv [causal-conv1d runs on CUDA only (this run is on cpu)]: ok 6" in kernels
+    assert judged == "bamba 6 as expected, llama 6 as expected"

@@ -36,10 +36,11 @@ def _model(path, attn="sdpa"):
 
 def sft(path, tmp_path, **config):
     data = datasets.Dataset.from_dict({"prompt": [p for p, _ in PAIRS], "completion": [c for _, c in PAIRS]})
+    attn = config.pop("attn", "sdpa")
     args = SFTConfig(output_dir=str(tmp_path / "out"), max_length=config.pop("max_length", 48),
                      per_device_train_batch_size=config.pop("batch_size", 4), max_steps=1,
                      report_to="none", save_strategy="no", bf16=False, use_cpu=True, seed=0, **config)
-    return SFTTrainer(model=_model(path), args=args, train_dataset=data,
+    return SFTTrainer(model=_model(path, attn), args=args, train_dataset=data,
                       processing_class=AutoTokenizer.from_pretrained(path))
 
 
@@ -336,3 +337,21 @@ def test_an_eos_dropped_by_the_collator_gets_the_collator_fix_not_max_length(che
     assert "4 of the 4 examples it was given are cut short" in finding.evidence
     assert "4 of them lose only their last token, the EOS, while they fit the rows" in finding.evidence
     assert finding.fix.startswith("fix the collator so it keeps every token") and "raise max_length" not in finding.fix
+
+
+# ----------------------------------------------------------------------------- the flash path on the reference kernel
+
+
+def test_trl_padding_free_on_the_flash_path_is_measured_on_the_reference_kernel(checkpoint, tmp_path):
+    """SFTTrainer(padding_free=True) on transformers' flash path: without flash-attn the path runs on
+    packsim's reference kernel (emulate_flash) and the audit's verdict agrees with the perturbation
+    computed here; with per_device_train_batch_size 4, TRL's collator flattens the batch into one row."""
+    from packsim.core.flash_emulation import emulate_flash
+
+    flash = emulate_flash()
+    trainer = sft(checkpoint, tmp_path, padding_free=True, max_length=None, attn=flash.name)  # no packing
+    assert trainer.model.config._attn_implementation == flash.name
+    report = packsim.audit_trainer(trainer)
+    assert independent_leak(trainer) < 1e-5 and agrees(report, trainer)  # the ground truth: isolated
+    assert report.status == "pass", report.table()
+    assert f"attn_implementation='{flash.name}'" in report.forward

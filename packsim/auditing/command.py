@@ -130,14 +130,13 @@ def _wants_preflight(args) -> bool:
 
 
 def _quiet() -> None:
+    import os
+
     import transformers
 
-    try:  # datasets comes with TRL ("packsim[trl]"); pip install packsim alone has none
-        import datasets
-    except ImportError:
-        datasets = None
-    if datasets is not None:
-        datasets.disable_progress_bars()  # the gate prints one report, not TRL's preparation bars
+    # the gate prints one report, not TRL's dataset preparation bars; datasets reads this when TRL
+    # imports it (only the TRL paths do), so the other paths never import datasets
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()  # nor "Loading weights" bars on stderr
 

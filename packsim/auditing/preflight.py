@@ -12,7 +12,11 @@ Builds the training pipeline a practitioner is about to launch, from
 
 and runs :func:`packsim.audit_trainer` on it. An implementation that needs what this machine
 lacks (flash attention without CUDA or the package) is audited under ``sdpa``, with the flash
-checks that can be read from the batch and a ``skipped`` finding saying what was not measured.
+checks that can be read from the batch and a ``skipped`` finding saying what was not measured;
+``flash_attention_2`` runs transformers' own flash path on packsim's reference kernel, and a hybrid
+checkpoint (stateful layers) whose ``causal_conv1d`` / ``mamba_ssm`` / ``fla`` is missing is audited
+inside :func:`packsim.core.reference_hybrid.emulate_hybrid_kernels` (undone after), each with a
+notice naming the reference kernel.
 Tokens: input_ids (B, T) per batch, as the chosen collator makes them. Lesson 07.
 
 Lessons: none directly.
@@ -20,6 +24,7 @@ Lessons: none directly.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 from pathlib import Path
@@ -197,11 +202,6 @@ def _split(tokenizer, record: dict) -> tuple[list[int], list[int]]:
 def _plain_trainer(model, tokenizer, records, collator: str, out: str, batch_size: int, objective: str = "sft"):
     from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
 
-    try:  # datasets comes with TRL; without it (pip install packsim) the Trainer reads a plain list
-        from datasets import Dataset
-    except ImportError:
-        Dataset = None
-
     from packsim.core.collator import PackingCollator
 
     features = []
@@ -221,8 +221,8 @@ def _plain_trainer(model, tokenizer, records, collator: str, out: str, batch_siz
     args = TrainingArguments(output_dir=out, per_device_train_batch_size=batch_size, max_steps=1,
                              report_to="none", save_strategy="no", remove_unused_columns=False,
                              use_cpu=not torch.cuda.is_available(), seed=0)
-    return Trainer(model=model, args=args, train_dataset=Dataset.from_list(features) if Dataset else features,
-                   data_collator=collate)
+    # a plain list: the Trainer reads it as is, and the gate need not import datasets (pyarrow, pandas)
+    return Trainer(model=model, args=args, train_dataset=features, data_collator=collate)
 
 
 def _sft_trainer(model, tokenizer, records, collator: str, out: str, batch_size: int, max_length: int,
@@ -253,6 +253,29 @@ def build_trainer(model, tokenizer, records, collator: str, out: str, batch_size
     if collator.startswith("trl-"):
         return _sft_trainer(model, tokenizer, records, collator, out, batch_size, max_length, objective)
     return _plain_trainer(model, tokenizer, records, collator, out, batch_size, objective)
+
+
+def _hybrid_kernels(model):
+    """emulate_hybrid_kernels() (wired now) when ``model`` has stateful layers and one of its conv / scan /
+    delta-rule kernels is transformers' torch fallback (its package missing); else None."""
+    from packsim.auditing.hybrid_findings import boundary_kernels, stateful_layers
+
+    if not stateful_layers(model) or not any(v.startswith("transformers'") for v in boundary_kernels(model).values()):
+        return None
+    from packsim.core.reference_hybrid import emulate_hybrid_kernels
+
+    return emulate_hybrid_kernels()
+
+
+def _hybrid_notice(model):
+    from packsim.auditing.hybrid_findings import boundary_kernels, kernel_words, stateful_layers
+    from packsim.auditing.report import Finding
+
+    return Finding("hybrid_kernels", "notice", f"{', '.join(stateful_layers(model))} ran on {kernel_words(boundary_kernels(model))} "
+                   "behind transformers' own kernel wrappers (causal_conv1d / mamba_ssm / fla are not installed here): "
+                   "which fields reach the kernels, what decides isolation, is measured; the real kernels' numerics "
+                   "and speed are not", "on a GPU with causal-conv1d and mamba-ssm (flash-linear-attention for gated "
+                   "DeltaNet) installed the real kernels run instead")
 
 
 def preflight(model_dir, data, collator: str, attn: str | None = None, batches: int = 1,
@@ -288,10 +311,13 @@ def preflight(model_dir, data, collator: str, attn: str | None = None, batches: 
     if refused:
         planned = run_attn = loaded
     check_tokenizer(model, tokenizer, records, f"--model {model_dir}")
-    with tempfile.TemporaryDirectory(prefix="packsim-preflight-") as out:
+    hybrid = _hybrid_kernels(model)  # a hybrid checkpoint without its kernel packages: the reference kernels
+    with tempfile.TemporaryDirectory(prefix="packsim-preflight-") as out, hybrid or contextlib.nullcontext():
         trainer = build_trainer(model, tokenizer, records, collator, out, batch_size, max_length, objective)
         report = audit_trainer(trainer, batches=batches, strict=strict, trust_boundaries=trust_boundaries,
                                objective=objective)
+        if hybrid is not None:
+            report.findings.append(_hybrid_notice(model))
         if refused:
             report.findings.append(Finding(
                 "attention", "notice", f"{type(model).__name__} refuses sdpa in the installed transformers, so the "
