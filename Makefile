@@ -42,7 +42,7 @@ help:
 	@echo "make html   execute the course into static HTML in site/ (offline; PACKSIM_FAST=1 for the quick one)"
 	@echo "make bench  CPU benchmarks (packing vs TRL, attention, throughput; ~15-22 min) -> benchmarks/results"
 	@echo "make bench-quick  the same in quick mode (< 2 min) -> runs/bench-quick"
-	@echo "make gpu-check  on a CUDA machine: GPU tests, kernels, packed vs padded, compare (< 8 min) -> benchmarks/results/gpu_check.json"
+	@echo "make gpu-check  on a CUDA machine: GPU tests, reference vs real kernels, kernels, packed vs padded, compare (< 10 min) -> benchmarks/results/gpu_check.json"
 
 .venv/bin/python:
 	$(PYTHON) -m venv .venv

@@ -1,28 +1,35 @@
-"""The one GPU check (``make gpu-check``): GPU tests, attention kernels, packed vs padded training
-and the compare experiment on one CUDA GPU, in under 8 minutes, into one JSON file.
+"""The one GPU check (``make gpu-check``): GPU tests, packsim's reference kernels against the real
+ones, attention kernels, packed vs padded training and the compare experiment on one CUDA GPU, in
+under 10 minutes, into one JSON file.
 
     python benchmarks/gpu_check.py            # writes benchmarks/results/gpu_check.json
     python benchmarks/gpu_check.py --plan     # the parts, their commands and budgets (no GPU needed)
 
-For a CUDA machine with torch (+ triton) and transformers installed; flash-attn is measured when
-it imports. packsim comes from this checkout: nothing is installed. Each part runs in its own
+For a CUDA machine with torch (+ triton) and transformers installed; flash-attn (and causal-conv1d,
+mamba-ssm, flash-linear-attention for the reference kernels) is measured when it imports. packsim comes from this checkout: nothing is installed. Each part runs in its own
 process group with its own time budget; a part that runs over is stopped and reported, and the
 next part still runs:
 
 1. ``tests`` (90 s): ``python -m pytest -m gpu`` on the test files that hold GPU tests (every
    kernel in bf16 against float32, the model's backends, ``auto`` picking a kernel). Needs
    pytest; without it the part says so and the others run.
-2. ``kernels`` (240 s): ``benchmarks/gpu.py`` at N = 4k, 16k and 64k tokens: flash-attn (when
+2. ``reference_kernels`` (90 s): ``benchmarks/reference_kernels.py``: each packsim reference
+   kernel (flash, causal conv1d, Mamba2 scans, gated delta rule) against the real package where
+   it imports, in bf16, fp16 and fp32 (max abs / rel error), else against a torch path on CUDA,
+   saying which; then the isolation verdicts of a packed tiny Llama on transformers' flash path
+   and a tiny Bamba with ``seq_idx``, on the reference and, where present, the real kernels.
+3. ``kernels`` (240 s): ``benchmarks/gpu.py`` at N = 4k, 16k and 64k tokens: flash-attn (when
    it imports), torch's ``varlen_attn``, FlexAttention with a document BlockMask, SDPA with a
    dense mask, packsim's ``blocked`` path and the causal (buggy) mask; bf16 forward and forward +
    backward, each checked against a float32 reference; then the model trained packed vs padded
    on the same examples (real tokens/s). Its own budget skips what would start too late.
-3. ``compare`` (120 s): ``packsim compare --fast --device cuda``: the buggy and the correct
+4. ``compare`` (120 s): ``packsim compare --fast --device cuda``: the buggy and the correct
    setup trained side by side; isolated exact match and reported loss. Without plotly compare
    still runs and writes results.json; it skips report.html and says so in one line.
 
 ``gpu_check.json`` holds the machine, then for each part its command, status, time, output tail
-and results (gpu.py's whole JSON, compare's ``results.json``, the test counts); it is rewritten
+and results (gpu.py's and reference_kernels.py's whole JSON, compare's ``results.json``, the test
+counts); it is rewritten
 after each part. The parts' own files go to ``runs/gpu-check/`` (git-ignored). The summary table
 prints last. Exit status: 0 when every part that ran passed, 1 when a part failed or ran over its
 budget. Without CUDA: one line saying so, exit status 0, nothing run or written.
@@ -49,14 +56,17 @@ from pathlib import Path
 import benchutil as bu
 
 ROOT = bu.ROOT
-PARTS = ("tests", "kernels", "compare")
-BUDGET_S = {"tests": 90.0, "kernels": 240.0, "compare": 120.0}  # 450 s: under 8 min with start-up
+PARTS = ("tests", "reference_kernels", "kernels", "compare")
+# 540 s: under 10 min with start-up (before the reference kernels: 450 s, under 8 min)
+BUDGET_S = {"tests": 90.0, "reference_kernels": 90.0, "kernels": 240.0, "compare": 120.0}
 CPU_BUDGET_SCALE = 4.0  # --device cpu (logic check) on a small shared CPU: same parts, more time
 KILL_GRACE_S = 10.0
 TAIL_LINES = 60
 KERNEL_SIZES = "4096,16384,65536"
+REFERENCE_MARGIN_S = 25  # reference_kernels.py's own budget leaves this for its imports and last case
 # what each part writes under --work, read back into gpu_check.json
-RESULT_FILES = {"tests": "tests.xml", "kernels": "kernels/gpu.json", "compare": "compare/results.json"}
+RESULT_FILES = {"tests": "tests.xml", "reference_kernels": "reference_kernels/reference_kernels.json",
+                "kernels": "kernels/gpu.json", "compare": "compare/results.json"}
 
 
 # ------------------------------------------------------------------------------ arguments, plan
@@ -90,6 +100,10 @@ def part_commands(args, work: Path) -> dict[str, list[str]]:
                  "--head-dim", "16", "--iters", "1", "--no-train"] if cpu else
                 ["--sizes", KERNEL_SIZES, "--iters", "5", "--steps", "5",
                  "--budget-s", str(int(BUDGET_S["kernels"] - 70))])  # imports, the last call
+    reference = [py, "benchmarks/reference_kernels.py", "--device", args.device, "--out",
+                 str(work / "reference_kernels")]
+    reference += (["--tiny", "--dtypes", "bfloat16,float32", "--budget-s", "300"] if cpu else
+                  ["--budget-s", str(int(BUDGET_S["reference_kernels"] - REFERENCE_MARGIN_S))])
     compare = [py, "-m", "packsim", "compare", "--fast", "--device", args.device, "--quiet",
                "--out", str(work / "compare")]
     if cpu:
@@ -97,7 +111,7 @@ def part_commands(args, work: Path) -> dict[str, list[str]]:
                     "--throughput-steps", "1", "--jobs", "1"]
     tests = [py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
              f"--junitxml={work / 'tests.xml'}", *gpu_test_files()]
-    return {"tests": tests, "kernels": kernels, "compare": compare}
+    return {"tests": tests, "reference_kernels": reference, "kernels": kernels, "compare": compare}
 
 
 def budgets(args) -> dict[str, float]:
@@ -111,7 +125,7 @@ def plan(args, work: Path) -> list[str]:
     lines = [f"gpu_check: {len(args.parts)} part(s), {sum(budget.values()):.0f} s of budget in all "
              "(each part is stopped at its budget)"]
     for p in args.parts:
-        lines.append(f"  {p:8s} {budget[p]:4.0f} s  {' '.join(cmds[p])}")
+        lines.append(f"  {p:17s} {budget[p]:4.0f} s  {' '.join(cmds[p])}")
     return lines
 
 
@@ -250,6 +264,23 @@ def compare_summary(results: dict | None) -> str:
                      f"{mean(f, 'reported_loss')}" for s, f in by_setup.items())
 
 
+def reference_summary(data: dict | None) -> tuple[str, str]:
+    """Two lines from reference_kernels.py's JSON: the kernel checks per section (against what), the verdicts."""
+    if not data:
+        return "no reference_kernels.json", "no reference_kernels.json"
+    kernels = []
+    for name, section in data.get("sections", {}).items():
+        checks = collections.Counter(r["check"].split(":")[0] for r in section["rows"])
+        worst = max((r.get("max_rel") or 0.0 for r in section["rows"]), default=0.0)
+        kernels.append(f"{name} [{section['real']}]: " + ", ".join(f"{k} {v}" for k, v in sorted(checks.items()))
+                       + f" (max rel {bu.fmt_num(worst)})")
+    verdicts = collections.Counter((r["model"].split(" ")[0], r["check"]) for r in data.get("verdicts", []))
+    tail = "" if data.get("complete", True) else "; incomplete (stopped)"
+    tail += f"; skipped {len(data['skipped'])} (time budget)" if data.get("skipped") else ""
+    return ("; ".join(kernels) or "no kernel rows") + tail, (", ".join(
+        f"{model} {n} {check}" for (model, check), n in sorted(verdicts.items())) or "no verdicts") + tail
+
+
 def summary_table(parts: list[dict]) -> str:
     body = []
     for p in parts:
@@ -268,6 +299,11 @@ def describe(name: str, work: Path, device: str) -> tuple[dict, list[tuple[str, 
                 f"{counts['failed'] + counts['errors']} failed" +
                 (f": {', '.join(counts['failures'][:3])}" if counts["failures"] else ""))
         return {"counts": counts}, [("GPU tests (pytest -m gpu)", line)]
+    if name == "reference_kernels":
+        data = read_json(work / RESULT_FILES["reference_kernels"])
+        kernels, verdicts = reference_summary(data)
+        return {"reference": data}, [("reference kernels vs real (reference_kernels.py)", kernels),
+                                     ("isolation verdicts, reference / real (reference_kernels.py)", verdicts)]
     if name == "kernels":
         gpu = read_json(work / RESULT_FILES["kernels"])
         return {"gpu": gpu}, [("attention kernels, bf16 vs fp32 (gpu.py)", kernel_summary(gpu)),
