@@ -3,13 +3,19 @@
 Attention layers isolate through the packed mask, but a convolution or recurrent state (Mamba2
 mixers, short convolutions, gated DeltaNet) runs straight across a boundary unless ``seq_idx`` /
 ``cu_seqlens`` reach a kernel that reads them. In the installed transformers those kernels are
-the CUDA packages ``causal_conv1d``, ``mamba_ssm`` and ``flash-linear-attention`` (``fla``); the
-torch fallbacks ignore the boundary kwargs, and transformers raises when ``seq_idx`` reaches one
-(:mod:`packsim.exhibits.hybrid_traps` measures every case). :func:`hybrid_state` names the
-stateful layer types and fails a packed batch that cannot isolate here; it returns None for a model
-without such layers, so any audit can call it on every pipeline. When the pipeline's own forward is
-refused that way (``seq_idx`` on CPU), nothing can be measured: :func:`refused_report` turns the
-refusal into a NOT MEASURED report whose ``hybrid_state`` finding names the layer and the kernel.
+the CUDA packages ``causal_conv1d``, ``mamba_ssm`` and ``flash-linear-attention`` (``fla``), or
+packsim's reference kernels (pure torch, any CPU) once
+:func:`packsim.core.reference_hybrid.emulate_hybrid_kernels` has put them where transformers looks
+for those packages; the torch fallbacks ignore the boundary kwargs, and transformers raises when
+``seq_idx`` reaches one (:mod:`packsim.exhibits.hybrid_traps` measures every case).
+:func:`hybrid_state` names the stateful layer types, asks
+:func:`packsim.core.reference_hybrid.kernels_in_use` what runs behind the model's kernels (named in
+its evidence) and fails a packed batch that cannot isolate there; it returns None for a model
+without such layers, so any audit can call it on every pipeline. When the pipeline's own forward
+is refused (``seq_idx`` on the torch fallback), nothing can be measured: :func:`refused_report`
+turns the refusal into a NOT MEASURED report whose ``hybrid_state`` finding names the layer and
+the kernel, and says how to measure it on CPU. Nothing here wires a kernel: the user's process
+keeps its transformers as it is.
 
 Lessons: none directly (packsim.audit adds the finding; appendices A3 and A6 show the table).
 """
@@ -27,9 +33,8 @@ from packsim.auditing.pipeline import ForwardOutput
 from packsim.auditing.probes import loss_coverage, positions_probe
 from packsim.auditing.report import AuditReport, Finding, ProbeResult
 
-__all__ = ["CUDA_REFUSAL", "KERNEL_PACKAGES", "hybrid_state", "kernel_refusal", "needs_cuda_reason",
-           "refusal_line", "refused_report",
-           "stateful_layers"]
+__all__ = ["CUDA_REFUSAL", "KERNEL_PACKAGES", "ON_CPU", "boundary_kernels", "hybrid_state", "kernel_refusal",
+           "kernel_words", "needs_cuda_reason", "refusal_line", "refused_report", "stateful_layers"]
 
 # module class names whose forward carries a conv / recurrent state along the sequence
 _STATEFUL = re.compile(r"(Mixer|MambaLayer|GatedDeltaNet|ShortConv|LinearAttention|Mamba\w*Block)$")
@@ -38,6 +43,10 @@ KERNEL_PACKAGES = ("causal_conv1d", "mamba_ssm", "fla")  # import names the boun
 # (integrations/hub_kernels.py, use_kernel_func_from_hub_with_fallback's ``wrapped``)
 CUDA_REFUSAL = "can't keep packed sequences apart without"
 NEEDS_KERNEL = "not measured: needs the CUDA kernel (causal_conv1d / mamba_ssm / fla)"
+# how to measure a refused or fallback pipeline on any CPU (packsim's reference kernels, pure torch)
+ON_CPU = ("on CPU, audit inside `with packsim.core.reference_hybrid.emulate_hybrid_kernels():` (packsim's "
+          "reference kernels, pure torch, where transformers looks for causal_conv1d / mamba_ssm / fla)")
+_GPU = "causal_conv1d and mamba_ssm (Mamba2 / short conv) or flash-linear-attention (gated DeltaNet)"
 
 
 def stateful_layers(model) -> list[str]:
@@ -87,9 +96,7 @@ def _refused_finding(names: str, refused: str) -> Finding:
                    f"isolation of {names} {NEEDS_KERNEL}: the batch's boundary fields reach the torch "
                    f"fallback and transformers refuses them here ({refused}), so this pipeline's forward "
                    "cannot run on this machine, and whether it keeps the examples apart is not known",
-                   "audit on a GPU with causal_conv1d and mamba_ssm (Mamba2 / short conv) or "
-                   "flash-linear-attention (gated DeltaNet) installed; here, drop seq_idx to measure the "
-                   "packed row without it (it leaks), or put one example per row")
+                   f"measure it here: {ON_CPU}; or audit on a GPU with {_GPU} installed")
 
 
 def refused_report(p, refused: str, tol: float, start: float, findings=None,
@@ -102,8 +109,8 @@ def refused_report(p, refused: str, tol: float, start: float, findings=None,
     """
     names = ", ".join(stateful_layers(p.model))
     why = f"{NEEDS_KERNEL} for {names}: the forward refused the batch ({refused})"
-    how = (f"run the audit where the forward accepts this batch: a GPU with the kernels {names} reads "
-           "seq_idx with (causal_conv1d and mamba_ssm; flash-linear-attention for gated DeltaNet) installed")
+    how = (f"run the audit where the forward accepts this batch: {ON_CPU}; or a GPU with the kernels {names} "
+           "reads seq_idx with (causal_conv1d and mamba_ssm; flash-linear-attention for gated DeltaNet) installed")
     probes = {name: ProbeResult(name, "skipped", None, tol, why, {"refused": refused, "how_to_get": how})
               for name in leak_probes}
     probes["loss_coverage"] = loss_coverage(p)
@@ -118,12 +125,33 @@ def refused_report(p, refused: str, tol: float, start: float, findings=None,
     return report, ForwardOutput(torch.empty((*p.input_ids.shape, 0), dtype=dtype))
 
 
+def boundary_kernels(model) -> dict[str, str]:
+    """{kernel name: what runs it} for the kernels of ``model`` that read seq_idx / cu_seqlens
+    (conv, SSM scan, delta rule: those packsim has a reference for), from
+    :func:`packsim.core.reference_hybrid.kernels_in_use`; {} for a model whose layers call none."""
+    from packsim.core.reference_hybrid import REFERENCES, kernels_in_use
+
+    return {name: v for name, v in kernels_in_use(model).items() if name in REFERENCES}
+
+
+def kernel_words(kernels: dict[str, str]) -> str:
+    """'the reference kernel (packsim, pure torch) (causal_conv1d_fn, ...)', one group per label."""
+    groups: dict[str, list[str]] = {}
+    for name, label in sorted(kernels.items()):
+        groups.setdefault(label, []).append(name)
+    return " and ".join(f"{'the ' if label.startswith('reference') else ''}{label} ({', '.join(names)})"
+                        for label, names in groups.items())
+
+
 def hybrid_state(model, batch, refused: str = "") -> Finding | None:
     """Fail when ``model`` has stateful layers and the batch packs several examples per row that the
-    installed kernels cannot keep apart; None when the model has no such layer or the batch is not a dict.
+    kernels behind them cannot keep apart; None when the model has no such layer or the batch is not a dict.
 
     ``refused``: transformers' refusal of this batch's forward (:func:`kernel_refusal`): the finding
-    is then "not measured: needs the CUDA kernel", naming the layer (skipped, never a pass).
+    is then "not measured: needs the CUDA kernel", naming the layer (skipped, never a pass). A pass
+    says seq_idx (and, for gated DeltaNet, cu_seq_lens_q) reaches a kernel that reads it, naming the
+    kernel (the real package or packsim's reference kernel); whether the forward passes it to every
+    stateful layer is the perturbation probe's to measure.
     """
     layers = stateful_layers(model)
     if not layers or not isinstance(batch, Mapping):
@@ -135,24 +163,46 @@ def hybrid_state(model, batch, refused: str = "") -> Finding | None:
     if per_row < 2:
         return Finding("hybrid_state", "pass", f"{names} carry state along the row; every row holds one "
                        "example by the batch's fields, so no state crosses a boundary")
-    missing = [p for p in KERNEL_PACKAGES if importlib.util.find_spec(p) is None]
     given = [k for k in ("seq_idx", "cu_seq_lens_q", "cu_seqlens") if batch.get(k) is not None]
-    on_gpu = torch.cuda.is_available()
+    kernels = boundary_kernels(model)
+    fallback = {k: v for k, v in kernels.items() if v.startswith("transformers'")}
     where = f"{names} carry a conv / SSM (recurrent) state along the row; rows hold up to {per_row} examples"
-    gpu_fix = ("on a GPU with causal_conv1d and mamba_ssm (Mamba2 / short conv) or flash-linear-attention "
-               "(gated DeltaNet) installed, pass seq_idx from DataCollatorWithFlattening(return_seq_idx=True)")
+    fix = ("pass seq_idx (DataCollatorWithFlattening(return_seq_idx=True); TRL's padding-free collator emits it) to "
+           f"kernels that read it: {_GPU} on a GPU, or {ON_CPU.removeprefix('on CPU, ')} on CPU")
     if not given:
         return Finding("hybrid_state", "fail",
                        f"{where}, and the batch gives no seq_idx / cu_seq_lens: the state of one example "
                        "runs into the next whatever the attention mask says",
-                       f"{gpu_fix}; here, put one example per row (padding) instead of packing")
-    if missing or not on_gpu:
-        lack = ", ".join(missing) if missing else "a CUDA device"
+                       f"{fix}; or put one example per row (padding) instead of packing")
+    if "seq_idx" not in given and kernels:
         return Finding("hybrid_state", "fail",
-                       f"{where}; the batch gives {', '.join(given)}, but {lack} is missing here: the torch "
-                       "fallbacks ignore the boundaries (transformers raises for seq_idx, cu_seq_lens_* "
-                       "passes silently)", f"{gpu_fix}; on this machine, one example per row")
-    return Finding("hybrid_state", "skipped",
-                   f"{where}; the batch gives {', '.join(given)} and the kernels are installed: whether "
-                   "this model's forward passes them to every stateful layer is what the perturbation "
-                   "probe measures (not decided by this finding)")
+                       f"{where}; the batch gives {', '.join(given)} but no seq_idx: the conv kernels "
+                       f"({kernel_words({k: v for k, v in kernels.items() if 'conv1d' in k})}) read seq_idx, not cu_seq_lens_* (transformers' wrapper passes "
+                       "a kernel only its own parameters), so the conv state runs into the next example", fix)
+    missing = [p for p in KERNEL_PACKAGES if importlib.util.find_spec(p) is None]
+    if fallback or (not kernels and (missing or not torch.cuda.is_available())):
+        lack = ", ".join(missing) if missing else "a CUDA device"
+        on = f"behind {', '.join(sorted(fallback))} runs transformers' torch fallback" if fallback else \
+            f"{lack} is missing here"
+        return Finding("hybrid_state", "fail",
+                       f"{where}; the batch gives {', '.join(given)}, but {on}: the torch fallbacks ignore the "
+                       "boundaries (transformers raises for seq_idx, cu_seq_lens_* passes silently)",
+                       f"{fix}; or one example per row")
+    deltanet = [n for n in layers if n.endswith("GatedDeltaNet")]
+    if deltanet and not ({"cu_seq_lens_q", "cu_seqlens"} & set(given)):
+        return Finding("hybrid_state", "fail",
+                       f"{where}; the batch gives seq_idx but no cu_seq_lens_q: {', '.join(deltanet)} hands "
+                       "cu_seq_lens_q to its gated delta rule as cu_seqlens (seq_idx reaches only its conv), "
+                       "so the recurrent state runs into the next example",
+                       "pass cu_seq_lens_q / cu_seq_lens_k too (DataCollatorWithFlattening("
+                       "return_flash_attn_kwargs=True, return_seq_idx=True); TRL's padding-free collator gives both)")
+    if not kernels:
+        return Finding("hybrid_state", "skipped",
+                       f"{where}; the batch gives {', '.join(given)} and the kernels are installed: whether "
+                       "this model's forward passes them to every stateful layer is what the perturbation "
+                       "probe measures (not decided by this finding)")
+    return Finding("hybrid_state", "pass",
+                   f"{where}; the batch gives {', '.join(given)}, and seq_idx reaches {kernel_words(kernels)}, "
+                   "which restarts the state where seq_idx changes: whether this model's forward passes it to "
+                   "every stateful layer, and its attention mask keeps the examples apart, is what the "
+                   "perturbation probe measures")
