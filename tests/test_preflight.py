@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
+import torch
 
 pytest.importorskip("trl")  # a dev dependency: CI installs it
 
@@ -72,3 +74,83 @@ def test_records_and_attention_implementations(files):
 def test_without_model_the_demo_runs(capsys):
     assert main(["audit", "--setups", "correct", "--examples", "3"]) == 0
     assert "=== setup 'correct'" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- a hybrid checkpoint (issue 31)
+
+
+@pytest.fixture(scope="module")
+def bamba_files(files):
+    """A saved tiny Bamba (BambaMixer + attention) with the local tokenizer, and the good JSONL file."""
+    from packsim.core.tokenizer import build_tokenizer
+    from packsim.exhibits.hybrid_traps import build_frontier
+
+    build_frontier("bamba").save_pretrained(files / "bamba")
+    build_tokenizer().save_pretrained(files / "bamba")
+    return files
+
+
+def _bamba_gate(files, collator, capsys) -> tuple[int, str]:
+    code = main(["audit", "--model", str(files / "bamba"), "--data", str(files / "data.jsonl"), "--collator", collator])
+    return code, capsys.readouterr().out
+
+
+def _flattened_leak(files, return_seq_idx: bool) -> float:
+    """Ground truth without the gate: the records flattened into one row (DataCollatorWithFlattening) through
+    the checkpoint on the reference kernels, each example's logits packed vs alone."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorWithFlattening
+
+    from packsim.core.reference_hybrid import emulate_hybrid_kernels
+
+    tok = AutoTokenizer.from_pretrained(files / "bamba")
+    model = AutoModelForCausalLM.from_pretrained(files / "bamba").eval()
+    features = [{"input_ids": tok(p + c)["input_ids"]} for p, c in PAIRS[:4]]
+    batch = DataCollatorWithFlattening(return_seq_idx=return_seq_idx)(features)
+    fields = {k: v for k, v in batch.items() if k != "labels"}
+    assert ("seq_idx" in fields) == return_seq_idx
+    worst, start = 0.0, 0
+    with emulate_hybrid_kernels(), torch.no_grad():
+        packed = model(**fields, use_cache=False).logits[0]
+        for f in features:
+            n = len(f["input_ids"])
+            alone = model(input_ids=torch.tensor([f["input_ids"]]), use_cache=False).logits[0]
+            worst, start = max(worst, float((packed[start:start + n] - alone).abs().max())), start + n
+    return worst
+
+
+def test_which_collator_passes_seq_idx():
+    """`flattening` is DataCollatorWithFlattening() (return_seq_idx=False: no seq_idx); TRL's padding-free
+    collator (trl-padding-free, trl-bfd) emits seq_idx and cu_seq_lens_*."""
+    import tempfile
+
+    from packsim.auditing.preflight import build_trainer
+    from packsim.core.tokenizer import build_tokenizer
+    from packsim.exhibits.hybrid_traps import build_frontier
+
+    records = [{"prompt": p, "completion": c} for p, c in PAIRS[:4]]
+    tok, model = build_tokenizer(), build_frontier("bamba")
+    for collator, has in (("flattening", False), ("trl-padding-free", True)):
+        with tempfile.TemporaryDirectory() as out:
+            trainer = build_trainer(model, tok, records, collator, out)
+            batch = next(iter(trainer.get_train_dataloader()))
+        assert ("seq_idx" in batch) == has, (collator, sorted(batch))
+
+
+def test_the_gate_measures_a_hybrid_checkpoint_on_the_reference_kernel(bamba_files, capsys):
+    """Bamba without causal_conv1d / mamba_ssm: the gate audits inside emulate_hybrid_kernels() and names the
+    kernel. trl-padding-free gives seq_idx: PASS, exit 0; flattening gives none: FAIL with the hybrid
+    cause, exit 1. Ground truth computed here (each example alone); the process's transformers is left as is."""
+    if torch.cuda.is_available() and importlib.util.find_spec("causal_conv1d"):
+        pytest.skip("the real kernels are installed: the gate runs them")
+    from packsim.core.reference_hybrid import kernels_in_use
+
+    assert _flattened_leak(bamba_files, True) <= 1e-5 and _flattened_leak(bamba_files, False) > 1e-3
+    before = kernels_in_use()
+    code, out = _bamba_gate(bamba_files, "trl-padding-free", capsys)
+    assert code == 0 and out.rstrip().endswith("pre-flight PASS"), out
+    assert "hybrid_kernels          NOTICE   BambaMixer ran on the reference kernel (packsim, pure torch)" in out
+    assert "seq_idx reaches the reference kernel (packsim, pure torch)" in out
+    code, out = _bamba_gate(bamba_files, "flattening", capsys)
+    assert code == 1 and "pre-flight FAIL: perturbation, gradient, hybrid_state" in out, out
+    assert "no seq_idx" in out and "BambaMixer ran on the reference kernel (packsim, pure torch)" in out
+    assert kernels_in_use() == before  # the gate's wiring is undone when it returns
