@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from packsim.core.errors import PacksimError
+from packsim.core.flash_emulation import real_flash_attn
+from packsim.core.reference_flash import REFERENCE_KERNEL
 from packsim.exhibits.trap_cases import (
     CONDITION_OPTIONS,
     CONDITIONS,
@@ -14,10 +16,10 @@ from packsim.exhibits.trap_cases import (
     condition_of,
     packed_batch,
 )
-from packsim.exhibits.traps import alone_change, impl_reason
+from packsim.exhibits.traps import NO_4D_MASK, alone_change, for_impl
 from packsim.viz import trap_explorer, trap_figure
 from packsim.viz.traps import trap_rule
-from packsim.viz.widget import shown_figure
+from packsim.viz.widget import escape, shown_figure
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +47,7 @@ def _set(w, impl="sdpa", positions="restart", mask="none", use_cache=False, rows
         (dict(impl="eager", mask="bool_4d"), "LEAKS"),
         (dict(impl="eager", mask="float_4d"), "isolated"),
         (dict(impl="eager", positions="continuous", mask="float_4d"), "isolated"),  # RoPE: relative
+        (dict(mask="padded"), "LEAKS"),
     ],
 )
 def test_controls_give_the_libraries_verdict(explorer, options, verdict):
@@ -78,15 +81,38 @@ def test_rule_line_names_the_trap_table_condition(explorer):
     assert trap_rule() == f"trap-table condition positions: {CONDITIONS['positions']}"
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="flash may run on a CUDA machine")
-def test_flash_is_listed_but_disabled_with_the_reason(explorer):
-    _set(explorer, impl="eager")
-    reason = impl_reason("flash_attention_2")
-    assert reason and "flash_attention_2" in explorer.impl.options
-    explorer.impl.value = "flash_attention_2"
-    assert explorer.impl.value == "eager" and reason in explorer.note.value
-    with pytest.raises(PacksimError, match="cannot run here"):
-        trap_explorer(impl="flash_attention_2")
+@pytest.mark.skipif(real_flash_attn() is not None, reason="a real flash-attn runs flash_attention_2 here")
+@pytest.mark.parametrize(
+    "options, verdict",
+    [(dict(), "isolated"), (dict(mask="ones"), "isolated"), (dict(use_cache=True), "isolated"),
+     (dict(rows=2), "LEAKS"), (dict(mask="padded"), "LEAKS"), (dict(positions="continuous"), "LEAKS")],
+)
+def test_flash_runs_on_the_reference_kernel_and_says_so(explorer, options, verdict):
+    shown = _set(explorer, impl="flash_attention_2", **options)
+    assert f">{verdict}</b>" in shown and escape(REFERENCE_KERNEL) in shown and "float32, tolerance 1e-05" in shown
+    assert "reference kernel" in shown_figure(explorer.out)["layout"]["title"]["text"]
+    # ground truth apart from the flash path: each example alone, the same weights, on eager
+    eager = build_family("llama", "eager")
+    flash = for_impl(eager, "flash_attention_2")
+    batch, kwargs, seq = packed_batch(**options)
+    with torch.no_grad():
+        packed = flash(**batch, **kwargs).logits  # (B, T, V)
+        truth = []
+        for b in range(seq.shape[0]):
+            for e in sorted(set(seq[b].tolist()) - {-1}):
+                alone = eager(input_ids=batch["input_ids"][b, seq[b] == e][None], use_cache=False).logits[0]
+                truth.append(float((packed[b, seq[b] == e] - alone).abs().max()))
+    assert explorer.diffs == pytest.approx(truth, abs=1e-6)
+    assert (max(truth) <= 1e-5) == (verdict == "isolated")
+
+
+def test_a_4d_mask_on_the_flash_path_says_why_instead_of_bars(explorer):
+    shown = _set(explorer, impl="flash_attention_2", mask="bool_4d")
+    assert ">not run</b>" in shown and escape(NO_4D_MASK) in shown and explorer.diffs == []
+    with pytest.raises(PacksimError, match="takes no 4D mask") as err:
+        trap_figure(impl="flash_attention_2", mask="float_4d")
+    assert "\n" not in str(err.value)
+    _set(explorer)  # back to a drawn state for the next tests
 
 
 @pytest.mark.parametrize(

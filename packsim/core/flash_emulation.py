@@ -37,7 +37,7 @@ package, which could shadow a real one. A registered name skips ``_flash_attn_ca
 and never imports ``flash_attn``. tests/test_flash_emulation_pins.py fails, naming what moved,
 when a transformers upgrade changes any of this.
 
-Lessons: none directly.
+Lessons: A3.
 """
 
 from __future__ import annotations

@@ -8,11 +8,16 @@ hidden 32, vocab 96, random weights, built from its config: no download). Implem
 Conditions (:data:`CONDITIONS` says each in words; :func:`condition_batch` builds it) are batch
 dicts passed as ``model(**batch, use_cache=...)``: a packed row of 32 tokens holding three
 examples, input_ids (1, 32) or (2, 32) for ``rows``, position_ids (B, 32) restarting at each
-example, optionally attention_mask (B, 32) of ones or a 4D block-diagonal mask (B, 1, 32, 32)
-(bool or additive float), or cu_seq_lens_q/k (S+1,) with max_length_q/k. Each condition is a set of
-options of :func:`packed_batch` (:data:`CONDITION_OPTIONS`), which builds any combination of
+example, optionally attention_mask (B, 32) of ones, (B, 32) with zeros on the row's last
+:data:`PAD` tokens (padding next to the packed examples: ``zeros_mask``), or a 4D block-diagonal
+mask (B, 1, 32, 32) (bool or additive float), or cu_seq_lens_q/k (S+1,) with max_length_q/k. The
+example index ``seq`` (B, 32) that comes with each batch is -1 on padding. Each condition is a set
+of options of :func:`packed_batch` (:data:`CONDITION_OPTIONS`), which builds any combination of
 positions x mask x use_cache x rows (the trap explorer widget uses it). The measuring is in
 :mod:`packsim.exhibits.traps`.
+
+:data:`HUB_KERNEL` is the Hub flash kernel's ``attn_implementation`` name: the kernels package
+downloads it from the Hugging Face Hub at load time (a CUDA build).
 
 Lessons: none directly (lesson 04 calls :func:`packsim.exhibits.traps.trap_table`).
 """
@@ -25,16 +30,19 @@ from packsim.core.errors import PacksimError
 from packsim.core.masks import block_diagonal_mask, to_additive_4d
 from packsim.core.segments import cu_seqlens_from_lengths, example_positions
 
-__all__ = ["CONDITIONS", "CONDITION_OPTIONS", "FAMILIES", "HUB_KERNEL", "IMPLS", "MASKS", "POSITIONS",
+__all__ = ["CONDITIONS", "CONDITION_OPTIONS", "FAMILIES", "HUB_KERNEL", "IMPLS", "MASKS", "PAD", "POSITIONS",
            "build_family", "condition_batch", "condition_of", "packed_batch"]
 
 VOCAB = 96
 ROWS = ((10, 13, 9), (12, 8, 12))  # example lengths of the two rows, 32 tokens each
+PAD = 2  # mask="padded": the last PAD tokens of a row are padding (its last example PAD shorter)
 HUB_KERNEL = "kernels-community/flash-attn2"
 IMPLS = ("eager", "sdpa", "flex_attention", "flash_attention_2", HUB_KERNEL)
 CONDITIONS = {
     "positions": "position_ids restart per example, no attention_mask, use_cache=False",
     "ones_mask": "the same plus an all-ones 2D attention_mask",
+    "zeros_mask": (f"a 2D attention_mask with zeros next to the packed examples: the row's last {PAD} "
+                   f"tokens are padding (its last example {PAD} tokens shorter), position_ids restart"),
     "cache": "the same as positions, but use_cache=True (a cache is built in the forward)",
     "rows": "two packed rows per batch (2, 32), position_ids restart, no mask, no cache",
     "cu_seq_lens": "cu_seq_lens_q/k and max_length_q/k given, position_ids 0..31 (no restart)",
@@ -76,11 +84,12 @@ def build_family(family: str, impl: str = "eager", seed: int = 0):
 
 
 POSITIONS = ("restart", "continuous")  # position_ids 0..L-1 per example | 0..T-1 over the row
-MASKS = ("none", "ones", "bool_4d", "float_4d")  # attention_mask options of :func:`packed_batch`
+MASKS = ("none", "ones", "padded", "bool_4d", "float_4d")  # attention_mask options of :func:`packed_batch`
 # condition -> the options of packed_batch it is (cu_seq_lens adds cu_seq_lens_q/k on top)
 CONDITION_OPTIONS = {
     "positions": {},
     "ones_mask": {"mask": "ones"},
+    "zeros_mask": {"mask": "padded"},
     "cache": {"use_cache": True},
     "rows": {"rows": 2},
     "cu_seq_lens": {"positions": "continuous"},
@@ -105,8 +114,10 @@ def packed_batch(positions: str = "restart", mask: str = "none", use_cache: bool
     """(batch dict, forward kwargs, example index (B, T)) of B = ``rows`` packed rows of 32 tokens.
 
     ``positions``: "restart" (0..L-1 per example) or "continuous" (0..31 over the row);
-    ``mask``: "none", "ones" (B, T) long, "bool_4d" (B, 1, T, T) block-diagonal causal, True =
-    attend, or "float_4d" (the same, additive: 0 = attend, finfo.min elsewhere);
+    ``mask``: "none", "ones" (B, T) long, "padded" (B, T) long with zeros on the last :data:`PAD`
+    tokens of each row (padding: pad_token_id 0, example index -1, the last example PAD tokens
+    shorter), "bool_4d" (B, 1, T, T) block-diagonal causal, True = attend, or "float_4d" (the
+    same, additive: 0 = attend, finfo.min elsewhere);
     ``use_cache``: the forward's ``use_cache``. Every condition of the trap table is one of these
     (:data:`CONDITION_OPTIONS`), so the table and :func:`packsim.viz.trap_explorer` share it.
     """
@@ -116,13 +127,18 @@ def packed_batch(positions: str = "restart", mask: str = "none", use_cache: bool
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, VOCAB, (B, T), generator=gen)
     seq = torch.stack([torch.repeat_interleave(torch.arange(len(r)), torch.tensor(r)) for r in lengths])  # (B, T)
+    if mask == "padded":
+        seq[:, T - PAD:] = -1  # (B, T): the row's last PAD tokens are padding
+        ids[:, T - PAD:] = _IDS["pad_token_id"]
     if positions == "restart":
-        pos = example_positions(seq)  # (B, T): 0..L-1 per example
+        pos = example_positions(seq)  # (B, T): 0..L-1 per example (the padding run counts 0..PAD-1)
     else:
         pos = torch.arange(T).expand(B, T).clone()  # (B, T)
     batch = {"input_ids": ids, "position_ids": pos}
     if mask == "ones":
         batch["attention_mask"] = torch.ones(B, T, dtype=torch.long)
+    elif mask == "padded":
+        batch["attention_mask"] = (seq >= 0).long()  # (B, T): zeros on the padding
     elif mask == "bool_4d":
         batch["attention_mask"] = block_diagonal_mask(seq)[:, None]  # (B, 1, T, T), True = attend
     elif mask == "float_4d":

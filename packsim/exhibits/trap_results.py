@@ -4,7 +4,9 @@ A :class:`Cell` is one (family, attention implementation, condition) measurement
 "leaks" or "not run" (with the reason), the largest logit change (a float) and packsim.audit's
 verdict on the same forward. A :class:`TrapTable` holds the cells, rows (family, impl) x columns
 (condition), with the versions it ran on, and prints as text, HTML (a "not run" reason once, as a
-numbered footnote; "!" where the audit disagrees) or a plotly heatmap. The measuring is in
+numbered footnote; a measured cell's kernel, where it is not torch's own, once, as a lettered one:
+e.g. "isolated[a]" with "[a] flash_attention_2 kernel: reference kernel (packsim, pure torch), not
+flash-attn ..."; "!" where the audit disagrees) or a plotly heatmap. The measuring is in
 :mod:`packsim.exhibits.traps`.
 
 Lessons: none directly (lesson 04 prints the table :func:`packsim.exhibits.traps.trap_table` returns).
@@ -29,7 +31,9 @@ class Cell:
 
     ``change``: max |logit change| of a later example's token when the first example changes;
     ``audit_isolated``: packsim.audit's verdict on the same forward (None when not run);
-    ``audit_failed``: every probe the audit failed (positions and loss too, for the record).
+    ``audit_failed``: every probe the audit failed (positions and loss too, for the record);
+    ``kernel``: what a measured cell's attention ran on, where that is not torch's own ('' for
+    eager / sdpa / flex), e.g. the reference kernel (packsim, pure torch), not flash-attn.
     """
 
     family: str
@@ -40,6 +44,7 @@ class Cell:
     audit_isolated: bool | None = None
     audit_failed: tuple[str, ...] = ()
     note: str = ""
+    kernel: str = ""
 
     @property
     def measured(self) -> bool:
@@ -98,11 +103,20 @@ class TrapTable:
     def _status_of(self, note: str) -> str:
         return next(c.status for c in self.cells if c.status in _FOOTNOTED and c.note == note)
 
-    def _label(self, c: Cell, notes: list[str]) -> str:
+    def kernels(self) -> list[tuple[str, str]]:
+        """[(impl, kernel)] of the measured cells that ran on a named kernel, in order: [a], [b], ..."""
+        return list(dict.fromkeys((c.impl, c.kernel) for c in self.cells if c.measured and c.kernel))
+
+    def _label(self, c: Cell, notes: list[str], kernels: list[tuple[str, str]] | None = None) -> str:
         label = _SHORT[c.status]
         if c.status in _FOOTNOTED:
             label += f"[{notes.index(c.note) + 1}]"
+        if c.measured and c.kernel:
+            label += f"[{_letter((kernels or self.kernels()).index((c.impl, c.kernel)))}]"
         return label + ("!" if c.agrees is False else "")
+
+    def _kernel_lines(self) -> list[str]:
+        return [f"[{_letter(k)}] {impl} kernel: {kernel}" for k, (impl, kernel) in enumerate(self.kernels())]
 
     def header(self) -> str:
         v = self.versions
@@ -116,12 +130,13 @@ class TrapTable:
                 f"{len(measured)} cells measured in {self.seconds:.1f} s; {verdict}.")
 
     def text(self) -> str:
-        notes = self._notes()
+        notes, kernels = self._notes(), self.kernels()
         head = ("family", "impl", *self.conditions)
-        rows = [head] + [(f, i, *(self._label(self.cell(f, i, c), notes) for c in self.conditions))
+        rows = [head] + [(f, i, *(self._label(self.cell(f, i, c), notes, kernels) for c in self.conditions))
                          for f in self.families for i in self.impls]
         lines = [self.header(), *text_table(rows, pad_last=False)]
         lines += [f"{name}: {self.describe(name)}" for name in self.conditions]
+        lines += self._kernel_lines()
         lines += [f"[{k}] {self._status_of(note)}: {note}" for k, note in enumerate(notes, 1)]
         if self.disagreements():
             lines.append("! the audit's verdict differs from the perturbation in this cell")
@@ -131,7 +146,7 @@ class TrapTable:
         return self.text()
 
     def to_html(self) -> str:
-        notes = self._notes()
+        notes, kernels = self._notes(), self.kernels()
         head = "".join(f"<th title='{html.escape(self.describe(c))}'>{c}</th>" for c in self.conditions)
         body = []
         for f in self.families:
@@ -140,11 +155,14 @@ class TrapTable:
                 for cond in self.conditions:
                     c = self.cell(f, i, cond)
                     tip = c.note if c.status in _FOOTNOTED else (
-                        f"max |change| {c.change:.2e}; audit failed: {', '.join(c.audit_failed) or 'none'}")
+                        f"max |change| {c.change:.2e}; audit failed: {', '.join(c.audit_failed) or 'none'}"
+                        + (f"; kernel: {c.kernel}" if c.kernel else ""))
                     tds.append(f"<td style='color:{_COLOR[c.status]};font-weight:bold' "
-                               f"title='{html.escape(tip)}'>{html.escape(self._label(c, notes))}</td>")
+                               f"title='{html.escape(tip, quote=True)}'>"
+                               f"{html.escape(self._label(c, notes, kernels))}</td>")
                 body.append(f"<tr><td>{f}</td><td><code>{html.escape(i)}</code></td>{''.join(tds)}</tr>")
         legend = "".join(f"<li><code>{c}</code>: {html.escape(self.describe(c))}</li>" for c in self.conditions)
+        legend += "".join(f"<li>{html.escape(line)}</li>" for line in self._kernel_lines())
         legend += "".join(f"<li>[{k}] {self._status_of(n)}: {html.escape(n)}</li>" for k, n in enumerate(notes, 1))
         return (f"<div class='packsim-traps'><p><b>{html.escape(self.header())}</b></p><table>"
                 f"<tr><th>family</th><th>impl</th>{head}</tr>{''.join(body)}</table>"
@@ -157,13 +175,14 @@ class TrapTable:
         """A plotly heatmap: green isolated, red leaks, grey not run; hover shows the evidence."""
         import plotly.graph_objects as go
 
-        notes = self._notes()
+        notes, kernels = self._notes(), self.kernels()
         code = {"isolated": 1.0, "leaks": 0.0, "not run": 0.5, "needs CUDA": 0.5}
         ys = [f"{f} / {i}" for f in self.families for i in self.impls]
         cells = [[self.cell(f, i, c) for c in self.conditions] for f in self.families for i in self.impls]
         z = [[code[c.status] for c in row] for row in cells]
-        text = [[self._label(c, notes) for c in row] for row in cells]
-        hover = [[c.note or f"change {c.change:.2e}, audit isolated: {c.audit_isolated}" for c in row]
+        text = [[self._label(c, notes, kernels) for c in row] for row in cells]
+        hover = [[c.note or (f"change {c.change:.2e}, audit isolated: {c.audit_isolated}"
+                             + (f", kernel: {c.kernel}" if c.kernel else "")) for c in row]
                  for row in cells]
         scale = [[0, _COLOR["leaks"]], [0.5, _COLOR["not run"]], [1, _COLOR["isolated"]]]
         fig = go.Figure(go.Heatmap(z=z, x=list(self.conditions), y=ys, text=text,
@@ -173,3 +192,8 @@ class TrapTable:
         fig.update_layout(title=self.header(), yaxis_autorange="reversed",
                           height=120 + 28 * len(ys), margin=dict(l=10, r=10, t=80, b=10))
         return fig
+
+
+def _letter(k: int) -> str:
+    """0 -> "a", 25 -> "z", 26 -> "aa": the kernel footnotes' marks (numbers are the "not run" ones)."""
+    return _letter(k // 26 - 1) + chr(ord("a") + k % 26) if k >= 26 else chr(ord("a") + k)

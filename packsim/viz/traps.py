@@ -3,15 +3,18 @@ forward; see whether each example's logits match the example run alone.
 
 The batch is the trap table's (:func:`packsim.exhibits.trap_cases.packed_batch`): ``rows`` packed
 rows of 32 tokens, three examples each, input_ids (B, 32) with B = 1 or 2, position_ids (B, 32)
-restarting per example or continuous 0..31, attention_mask none / (B, 32) ones / (B, 1, 32, 32)
-block-diagonal bool or additive float, and ``use_cache``. The model is the trap table's tiny Llama
+restarting per example or continuous 0..31, attention_mask none / (B, 32) ones / (B, 32) with
+zeros on the row's last 2 tokens (padding) / (B, 1, 32, 32) block-diagonal bool or additive float,
+and ``use_cache``. The model is the trap table's tiny Llama
 (:func:`~packsim.exhibits.trap_cases.build_family`, fp32 on CPU, built once per implementation).
 :func:`packsim.exhibits.traps.alone_change` measures, per example, max |packed logits - logits of
 the example run alone| (alone: input_ids (1, L), positions 0..L-1, no mask, no cache); the row is
 "isolated" when every example stays within ``tol`` (1e-5 in fp32), else it "LEAKS". One line names
 the trap-table condition (:data:`~packsim.exhibits.trap_cases.CONDITIONS`) the options are, or
-the conditions they combine. flash_attention_2 is listed but cannot be picked where
-:func:`~packsim.exhibits.traps.impl_reason` says it cannot run (no CUDA, no flash-attn).
+the conditions they combine. flash_attention_2 runs transformers' own flash path on the real
+flash-attn where it and CUDA are there (bf16, tolerance 1e-2), else on the reference kernel
+(packsim, pure torch), not flash-attn, in fp32; the verdict line names the kernel. A 4D mask on
+the flash path says that transformers' flash path takes none instead of drawing bars.
 
 Lessons: 04.
 """
@@ -28,7 +31,16 @@ from packsim.exhibits.trap_cases import (
     condition_of,
     packed_batch,
 )
-from packsim.exhibits.traps import FLASH_IMPLS, alone_change, for_impl, impl_reason, impl_tol
+from packsim.exhibits.traps import (
+    FLASH_IMPLS,
+    NO_4D_MASK,
+    alone_change,
+    for_impl,
+    impl_kernel,
+    impl_reason,
+    impl_tol,
+    raised_in,
+)
 from packsim.viz.style import LEAK_RED, SETUP_COLOURS, TEXT_MUTED, layout
 from packsim.viz.widget import PacksimWidget, escape, show_figure, style_html
 
@@ -38,8 +50,8 @@ __all__ = ["TrapExplorer", "trap_explorer", "trap_figure", "trap_rule", "measure
 EXPLORER_IMPLS = ("eager", "sdpa", "flex_attention", "flash_attention_2")
 _FLOOR = 1e-10  # bars of exactly 0 drawn at this height on the log axis (hover shows the value)
 _OPTION_CONDITION = {("mask", "ones"): "ones_mask", ("mask", "bool_4d"): "bool_4d",
-                     ("mask", "float_4d"): "float_4d", ("use_cache", True): "cache",
-                     ("rows", 2): "rows"}  # fmt: skip
+                     ("mask", "float_4d"): "float_4d", ("mask", "padded"): "zeros_mask",
+                     ("use_cache", True): "cache", ("rows", 2): "rows"}  # fmt: skip
 
 
 def _check_impl(impl) -> str:
@@ -53,9 +65,12 @@ def _check_impl(impl) -> str:
 
 
 def _build(impl: str):
-    """The trap table's tiny Llama switched to ``impl`` (flash: a bf16 copy on CUDA)."""
+    """The trap table's tiny Llama switched to ``impl`` (flash: :func:`for_impl`'s copy, on CUDA
+    where the real flash-attn runs)."""
+    from packsim.core.flash_emulation import real_flash_attn
+
     model = build_family("llama", "eager")
-    return for_impl(model.cuda() if impl in FLASH_IMPLS else model, impl)
+    return for_impl(model.cuda() if impl in FLASH_IMPLS and real_flash_attn() else model, impl)
 
 
 def _model(impl: str):
@@ -67,10 +82,28 @@ def _model(impl: str):
 
 def measure_options(impl: str = "sdpa", positions: str = "restart", mask: str = "none",
                     use_cache: bool = False, rows: int = 1, seed: int = 0) -> list[float]:
-    """Max |packed - alone| logits per example (row 0's three examples, then row 1's)."""
+    """Max |packed - alone| logits per example (row 0's three examples, then row 1's).
+
+    Raises PacksimError for a 4D mask on the flash path (transformers' flash path takes none).
+    """
     _check_impl(impl)
     batch, kwargs, seq = packed_batch(positions, mask, use_cache, rows, seed)
-    return alone_change(_model(impl), batch, kwargs, seq, impl=impl)
+    model = _model(impl)
+    refused = PacksimError(f"impl={impl!r} with mask={mask!r}: {NO_4D_MASK}; pick mask none, ones or "
+                           "padded, or another impl.")
+    if impl in FLASH_IMPLS and mask.endswith("_4d") and model.device.type == "cuda":
+        raise refused  # on CUDA the out-of-range index would be a device-side assert
+    try:
+        return alone_change(model, batch, kwargs, seq, impl=impl)
+    except Exception as err:
+        if impl in FLASH_IMPLS and mask.endswith("_4d") and raised_in(err, "_upad_input"):
+            raise refused from None
+        raise
+
+
+def _kernel(impl: str, tol: float) -> str:
+    """The kernel ``impl`` runs on here, in words ('' for eager / sdpa / flex)."""
+    return impl_kernel(impl, _model(impl), tol) if impl in FLASH_IMPLS else ""
 
 
 def trap_rule(positions: str = "restart", mask: str = "none", use_cache: bool = False,
@@ -106,7 +139,10 @@ def _figure(diffs, impl: str, rows: int, tol: float) -> go.Figure:
     ))  # fmt: skip
     fig.add_hline(y=tol, line=dict(color="#444", dash="dash", width=1),
                   annotation_text=f"tolerance {tol:.0e}", annotation_position="top left")
-    title = (f"{impl}: {_verdict(diffs, tol)} ({sum(leaks)} of {len(diffs)} examples differ "
+    on = ""
+    if impl in FLASH_IMPLS:
+        on = " on the reference kernel (packsim)" if "reference" in impl_kernel(impl) else " on flash-attn"
+    title = (f"{impl}{on}: {_verdict(diffs, tol)} ({sum(leaks)} of {len(diffs)} examples differ "
              "from the example run alone)")
     return layout(fig, title, 340, yaxis=dict(type="log", title="max |packed - alone| logits",
                                               range=[-10.5, 1]), bargap=0.4)
@@ -116,7 +152,7 @@ def trap_figure(impl: str = "sdpa", positions: str = "restart", mask: str = "non
                 use_cache: bool = False, rows: int = 1, tol: float = 1e-5, seed: int = 0) -> go.Figure:
     """Static figure: one bar per example, max |packed - alone| logits, log scale, tolerance line."""
     diffs = measure_options(impl, positions, mask, use_cache, rows, seed)
-    return _figure(diffs, impl, rows, impl_tol(impl, tol))
+    return _figure(diffs, impl, rows, impl_tol(impl, tol, _model(impl)))
 
 
 def _toggles(options, value, description: str, tooltips=None) -> widgets.ToggleButtons:
@@ -142,6 +178,7 @@ class TrapExplorer(PacksimWidget):
         self.positions = _toggles([("restart per example", "restart"),
                                    ("continuous 0..N-1", "continuous")], positions, "positions")
         self.mask = _toggles([("none", "none"), ("all-ones 2D", "ones"),
+                              ("2D with zeros (padding)", "padded"),
                               ("bool 4D block-diagonal", "bool_4d"),
                               ("float 4D block-diagonal", "float_4d")], mask, "attention_mask")
         self.use_cache = _toggles([("False", False), ("True", True)], use_cache, "use_cache")
@@ -182,22 +219,32 @@ class TrapExplorer(PacksimWidget):
         return dict(positions=self.positions.value, mask=self.mask.value,
                     use_cache=self.use_cache.value, rows=self.rows.value)
 
+    def tolerance(self) -> float:
+        return impl_tol(self.impl.value, self.tol, _model(self.impl.value))
+
     def figure(self) -> go.Figure:
-        return _figure(self.diffs, self.impl.value, self.rows.value, impl_tol(self.impl.value, self.tol))
+        return _figure(self.diffs, self.impl.value, self.rows.value, self.tolerance())
 
     def update(self) -> None:
         """Measure the current options and redraw the verdict, the rule and the bars."""
         impl, opts = self.impl.value, self.options()
-        self.diffs = measure_options(impl, **opts, seed=self.seed)
-        tol = impl_tol(impl, self.tol)
+        self.rule.value = f"<i>Rule:</i> {escape(trap_rule(**opts))}"
+        try:
+            self.diffs = measure_options(impl, **opts, seed=self.seed)
+        except PacksimError as err:  # a 4D mask on the flash path: say why, draw nothing
+            self.diffs = []
+            self.verdict.value = f'<b style="color:{TEXT_MUTED}">not run</b> &nbsp; {escape(str(err))}'
+            self.out.clear_output()
+            return
+        tol = self.tolerance()
         verdict = _verdict(self.diffs, tol)
         colour = SETUP_COLOURS["correct"] if verdict == "isolated" else LEAK_RED
         worst = max(range(len(self.diffs)), key=self.diffs.__getitem__)
+        kernel = _kernel(impl, tol)
         self.verdict.value = (
             f'<b style="color:{colour};font-size:1.2em">{verdict}</b> &nbsp; worst: '
             f"{_names(opts['rows'])[worst]}, max |packed - alone| = {self.diffs[worst]:.1e} "
-            f"(tolerance {tol:.0e})")
-        self.rule.value = f"<i>Rule:</i> {escape(trap_rule(**opts))}"
+            f"(tolerance {tol:.0e})" + (f"<br><i>kernel:</i> {escape(kernel)}" if kernel else ""))
         show_figure(self.out, self.figure())
 
 
@@ -207,7 +254,7 @@ def trap_explorer(impl: str = "sdpa", positions: str = "restart", mask: str = "n
     """Trap explorer widget (notebook 04): attention implementation x call options -> verdict.
 
     ``impl``: one of :data:`EXPLORER_IMPLS` that can run here; ``positions``: "restart" |
-    "continuous"; ``mask``: "none" | "ones" | "bool_4d" | "float_4d"; ``use_cache``: bool;
+    "continuous"; ``mask``: "none" | "ones" | "padded" | "bool_4d" | "float_4d"; ``use_cache``: bool;
     ``rows``: 1 | 2; ``tol``: the largest |packed - alone| logit difference still "isolated".
     """
     _check_impl(impl)
