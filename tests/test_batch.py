@@ -267,3 +267,52 @@ def test_segments_read_like_a_list_of_segments(examples):
     with pytest.raises(IndexError):
         b.segments[len(as_list)]
     assert b.segments != as_list[:-1] and b.segments == tuple(as_list)
+
+
+# --- from_examples reads tokens held in arrays, and each example's tokens once (issue 33) ---------
+
+_TOKEN_KINDS = ("list", "numpy int64", "numpy int32", "tensor", "pyarrow")
+
+
+def _tokens_as(kind: str, tokens):
+    import numpy as np
+    import pyarrow as pa
+
+    if kind.startswith("numpy"):
+        return np.asarray(tokens, dtype=kind.split()[1])
+    return {"list": list, "tensor": torch.tensor, "pyarrow": pa.array}[kind](tokens)
+
+
+@settings(max_examples=60, deadline=None)
+@given(shapes=SHAPES, seed=st.integers(0, 10**6), capacity=st.integers(2, 40),
+       kind=st.sampled_from(_TOKEN_KINDS), strategy=st.sampled_from(["wrapped", "bfd"]))
+def test_from_examples_reads_tokens_of_any_array_kind_as_the_tuples(shapes, seed, capacity, kind, strategy):
+    examples = toy_examples(shapes, seed)
+    want = PackedBatch.from_examples(examples, capacity, strategy=strategy, overflow="split")
+    given_kind = [ToyExample(_tokens_as(kind, e.tokens), e.n_prompt) for e in examples]
+    got = PackedBatch.from_examples(given_kind, capacity, strategy=strategy, overflow="split")
+    for name in ("input_ids", "labels", "position_ids", "seq_ids", "roles", "cu_seqlens"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), (kind, name)
+    assert got.segments == want.segments and got.lengths == want.lengths
+    dicts = [{"prompt_ids": _tokens_as(kind, e.tokens[:e.n_prompt]),
+              "response_ids": _tokens_as(kind, e.tokens[e.n_prompt:])} for e in examples]
+    assert torch.equal(PackedBatch.from_examples(dicts, capacity, strategy=strategy, overflow="split").input_ids,
+                       want.input_ids)
+
+
+def test_from_examples_reads_each_examples_tokens_once(examples):
+    """``Example.tokens`` builds a fresh list on every read: one read per example, not three."""
+    reads = []
+
+    class Counted:
+        def __init__(self, ex):
+            self._ex, self.n_prompt = ex, ex.n_prompt
+
+        @property
+        def tokens(self):
+            reads.append(1)
+            return list(self._ex.tokens)
+
+    b = PackedBatch.from_examples([Counted(e) for e in examples], 32)
+    assert len(reads) == len(examples)
+    assert torch.equal(b.input_ids, PackedBatch.from_examples(examples, 32).input_ids)

@@ -52,10 +52,19 @@ __all__ = ["PackedBatch"]
 
 
 def _example_parts(ex, i: int) -> tuple[list[int], int]:
-    """(tokens, n_prompt) of example ``i``: Example-like (``.tokens``, ``.n_prompt``) or a prompt/response dict."""
-    ex = as_example(ex, i, "example")
-    tokens = ex.tokens  # only read from here on: no copy (Example.tokens builds a fresh list)
-    return (tokens if isinstance(tokens, list | tuple) else list(tokens)), int(ex.n_prompt)
+    """(tokens, n_prompt) of example ``i``: Example-like (``.tokens``, ``.n_prompt``) or a prompt/response dict.
+
+    ``.tokens`` is read once (``Example.tokens`` builds a fresh list each time; ``as_example``'s
+    ``hasattr`` would read it twice more) and only read from here on: no copy. Tokens in an array
+    (numpy, a tensor, pyarrow) become a list in one ``tolist()``, not one scalar object per token.
+    """
+    tokens = getattr(ex, "tokens", None)
+    if tokens is None or not hasattr(ex, "n_prompt"):
+        ex = as_example(ex, i, "example")
+        tokens = ex.tokens
+    if not isinstance(tokens, list | tuple):
+        tokens = tokens.tolist() if hasattr(tokens, "tolist") else list(tokens)
+    return tokens, int(ex.n_prompt)
 
 
 def _validate(examples: Sequence, capacity: int, vocab_size: int | None) -> list[tuple[list[int], int]]:

@@ -11,7 +11,9 @@ examples cut in two), ``"sequential"`` (next fit in data order: neighbours stay 
 (``"wrapped"`` in :mod:`packsim.core.pack_wrapped`);
 :func:`pack` turns them into lists, one per row, of entries in row order: an ``int`` (a whole
 example) or a :class:`Piece` (part of one). :func:`packsim.core.pack_stats.packing_stats` turns
-packs into the numbers notebook 01 plots.
+packs into the numbers notebook 01 plots. The lengths may come as a list, a numpy array of any
+integer dtype, a tensor or an Arrow / ``datasets`` column: :mod:`packsim.core.pack_lengths` reads
+and checks them at array speed.
 
 Lessons: 01.
 """
@@ -24,6 +26,8 @@ from heapq import heappop, heappush
 import numpy as np
 
 from packsim.core.errors import PacksimError
+from packsim.core.pack_lengths import check_lengths as _check_lengths
+from packsim.core.pack_lengths import is_int as _is_int
 from packsim.core.pack_result import Entry, PackArrays, Piece, piece_dtype
 from packsim.core.pack_wrapped import wrapped_arrays
 
@@ -52,8 +56,10 @@ def pack(
     """Group examples into packs of at most ``capacity`` tokens (notebook 01).
 
     Args:
-        lengths: token count of each example, shape ``(n_examples,)``: a list, tuple or 1-D
-            integer numpy array; every length at least 1. An empty list gives ``[]``.
+        lengths: token count of each example, shape ``(n_examples,)``: a list or tuple of ints, a
+            1-D numpy array of any integer dtype, a 1-D torch tensor, a pyarrow ``Array`` /
+            ``ChunkedArray`` or a ``datasets`` column (:mod:`packsim.core.pack_lengths`); every
+            length at least 1. Floats (even ``3.0``) and bools are refused. An empty list gives ``[]``.
         capacity: tokens per packed row, a positive int (e.g. 2048).
         strategy: one of :data:`STRATEGIES`:
 
@@ -167,11 +173,6 @@ def as_piece(entry: Entry, lengths: Sequence[int] | np.ndarray) -> Piece:
 # --- validation ---------------------------------------------------------------------------------
 
 
-def _is_int(value: object) -> bool:
-    """True for Python and numpy integers, False for bools (which Python counts as ints)."""
-    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
-
-
 def _check_capacity(capacity: object) -> int:
     if not _is_int(capacity) or capacity <= 0:
         raise PacksimError(
@@ -191,44 +192,6 @@ def _check_choice(name: str, value: object, choices: tuple[str, ...], example: s
         raise PacksimError(
             f"{name}={value!r} is not one of {list(choices)}; pick one of those, e.g. {example}."
         )
-
-
-def _check_lengths(lengths: object) -> np.ndarray:
-    """Validate example lengths and return them as an int64 array of shape ``(n_examples,)``."""
-    sizes = _as_int_array(lengths)
-    if sizes.size and sizes.min() <= 0:  # one pass, no temporary array, in the common case
-        i = int(np.argmax(sizes <= 0))
-        raise PacksimError(
-            f"example {i} has length {sizes[i]}: every example needs at least 1 token; "
-            "drop empty examples before packing."
-        )
-    return sizes
-
-
-def _as_int_array(lengths: object) -> np.ndarray:
-    if isinstance(lengths, np.ndarray):
-        if lengths.ndim != 1:
-            raise PacksimError(
-                f"lengths must be 1-D (one length per example), got shape {lengths.shape}; "
-                "pass a flat list or lengths.ravel()."
-            )
-        if lengths.dtype.kind in "iu":
-            return lengths.astype(np.int64)
-        values = lengths.tolist()
-    elif isinstance(lengths, Sequence) and not isinstance(lengths, str | bytes):
-        values = lengths
-    else:
-        raise PacksimError(
-            f"lengths must be a list, tuple or 1-D numpy array of ints, got {type(lengths).__name__}; "
-            "pass e.g. [len(ids) for ids in tokenized]."
-        )
-    for i, n in enumerate(values):
-        if not _is_int(n):
-            raise PacksimError(
-                f"example {i} has length {n!r} ({type(n).__name__}), not an integer; "
-                "lengths are token counts: pass ints (e.g. int(n), or lengths.astype(int))."
-            )
-    return np.asarray(values, dtype=np.int64)
 
 
 # --- strategies ---------------------------------------------------------------------------------

@@ -51,7 +51,9 @@ def id_list(ids, name: str = "ids") -> list[int]:
     :class:`PacksimError` for text, a non-sequence, or an entry that is not an integer (a bool,
     a float). Token values are checked later, against a vocabulary.
     """
-    values = _values(ids, name, "a list of token ids", "tokenize the text first")
+    values = _values(ids, name, "a list of token ids", "tokenize the text first")  # a fresh list
+    if set(map(type, values)) <= {int}:  # plain ints, the usual case: no Python call per token
+        return values
     bad = [t for t in values if isinstance(t, bool) or not isinstance(t, Integral)]
     if bad:
         raise PacksimError(f"{name} holds {bad[0]!r} ({type(bad[0]).__name__}), not a token id.")
