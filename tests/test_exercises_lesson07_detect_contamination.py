@@ -113,22 +113,36 @@ def test_solutions_can_be_shown(capsys):
     assert "name_the_fix = {" in solution_source(7, "name_the_fix")
 
 
-def _probe(call, input_ids, seq_ids, mine_too=False, padding_too=False, same_tokens=False, first_only=False):
-    """Variants of the perturbation probe with one typical mistake each."""
+def _probe(call, input_ids, seq_ids, change="+1", look="others", mine_too=False, padding_too=False,
+           same_tokens=False, first_only=False, shifted=False, zeros=False, in_place=False, repeats=1):
+    """The perturbation probe, right by default, with one typical mistake each when asked.
+
+    ``change``: how j's tokens are replaced ("+1", "+7", "perm": a seeded permutation of the valid
+    ids, "+7 no modulo": out of range); ``look``: whose logits are measured ("others", or "own":
+    the perturbed example's own change reported as the leak); ``repeats``: perturbations per
+    example, the largest change kept (also a right answer).
+    """
     with torch.no_grad():
-        before = call(input_ids)
+        before = call(input_ids)  # (B, T, V)
+        vocab = before.shape[-1]
+        perm = torch.randperm(vocab, generator=torch.Generator().manual_seed(3))
         out = {}
         examples = sorted(set(seq_ids[seq_ids >= 0].tolist()))
         for j in examples[:1] if first_only else examples:
-            mine = seq_ids == j
-            ids = input_ids.clone()
-            if not same_tokens:
-                ids[mine] = (ids[mine] + 1) % before.shape[-1]
-            change = (call(ids) - before).abs().amax(-1)
-            look = torch.ones_like(mine) if padding_too else seq_ids >= 0
-            if not mine_too:
-                look = look & ~mine
-            out[j] = change[look].max().item()
+            mine = seq_ids == j  # (B, T)
+            out[j] = 0.0
+            for r in range(repeats):
+                ids = input_ids if in_place else input_ids.clone()
+                if not same_tokens:
+                    new = {"+1": (ids[mine] + 1) % vocab, "+7": (ids[mine] + 7 + r) % vocab,
+                           "perm": perm[ids[mine]], "+7 no modulo": ids[mine] + 7}[change]
+                    ids[mine] = new
+                after = call(ids)  # (B, T, V)
+                change_ = (after - (before.roll(1, dims=1) if shifted else before)).abs().amax(-1)  # (B, T)
+                where = torch.ones_like(mine) if padding_too else seq_ids >= 0
+                where = mine if look == "own" else (where if mine_too else where & ~mine)
+                out[j] = max(out[j], change_[where].max().item())
+            out[j] = 0.0 if zeros else out[j]
     return out
 
 
@@ -138,9 +152,22 @@ def test_perturbation_leak_reference_measures_the_call_it_runs():
     assert "A probe answers only for the call it runs" in str(fb)
 
 
+@pytest.mark.parametrize("kwargs", [{"change": "+7"}, {"change": "perm"}, {"change": "+7", "repeats": 2}],
+                         ids=["plus7", "permutation", "two_perturbations_each"])
+def test_perturbation_leak_accepts_any_valid_perturbation(kwargs):
+    """Probe 1 itself perturbs by +7; the reference by +1; a permutation of the ids is as right."""
+    fb = check_perturbation_leak(lambda c, i, s: _probe(c, i, s, **kwargs))
+    assert fb.passed, fb
+
+
 @pytest.mark.parametrize(("kwargs", "words"), [
-    ({"mine_too": True}, "perturbed example's own logits"),
+    ({"look": "own"}, "OWN logits moved"),  # the perturbed example's own change reported as a leak
+    ({"mine_too": True}, "OWN logits moved"),  # forgot to exclude the perturbed example
     ({"padding_too": True}, "padding positions"),
+    ({"shifted": True}, "different positions"),
+    ({"zeros": True}, "every value is 0"),  # all zeros on a leaking model
+    ({"change": "+7 no modulo"}, "ids out of range"),
+    ({"in_place": True}, "changed input_ids in place"),
     ({"same_tokens": True}, "changed nothing"),
     ({"first_only": True}, "perturb EVERY example"),
 ])
@@ -153,3 +180,27 @@ def test_perturbation_leak_mistakes_are_named(kwargs, words):
 def test_perturbation_leak_non_dict():
     fb = check_perturbation_leak(lambda c, i, s: 0.0)
     assert not fb.passed and "not a dict" in str(fb)
+
+
+def test_the_structure_the_check_expects_is_what_a_perturbation_measures():
+    """Ground truth for the check's verdicts, computed by perturbing (+3) without the check's code:
+    under a causal pack exactly the examples packed after j in its row move; isolated, none do."""
+    from packsim.course.exercises.lesson07_detect_contamination import (
+        _packsim_case,
+        _pipeline_call_case,
+        _read_by,
+    )
+
+    for (call, input_ids, seq_ids), causal in [(_packsim_case("buggy"), True), (_packsim_case("correct"), False),
+                                               (_pipeline_call_case(True), True)]:
+        with torch.no_grad():
+            before = call(input_ids)  # (B, T, V)
+            moved = {}
+            for j in sorted(set(seq_ids[seq_ids >= 0].tolist())):
+                ids = input_ids.clone()
+                ids[seq_ids == j] = (ids[seq_ids == j] + 3) % before.shape[-1]
+                change = (call(ids) - before).abs().amax(-1)  # (B, T)
+                moved[j] = sorted({int(k) for k in seq_ids[change > 1e-5].tolist()} - {j, -1})
+        expected = _read_by(seq_ids) if causal else {j: [] for j in moved}
+        assert moved == expected
+    assert _read_by(torch.tensor([[1, 1, 3, 3, -1], [2, 0, 0, 4, -1]])) == {0: [4], 1: [3], 2: [0, 4], 3: [], 4: []}

@@ -13,9 +13,11 @@
 
 Oracles: a direct computation of the gradient probe on packsim's buggy / correct / single-fix
 batches (block-diagonal batches must give exactly 0), the known fault behind each mystery
-report, :func:`packsim.audit` itself for the forward call, and a direct perturbation of packsim's
-buggy / correct batches and of one tiny Llama called two ways (the training-time call with an
-all-ones ``attention_mask``, and the corrected call).
+report, :func:`packsim.audit` itself for the forward call, and for the perturbation probe the
+structure of packsim's buggy / correct batches and of one tiny Llama called two ways (all-ones
+``attention_mask`` as in training, and the corrected call): isolated, nothing moves; causal, the
+examples packed after j do. Each number is checked against the change the learner's OWN
+perturbations caused (the check records the probe's calls): any change to valid ids passes.
 """
 
 from __future__ import annotations
@@ -245,24 +247,62 @@ def check_isolating_call(isolating_call) -> Feedback:
 
 
 # --- exercise 4: the perturbation probe, written by the learner --------------------------------
+# Any change of j's tokens to valid ids is right (+1, +7, a permutation...): the check judges the
+# verdict per example and each number against the learner's OWN perturbations (_Recorder).
+
+_ROUND_OFF = 1e-5  # every isolated case here measures exactly 0 (2026-12, any perturbation)
 
 
-def _perturb_oracle(call, input_ids: torch.Tensor, seq_ids: torch.Tensor, mine_too: bool = False,
-                    padding_too: bool = False) -> dict[int, float]:
-    """{j: max |logit change| on tokens outside j} when example j's tokens change (variants: a slip each)."""
-    with torch.no_grad():
-        before = call(input_ids)  # (B, T, V)
-        out = {}
-        for j in sorted(set(seq_ids[seq_ids >= 0].tolist())):
-            mine = seq_ids == j  # (B, T)
-            ids = input_ids.clone()
-            ids[mine] = (ids[mine] + 1) % before.shape[-1]  # other tokens, same places
-            diff = (call(ids) - before).abs().amax(-1)  # (B, T)
-            look = (seq_ids >= 0) if not padding_too else torch.ones_like(mine)
-            if not mine_too:
-                look = look & ~mine
-            out[j] = float(diff[look].max()) if look.any() else 0.0
+class _BadCall(Exception):
+    """The probe called the forward with ids it must not use; the message says which."""
+
+
+class _Recorder:
+    """``call`` as the probe sees it: rejects bad ids, keeps the logits of each perturbed call."""
+
+    def __init__(self, call, input_ids: torch.Tensor, seq_ids: torch.Tensor, vocab: int):
+        self.call, self.input_ids, self.seq_ids, self.vocab = call, input_ids, seq_ids, vocab
+        self.perturbed: dict[int, list[torch.Tensor]] = {}  # j -> logits (B, T, V) of each call changing j
+
+    def __call__(self, ids):
+        if not isinstance(ids, torch.Tensor) or ids.shape != self.input_ids.shape:
+            raise _BadCall(f"your probe called the forward with {type(ids).__name__} "
+                           f"{tuple(getattr(ids, 'shape', ()))}, not the (B, T) = "
+                           f"{tuple(self.input_ids.shape)} ids.")
+        if ids.dtype.is_floating_point or bool(((ids < 0) | (ids >= self.vocab)).any()):
+            raise _BadCall(f"your probe called the forward with ids out of range ({ids.dtype}, "
+                           f"{ids.min().item()} .. {ids.max().item()}): valid ids are the integers "
+                           f"0 .. {self.vocab - 1}.")
+        owners = set(self.seq_ids[ids != self.input_ids].tolist())  # whose tokens this call changed
+        if -1 in owners or len(owners) > 1:
+            whose = ", ".join(["padding"] * (-1 in owners) + [f"example {k}" for k in sorted(owners - {-1})])
+            raise _BadCall(f"one call of your probe changed the tokens of {whose}: a probe of example j "
+                           "changes j's tokens only (if you changed input_ids in place, the changes add up).")
+        logits = self.call(ids)  # (B, T, V)
+        if owners:
+            self.perturbed.setdefault(owners.pop(), []).append(logits.detach().clone())
+        return logits
+
+
+def _read_by(seq_ids: torch.Tensor) -> dict[int, list[int]]:
+    """Under a causal mask over the pack: {j: examples with a token after j's last one, in its rows}."""
+    out = {}
+    for j in sorted(set(seq_ids[seq_ids >= 0].tolist())):
+        later = set()
+        for row in seq_ids:  # (T,)
+            at = (row == j).nonzero()
+            if len(at):
+                later |= set(row[int(at.max()) + 1:].tolist())
+        out[j] = sorted(later - {-1, j})
     return out
+
+
+def _measured(rec: _Recorder, before: torch.Tensor, j: int, where: str = "others") -> float:
+    """max |logit change| over the learner's own perturbations of j, on the tokens ``where``."""
+    mine, real = rec.seq_ids == j, rec.seq_ids >= 0  # (B, T)
+    look = {"others": real & ~mine, "own": mine, "all": real, "padding_too": ~mine}[where]
+    diffs = [(after - before).abs().amax(-1)[look] for after in rec.perturbed[j]]  # each (n,)
+    return max((float(d.max()) for d in diffs if d.numel()), default=0.0)
 
 
 def _packsim_case(setup: str):
@@ -290,8 +330,53 @@ def _pipeline_call_case(training_call: bool):
     return call, ids, seq_ids
 
 
-def _close(got: dict, want: dict) -> bool:
-    return all(abs(got[j] - want[j]) <= 1e-5 + 1e-4 * want[j] for j in want)
+def _near(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-5 + 1e-3 * abs(b)
+
+
+def _judge(name: str, got: dict, rec: _Recorder, before: torch.Tensor, isolated: bool) -> Feedback | None:
+    """None if every example's verdict and number are right on this case, else what is wrong."""
+    if not rec.perturbed:
+        return fail(f"on the {name} your probe never called the forward with changed tokens: it changed "
+                    "nothing, so it cannot see a leak.",
+                    "for each j, ids = input_ids.clone(); replace ids[seq_ids == j] by OTHER valid ids, e.g. "
+                    "(ids + 7) % vocab_size (vocab_size is logits.shape[-1]); then call(ids).")
+    read_by = {j: [] for j in got} if isolated else _read_by(rec.seq_ids)
+    for j in sorted(got):
+        if j not in rec.perturbed:
+            return fail(f"on the {name} you report {got[j]:.3g} for example {j}, but no call of your probe "
+                        f"changed example {j}'s tokens.", "perturb every example j in turn: seq_ids == j.")
+        want = _measured(rec, before, j)
+        if got[j] < 0:
+            return fail(f"on the {name}, example {j}: you report {got[j]:.3g}, a negative change.",
+                        "take the absolute value: (after - before).abs(), then the max.")
+        if read_by[j] and got[j] <= _ROUND_OFF:
+            every = "every value is 0" if max(got.values()) <= _ROUND_OFF else f"example {j} is {got[j]:.3g}"
+            return fail(f"on the {name} (which leaks) {every}: examples {read_by[j]} come after example {j} "
+                        "in its row and read its tokens; your own perturbation moved their logits by "
+                        f"{want:.3g}.",
+                        "measure |after - before| on the tokens of the OTHER examples (seq_ids >= 0, != j), "
+                        "before = call(input_ids) with nothing changed.")
+        if _near(got[j], want):
+            continue
+        if any(_near(got[j], _measured(rec, before, j, where)) for where in ("own", "all")):
+            return fail(f"on the {name}, example {j}: you report {got[j]:.3g}, how much example {j}'s OWN "
+                        "logits moved (they always do when its tokens change); a leak is a change in the "
+                        "others'.", "measure only tokens of OTHER examples: seq_ids != j (and seq_ids >= 0).")
+        if _near(got[j], _measured(rec, before, j, "padding_too")):
+            return fail(f"on the {name} you measured padding positions too (seq_ids == -1).",
+                        "padding belongs to no example: look only where seq_ids >= 0.")
+        if not read_by[j] and got[j] > _ROUND_OFF:
+            return fail(f"on the {name} nothing reads example {j} (your own perturbation moved the other "
+                        f"examples' logits by exactly {want:.3g} at the same positions), yet you report "
+                        f"{got[j]:.3g}: you compared logits of different positions or of different calls.",
+                        "change = (call(ids) - before).abs() with before = call(input_ids): the same [b, t] "
+                        "entries, the unchanged ids as the baseline.")
+        return fail(f"on the {name}, example {j}: you report {got[j]:.4g}, but your own perturbation moved "
+                    f"the other examples' logits by at most {want:.4g}.",
+                    "for each j: logits before, change j's tokens only, logits after; the max over the other "
+                    "examples' tokens (seq_ids >= 0, != j) of max over the vocabulary of |after - before|.")
+    return None
 
 
 @check("the perturbation probe")
@@ -303,8 +388,14 @@ def check_perturbation_leak(perturbation_leak) -> Feedback:
              ("tiny Llama, training-time call (all-ones attention_mask)", _pipeline_call_case(True), False)]
     found = {}
     for name, (call, input_ids, seq_ids), isolated in cases:
-        got = perturbation_leak(call, input_ids.clone(), seq_ids.clone())
-        want = _perturb_oracle(call, input_ids, seq_ids)
+        with torch.no_grad():
+            before = call(input_ids)  # (B, T, V)
+        rec = _Recorder(call, input_ids, seq_ids, vocab=before.shape[-1])
+        try:
+            got = perturbation_leak(rec, input_ids.clone(), seq_ids.clone())
+        except _BadCall as err:
+            return fail(f"on the {name}: {err}", "ids = input_ids.clone() for each j, then ids[seq_ids == j] = "
+                        "other valid ids, e.g. (ids[seq_ids == j] + 7) % vocab_size.")
         if not isinstance(got, Mapping):
             return fail(f"on the {name} your probe returned {type(got).__name__}, not a dict.",
                         "return {example index j: largest |logit change| on the other examples' tokens}.")
@@ -313,31 +404,16 @@ def check_perturbation_leak(perturbation_leak) -> Feedback:
         except (TypeError, ValueError):
             return fail(f"on the {name} some keys or values are not numbers: {got!r:.120}.",
                         "keys: example indices (ints); values: floats.")
-        if set(got) != set(want):
-            missing = sorted(set(want) - set(got))
-            return fail(f"on the {name} your dict has examples {sorted(got)}, expected {sorted(want)} "
-                        f"(missing {missing}).",
+        want = sorted(set(seq_ids[seq_ids >= 0].tolist()))
+        if sorted(got) != want:
+            return fail(f"on the {name} your dict has examples {sorted(got)}, expected {want} "
+                        f"(missing {sorted(set(want) - set(got))}).",
                         "perturb EVERY example in turn: the last example of a row moves nobody even "
                         "under a causal mask, so one perturbation can miss a leak.")
-        if _close(got, want):
-            found[name] = max(want.values())
-            continue
-        if _close(got, _perturb_oracle(call, input_ids, seq_ids, mine_too=True)):
-            return fail(f"on the {name} you report {max(got.values()):.3g}: you included the perturbed "
-                        "example's own logits, which always change.",
-                        "measure only tokens of OTHER examples: seq_ids != j (and seq_ids >= 0).")
-        if _close(got, _perturb_oracle(call, input_ids, seq_ids, padding_too=True)):
-            return fail(f"on the {name} you measured padding positions too (seq_ids == -1).",
-                        "padding belongs to no example: look only where seq_ids >= 0.")
-        if not isolated and max(got.values()) <= 1e-9:
-            return fail(f"on the {name} (which leaks) every value is {max(got.values()):.3g}: your "
-                        "perturbation changed nothing.",
-                        "replace example j's tokens by OTHER valid ids, e.g. (ids + 1) % vocab_size "
-                        "(the vocabulary size is logits.shape[-1]); keep every other token.")
-        j = next(j for j in want if abs(got[j] - want[j]) > 1e-5 + 1e-4 * want[j])
-        return fail(f"on the {name}, example {j}: you report {got[j]:.4g}, expected {want[j]:.4g}.",
-                    "for each j: logits before, change j's tokens only, logits after; the max over "
-                    "the other examples' tokens (seq_ids >= 0, != j) of max over the vocabulary of |after - before|.")
+        wrong = _judge(name, got, rec, before, isolated)
+        if wrong is not None:
+            return wrong
+        found[name] = max(got.values())
     names = list(found)
     return ok(f"{found[names[0]]:.2g} where examples are isolated, {found[names[1]]:.3g} on the buggy batch. "
               f"One tiny Llama, same weights: {found[names[3]]:.3g} under the call a generic pipeline made "

@@ -45,7 +45,11 @@ def isolating_call(batch):
 
 
 def perturbation_leak(call, input_ids, seq_ids):
-    """{j: largest |logit change| on tokens of other examples when example j's tokens change}."""
+    """{j: largest |logit change| on tokens of other examples when example j's tokens change}.
+
+    Any change to other valid ids works (+1 here, +7 in probe 1, a random permutation): the
+    verdict (0 or not) does not depend on it, only the size of a leak does.
+    """
     with torch.no_grad():
         before = call(input_ids)  # (B, T, V)
         leak = {}
