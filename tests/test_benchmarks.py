@@ -415,3 +415,14 @@ def test_gpu_check_reference_kernels_part_on_cpu(bench, tmp_path, capsys):
     kernels, judged = (line for _, line in part["lines"])
     assert "conv [causal-conv1d runs on CUDA only (this run is on cpu)]: ok 6" in kernels
     assert judged == "bamba 6 as expected, llama 6 as expected"
+
+
+def test_pack_inputs_times_every_input_kind_and_checks_their_packs_agree(bench, tmp_path, capsys):
+    pack_inputs = bench("pack_inputs")
+    assert pack_inputs.main(["--n", "300", "--capacities", "64", "--repeats", "1", "--mixes", "bimodal",
+                             "--no-trl", "--out", str(tmp_path)]) == 0
+    last_line_is_table(capsys.readouterr().out)
+    rows = json.loads((tmp_path / "pack_inputs.json").read_text())["rows"]
+    assert {r["input"] for r in rows} == {*pack_inputs.KINDS, "list (before)", "numpy"}
+    assert {r["call"] for r in rows if r["input"] == "list"} == {"pack_arrays", "pack() lists"}
+    assert all(len(r["times"]) == 1 and r["x_faster_than_trl_1batch"] is None for r in rows)  # no TRL: no ratio
