@@ -58,12 +58,17 @@ setup: $(STAMP) git-filter
 
 # Notebook outputs never land in git by accident: JupyterLab autosaves them into the notebooks,
 # and this git filter (nbstripout, a dev dependency; .gitattributes names it) strips them from
-# what `git add` stores, while your copy on disk keeps them. Cell ids are kept (--keep-id), so a
-# clean notebook passes through unchanged. Outside a git checkout there is nothing to do.
+# what `git add` stores, while your copy on disk keeps them. It also drops what a run adds to
+# metadata.language_info (your Python version, lexer, mimetype...; the committed notebooks keep
+# only its name). Cell ids are kept (--keep-id), so a clean notebook passes through unchanged.
+# Outside a git checkout there is nothing to do.
 git-filter:
 	@if git rev-parse --git-dir >/dev/null 2>&1; then \
 	  $(PY) -m nbstripout --install --attributes .gitattributes && \
-	  strip="$$($(PY) -c 'import sys; print(sys.executable)') -m nbstripout --keep-id" && \
+	  keys="metadata.language_info.codemirror_mode metadata.language_info.file_extension" && \
+	  keys="$$keys metadata.language_info.mimetype metadata.language_info.nbconvert_exporter" && \
+	  keys="$$keys metadata.language_info.pygments_lexer metadata.language_info.version" && \
+	  strip="$$($(PY) -c 'import sys; print(sys.executable)') -m nbstripout --keep-id --extra-keys '$$keys'" && \
 	  git config filter.nbstripout.clean "$$strip" && \
 	  git config diff.ipynb.textconv "$$strip -t" && \
 	  echo "git filter: notebook outputs are stripped on git add (nbstripout; see README)"; fi
