@@ -145,3 +145,103 @@ def test_a_refused_forward_is_said_refused_with_how_to_get_the_probe(bamba):
     text = report.table()
     assert "To get it: run the audit where the forward accepts this batch" in text
     assert "did not depend on input_ids" not in text and "did not change with input_ids" not in text
+
+
+# ---- on packsim's reference kernels (emulate_hybrid_kernels): measured on CPU --------------------------
+
+def _each_example_moves(model, batch, seq) -> float:
+    """Ground truth here: max |logit change| of the other examples when one example's tokens change."""
+    ids, rest = batch["input_ids"], {k: v for k, v in batch.items() if k != "input_ids"}
+    gen, worst = torch.Generator().manual_seed(3), 0.0
+    with torch.no_grad():
+        base = model(input_ids=ids, **rest, use_cache=False).logits
+        for e in seq[0].unique().tolist():
+            mine = seq == e  # (1, T)
+            new = ids.clone()
+            new[mine] = (ids[mine] + torch.randint(1, 80, (int(mine.sum()),), generator=gen)) % 90 + 3
+            worst = max(worst, float((model(input_ids=new, **rest, use_cache=False).logits - base).abs()[~mine].max()))
+    return worst
+
+
+def test_seq_idx_on_the_reference_kernel_passes_naming_the_kernel(bamba):
+    from packsim.core.reference_hybrid import emulate_hybrid_kernels
+
+    batch, seq = frontier_batch("seq_idx")
+    with emulate_hybrid_kernels():
+        assert _each_example_moves(bamba, batch, seq) <= 1e-6  # ground truth: isolated
+        report = audit(bamba, batch, use_cache=False, trust_boundaries=True)  # the fields were built here
+    assert report.status == "pass" and report.verdict.startswith("PASS"), report.table()
+    finding = next(f for f in report.findings if f.name == "hybrid_state")
+    assert finding.status == "pass" and "BambaMixer" in finding.evidence
+    assert "seq_idx reaches the reference kernel (packsim, pure torch) (causal_conv1d_fn" in finding.evidence
+
+
+def test_no_seq_idx_on_the_reference_kernel_fails_with_the_hybrid_cause(bamba):
+    from packsim.core.reference_hybrid import emulate_hybrid_kernels
+
+    batch, seq = frontier_batch("positions")
+    with emulate_hybrid_kernels():
+        assert _each_example_moves(bamba, batch, seq) > 1e-3  # ground truth: the state crosses
+        report = audit(bamba, batch, use_cache=False, trust_boundaries=True)
+    assert report.status == "fail" and {"perturbation", "hybrid_state"} <= set(report.failed), report.table()
+    finding = next(f for f in report.findings if f.name == "hybrid_state")
+    assert "no seq_idx" in finding.evidence and "emulate_hybrid_kernels()" in finding.fix
+    assert any(c.startswith("BambaMixer carry a conv / SSM state") and "no seq_idx" in c for c in report.causes)
+
+
+def test_outside_the_context_manager_the_audit_wires_nothing_and_says_how(bamba):
+    """packsim.audit leaves the process's transformers as it is: seq_idx is still refused, NOT MEASURED,
+    and the refusal tells how to measure it on CPU."""
+    if torch.cuda.is_available() and importlib.util.find_spec("causal_conv1d"):
+        pytest.skip("the kernels are installed: seq_idx runs, the audit measures it")
+    from packsim.core.reference_hybrid import kernels_in_use
+
+    before = kernels_in_use()
+    report = audit(bamba, frontier_batch("seq_idx")[0], use_cache=False)
+    assert kernels_in_use() == before
+    assert report.status == "not measured"
+    finding = next(f for f in report.findings if f.name == "hybrid_state")
+    assert "with packsim.core.reference_hybrid.emulate_hybrid_kernels():" in finding.fix
+    assert "emulate_hybrid_kernels()" in report.probes["perturbation"].details["how_to_get"]
+
+
+def test_gated_deltanet_needs_cu_seq_lens_next_to_seq_idx():
+    """Qwen3-Next's gated delta rule reads cu_seq_lens_q, its conv seq_idx: with seq_idx alone the recurrent
+    state crosses (the tiny model's fast decay leaks 2.5e-6, over fp32 noise 2e-7: under the audit's 1e-5,
+    so the finding, not the perturbation, catches it); with both it isolates."""
+    from packsim.core.reference_hybrid import emulate_hybrid_kernels
+
+    qwen = build_frontier("qwen3_next")
+    only, seq = frontier_batch("seq_idx")
+    both, _ = frontier_batch("seq_idx_cu_seq_lens")
+    with emulate_hybrid_kernels():
+        assert _each_example_moves(qwen, only, seq) > 1e-6 and _each_example_moves(qwen, both, seq) <= 2e-7
+        assert hybrid_state(qwen, only).failed and "no cu_seq_lens_q" in hybrid_state(qwen, only).evidence
+        passed = hybrid_state(qwen, both)
+        assert passed.status == "pass" and "chunk_gated_delta_rule" in passed.evidence
+
+
+def test_a_trainer_whose_collator_gives_seq_idx_is_measured_on_the_reference_kernel(bamba, tmp_path):
+    """DataCollatorWithFlattening(return_seq_idx=True) under emulate_hybrid_kernels(): the trainer's own loss
+    runs, and audit_trainer measures (PASS), naming the kernel."""
+    import datasets
+    from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
+
+    from packsim import audit_trainer
+    from packsim.core.reference_hybrid import emulate_hybrid_kernels
+
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(3, 90, (n,), generator=g).tolist() for n in (7, 9, 6, 8)]
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=1, report_to="none",
+                             use_cpu=True, save_strategy="no")
+    trainer = Trainer(model=bamba, args=args, train_dataset=datasets.Dataset.from_dict({"input_ids": rows}),
+                      data_collator=DataCollatorWithFlattening(return_seq_idx=True))
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    seq = batch["seq_idx"].long()  # (1, T)
+    fields = {k: v for k, v in batch.items() if k != "labels"}
+    with emulate_hybrid_kernels():
+        assert _each_example_moves(bamba.eval(), fields, seq) <= 1e-6  # ground truth: isolated
+        report = audit_trainer(trainer, objective="lm")
+    assert report.status == "pass", report.table()
+    finding = next(f for f in report.findings if f.name == "hybrid_state")
+    assert finding.status == "pass" and "reference kernel (packsim, pure torch)" in finding.evidence

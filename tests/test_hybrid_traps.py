@@ -1,5 +1,7 @@
 """The trap-table rows for hybrid state-space models and an mRoPE text stack: every cell's verdict
-against an independent perturbation computed here, and packsim.audit agreeing with it."""
+against an independent perturbation computed here, and packsim.audit agreeing with it. The hybrid
+table runs on packsim's reference kernels (emulate_hybrid_kernels, undone after); with
+reference_kernels=False the seq_idx cells are transformers' refusal ("needs CUDA"), as before."""
 
 import pytest
 import torch
@@ -7,56 +9,79 @@ import torch
 from packsim import audit
 from packsim.auditing.hybrid_findings import stateful_layers
 from packsim.core.errors import PacksimError
+from packsim.core.reference_conv import REFERENCE_KERNEL
+from packsim.core.reference_hybrid import emulate_hybrid_kernels, kernels_in_use
 from packsim.exhibits.hybrid_traps import (
     CUDA_REFUSAL,
     FRONTIER_FAMILIES,
+    FRONTIER_TOL,
     build_frontier,
     frontier_batch,
+    frontier_needs,
     frontier_table,
 )
 from packsim.exhibits.trap_cases import VOCAB
 
-TOL = 1e-5
+HYBRID = [f for f, spec in FRONTIER_FAMILIES.items() if spec[0] == "hybrid"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()  # tiny matrices: one thread beats two fighting on a 2-core machine
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def _perturbed_change(model, batch, seq) -> float:
-    """Max |logit change| on examples 1.. when example 0's tokens change (independent of the table)."""
-    first = seq == 0  # (1, T)
+    """Max |logit change| of the other examples when one example's tokens change, each example in turn
+    (independent of the table and of the audit)."""
     ids = batch["input_ids"]
-    new = ids.clone()
-    gen = torch.Generator().manual_seed(7)
-    new[first] = (ids[first] + torch.randint(1, VOCAB - 3, (int(first.sum()),), generator=gen)) % (VOCAB - 3) + 3
     rest = {k: v for k, v in batch.items() if k != "input_ids"}
+    gen = torch.Generator().manual_seed(7)
+    worst = 0.0
     with torch.no_grad():
-        a = model(input_ids=ids, **rest, use_cache=False).logits
-        b = model(input_ids=new, **rest, use_cache=False).logits
-    return float((a - b).abs()[~first].max())
+        base = model(input_ids=ids, **rest, use_cache=False).logits
+        for e in seq[0].unique().tolist():
+            mine = seq == e  # (1, T)
+            new = ids.clone()
+            new[mine] = (ids[mine] + torch.randint(1, VOCAB - 3, (int(mine.sum()),), generator=gen)) % (VOCAB - 3) + 3
+            moved = model(input_ids=new, **rest, use_cache=False).logits
+            worst = max(worst, float((moved - base).abs()[~mine].max()))
+    return worst
+
+
+def _alone_change(model, batch, seq) -> float:
+    """Max |packed logits - logits of each example run alone (input_ids (1, L) only)|: the ground truth."""
+    with torch.no_grad():
+        packed = model(**batch, use_cache=False).logits[0]  # (T, V)
+        return max(float((packed[seq[0] == e] - model(input_ids=batch["input_ids"][:, seq[0] == e],
+                                                      use_cache=False).logits[0]).abs().max())
+                   for e in seq[0].unique().tolist())
 
 
 @pytest.fixture(scope="module", params=["hybrid", "mrope"])
 def table(request):
-    return frontier_table(request.param)
+    before = kernels_in_use()
+    made = frontier_table(request.param)
+    assert kernels_in_use() == before  # the table's wiring is undone: no global state changed
+    return made
 
 
 def test_every_cell_agrees_with_an_independent_perturbation(table):
     assert table.disagreements() == []
-    for family in table.families:
-        model = build_frontier(family, "sdpa")
-        for condition in table.conditions:
-            cell = table.cell(family, "sdpa", condition)
-            batch, seq = frontier_batch(condition)
-            if cell.status == "needs CUDA":
-                with pytest.raises(ValueError, match=CUDA_REFUSAL):
-                    _perturbed_change(model, batch, seq)
-                report = audit(model, batch, use_cache=False)  # never PASS, never the ValueError
-                finding = next(f for f in report.findings if f.name == "hybrid_state")
-                assert report.status == "not measured" and finding.status == "skipped", report.verdict
-                assert "needs the CUDA kernel" in finding.evidence
-                assert all(layer in finding.evidence for layer in stateful_layers(model)), finding.evidence
-                continue
-            moved = _perturbed_change(model, batch, seq)
-            assert (moved > TOL) == (cell.status == "leaks"), (family, condition, moved, cell)
-            assert cell.agrees, cell
+    tol = FRONTIER_TOL["hybrid" if table.families[0] in HYBRID else "mrope"]
+    with emulate_hybrid_kernels():  # the kernels the table ran on
+        for family in table.families:
+            model = build_frontier(family, "sdpa")
+            for condition in table.conditions:
+                cell = table.cell(family, "sdpa", condition)
+                assert cell.measured, cell  # no "needs CUDA" left on the reference kernels
+                moved = _perturbed_change(model, *frontier_batch(condition))
+                assert (moved > tol) == (cell.status == "leaks"), (family, condition, moved, cell)
+                assert cell.agrees, cell
+                if family in HYBRID:
+                    assert cell.kernel.startswith(f"conv / scan kernels on the {REFERENCE_KERNEL} ("), cell.kernel
 
 
 def test_what_the_installed_transformers_does(table):
@@ -65,12 +90,68 @@ def test_what_the_installed_transformers_does(table):
         assert status == {"positions_2d": "leaks", "positions_3d": "leaks", "positions_4rows": "isolated",
                           "ones_mask_4rows": "leaks"}
         return
-    for family in table.families:  # no CPU path isolates a hybrid model's packed row
-        assert all(table.cell(family, "sdpa", c).status in ("leaks", "needs CUDA") for c in table.conditions)
-    assert table.cell("bamba", "sdpa", "seq_idx").status == "needs CUDA"
-    assert table.cell("mamba2", "sdpa", "seq_idx").status == "leaks"  # seq_idx never reaches the mixer
-    assert "needs CUDA: `causal_conv1d_fn` can't keep packed sequences apart" in table.text()
-    assert "needs CUDA" in table.to_html()
+    isolated = {f: {c for c in table.conditions if table.cell(f, "sdpa", c).status == "isolated"}
+                for f in table.families}
+    seq_idx_families = {"seq_idx", "seq_idx_cu_seq_lens", "seq_idx_block_mask"}
+    assert isolated == {"bamba": seq_idx_families, "lfm2": seq_idx_families, "zamba2": seq_idx_families,
+                        "falcon_h1": seq_idx_families, "qwen3_next": {"seq_idx_cu_seq_lens"},
+                        "granitemoehybrid": {"seq_idx_block_mask"}, "mamba2": set()}
+    needs = frontier_needs(table)
+    assert needs["bamba"] == needs["lfm2"] == needs["zamba2"] == needs["falcon_h1"] == "seq_idx"
+    assert needs["qwen3_next"].startswith("seq_idx + cu_seq_lens_q/k: Qwen3NextGatedDeltaNet hands cu_seq_lens_q")
+    assert needs["granitemoehybrid"].startswith("seq_idx + a 4D block-diagonal attention_mask: "
+                                                "GraniteMoeHybridModel.forward builds its attention mask without")
+    assert needs["mamba2"].startswith("nothing in this table isolates it: Mamba2ForCausalLM.forward calls "
+                                      "self.backbone without seq_idx")
+    assert "sdpa kernel: conv / scan kernels on the reference kernel (packsim, pure torch)" in table.text()
+
+
+def test_the_cells_that_cannot_isolate_say_why_with_the_transformers_line():
+    """Mamba2ForCausalLM's cells name the file:line of the backbone call that drops seq_idx: read it here."""
+    from pathlib import Path
+
+    from transformers.models.mamba2 import modeling_mamba2
+
+    table = frontier_table("hybrid", families="mamba2", run_audit=False)
+    kernel = table.cell("mamba2", "sdpa", "seq_idx").kernel
+    path, line = kernel.split("(transformers/")[1].split(")")[0].rsplit(":", 1)
+    assert modeling_mamba2.__file__.endswith(path)
+    text = Path(modeling_mamba2.__file__).read_text().splitlines()
+    call = " ".join(text[int(line) - 1:int(line) + 9]).split(")")[0]  # the backbone call's arguments
+    assert "self.backbone(" in text[int(line) - 1] and "seq_idx" not in call and "**kwargs" not in call
+
+
+@pytest.mark.parametrize("family", ["bamba"])
+def test_bamba_on_the_reference_kernel_against_each_example_alone(family):
+    """Ground truth here: each example run alone. seq_idx isolates on the reference kernel; position_ids
+    only leaks; the table's cells say so and name the kernel."""
+    model = build_frontier(family)
+    with emulate_hybrid_kernels():
+        assert _alone_change(model, *frontier_batch("seq_idx")) <= FRONTIER_TOL["hybrid"]
+        assert _alone_change(model, *frontier_batch("positions")) > 1e-2
+    small = frontier_table("hybrid", families=family)
+    assert small.cell(family, "sdpa", "seq_idx").status == "isolated"
+    assert small.cell(family, "sdpa", "positions").status == "leaks"
+    assert all(REFERENCE_KERNEL in c.kernel for c in small.cells) and small.disagreements() == []
+
+
+def test_without_the_reference_kernels_seq_idx_is_refused():
+    """reference_kernels=False: transformers as loaded; seq_idx reaches its torch fallback and is refused."""
+    old = frontier_table("hybrid", families=("bamba", "mamba2"), reference_kernels=False)
+    assert old.cell("bamba", "sdpa", "seq_idx").status == "needs CUDA"
+    assert old.cell("mamba2", "sdpa", "seq_idx").status == "leaks"  # seq_idx never reaches the mixer
+    assert "needs CUDA: `causal_conv1d_fn` can't keep packed sequences apart" in old.text()
+    assert "needs CUDA" in old.to_html()
+    bamba = build_frontier("bamba")
+    batch, seq = frontier_batch("seq_idx")
+    with pytest.raises(ValueError, match=CUDA_REFUSAL):
+        _perturbed_change(bamba, batch, seq)
+    report = audit(bamba, batch, use_cache=False)  # never PASS, never the ValueError
+    finding = next(f for f in report.findings if f.name == "hybrid_state")
+    assert report.status == "not measured" and finding.status == "skipped", report.verdict
+    assert "needs the CUDA kernel" in finding.evidence and "emulate_hybrid_kernels()" in finding.fix
+    assert all(layer in finding.evidence for layer in stateful_layers(bamba)), finding.evidence
+    assert "transformers' torch fallback" in old.cell("bamba", "sdpa", "positions").kernel
 
 
 def test_bad_input():

@@ -3,53 +3,69 @@ models and a multimodal-RoPE (mRoPE) text stack, measured on the installed trans
 
 Each family is a tiny ``*ForCausalLM`` (2 layers, hidden 32, vocab 96, random weights, built from its
 config by :func:`packsim.core.model.model_from_config`: no download). Hybrid families: Bamba,
-Qwen3-Next, LFM2, Mamba2, Zamba2, GraniteMoeHybrid, FalconH1. A cell runs one packed row of 32 tokens (three examples of 10, 13 and 9 tokens)
-under one condition and compares each example's packed logits with the example run alone (input_ids
-(1, L), no positions, no mask): the cell is "isolated" when no token moves by more than ``tol``
-(fp32: 1e-5), "leaks" otherwise, and "needs CUDA" when transformers refuses to run the condition
-because the only path that keeps examples apart is a CUDA kernel package that is not installed.
-Then :func:`packsim.audit` runs the same forward and the cell records whether its verdict agrees.
+Qwen3-Next, LFM2, Mamba2, Zamba2, GraniteMoeHybrid, FalconH1. A cell runs one packed row of 32 tokens
+(three examples of 10, 13 and 9 tokens) under one condition and compares each example's packed logits
+with the example run alone (input_ids (1, L), no positions, no mask): the cell is "isolated" when no
+token moves by more than ``tol`` (fp32: 1e-6 for hybrids, whose isolated cells measure <= 2e-7 and
+whose tiny gated DeltaNet leaks 2.5e-6 without ``cu_seq_lens_*``; 1e-5 for mRoPE), "leaks"
+otherwise, and "needs CUDA" when transformers refuses to run the condition because the only path
+that keeps examples apart is a kernel package that is not bound. Then :func:`packsim.audit` runs the
+same forward and the cell records whether its verdict agrees.
 
-What the installed transformers does (read in its source, measured by the cells):
+:func:`frontier_table` ("hybrid") runs inside
+:func:`packsim.core.reference_hybrid.emulate_hybrid_kernels` (undone after: the table changes no
+global state): packsim's reference kernels (pure torch) stand where transformers looks for
+``causal_conv1d``, ``mamba_ssm`` and ``flash-linear-attention``, unless the real package is there
+(it wins). Every cell names the kernel its conv / scan / delta rule ran on (``Cell.kernel``), and
+:func:`frontier_needs` says per family which fields it needs. What the installed transformers does
+(read in its source, measured by the cells):
 
 - the Mamba2 / short-convolution / gated-delta-rule layers call kernel functions wrapped by
-  ``integrations.hub_kernels.use_kernel_func_from_hub_with_fallback``; without ``causal_conv1d`` /
-  ``mamba_ssm`` / ``flash-linear-attention`` the torch fallbacks (e.g. ``causal_conv1d_fn`` and
-  ``mamba2_chunk_scan`` in ``models/bamba/modeling_bamba.py``) take ``**kwargs`` and ignore them,
-  so the conv and recurrent state runs across a boundary; the wrapper RAISES when ``seq_idx`` or
-  ``cu_seqlens`` reaches a fallback ("can't keep packed sequences apart without ..."), so packed
-  rows with seq_idx fail closed on CPU;
-- ``cu_seq_lens_q/k`` is not ``cu_seqlens``: the conv fallback gets it, ignores it, and the guard
-  does not fire (Qwen3-Next's gated delta rule renames it to ``cu_seqlens``, so that one raises);
+  ``integrations.hub_kernels.use_kernel_func_from_hub_with_fallback``; without the packages (and
+  without the reference kernels: ``reference_kernels=False``) the torch fallbacks take ``**kwargs``
+  and ignore them, and the wrapper RAISES when ``seq_idx`` or ``cu_seqlens`` reaches a fallback;
+- the conv kernels read ``seq_idx``, never ``cu_seq_lens_q/k`` (the wrapper passes a kernel only
+  its own parameters); Qwen3-Next's gated delta rule takes ``cu_seq_lens_q`` as ``cu_seqlens``, so
+  it needs both;
+- ``GraniteMoeHybridModel`` builds its attention mask without ``position_ids`` (mask_kwargs in
+  models/granitemoehybrid), so its attention needs a 4D block-diagonal mask next to ``seq_idx``;
 - ``Mamba2ForCausalLM.forward`` does not pass ``**kwargs`` to its backbone (models/mamba2), so
-  ``seq_idx`` never reaches a mixer, with or without the CUDA kernels;
+  ``seq_idx`` never reaches a mixer through it, with any kernel (the cells give file:line);
 - the Qwen2-VL text model (models/qwen2_vl, ``Qwen2VLTextModel.forward``) builds the packed mask
   only from 4-row position_ids (text positions prepended to the 3 rope rows); 2D or 3-row
   positions are expanded and the mask is plain causal over the row.
 
 :func:`frontier_table` returns a :class:`~packsim.exhibits.trap_results.TrapTable` (rows family x
 impl, columns the family kind's conditions). Shapes: input_ids (1, 32), position_ids (1, 32) or
-(3, 1, 32) / (4, 1, 32), seq_idx (1, 32) int32, cu_seq_lens_q/k (4,) int32.
+(3, 1, 32) / (4, 1, 32), seq_idx (1, 32) int32, cu_seq_lens_q/k (4,) int32, the block mask
+(1, 1, 32, 32) float (0 inside an example's causal triangle, -inf elsewhere).
 
 Lessons: A3, A6, A8.
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import time
 import warnings
 from dataclasses import replace
 
 import torch
 
-from packsim.auditing.hybrid_findings import CUDA_REFUSAL, needs_cuda_reason
+from packsim.auditing.hybrid_findings import (
+    CUDA_REFUSAL,
+    boundary_kernels,
+    kernel_words,
+    needs_cuda_reason,
+)
 from packsim.core.errors import PacksimError
 from packsim.core.segments import cu_seqlens_from_lengths, example_positions
 from packsim.exhibits.trap_cases import ROWS, VOCAB
 from packsim.exhibits.trap_results import Cell, TrapTable
 
-__all__ = ["CUDA_REFUSAL", "FRONTIER_CONDITIONS", "FRONTIER_FAMILIES", "build_frontier", "frontier_batch",
-           "frontier_cell", "frontier_table", "needs_cuda_reason"]
+__all__ = ["CUDA_REFUSAL", "FRONTIER_CONDITIONS", "FRONTIER_FAMILIES", "FRONTIER_TOL", "build_frontier",
+           "family_why", "frontier_batch", "frontier_cell", "frontier_needs", "frontier_table", "needs_cuda_reason"]
 
 _IDS = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 _BASE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -88,19 +104,63 @@ FRONTIER_FAMILIES = {
     "qwen2_vl": ("mrope", "Qwen2VLConfig", {}, "multimodal RoPE: 3 rope rows (t, h, w), text stack only"),
 }
 _KIND_CONDITIONS = {
-    "hybrid": ("positions", "seq_idx", "cu_seq_lens", "ones_mask"),
+    "hybrid": ("positions", "seq_idx", "cu_seq_lens", "seq_idx_cu_seq_lens", "seq_idx_block_mask", "ones_mask"),
     "mrope": ("positions_2d", "positions_3d", "positions_4rows", "ones_mask_4rows"),
 }
 FRONTIER_CONDITIONS = {
     "positions": "position_ids (1, 32) restart per example, nothing else",
-    "seq_idx": "the same plus seq_idx (1, 32) int32, the example index (DataCollatorWithFlattening(return_seq_idx=True))",
-    "cu_seq_lens": "the same plus cu_seq_lens_q/k (4,) and max_length_q/k (return_flash_attn_kwargs=True)",
-    "ones_mask": "the same as positions plus an all-ones 2D attention_mask",
+    "seq_idx": "position_ids plus seq_idx (1, 32) int32, the example index (DataCollatorWithFlattening(return_seq_idx=True))",
+    "cu_seq_lens": "position_ids plus cu_seq_lens_q/k (4,) and max_length_q/k (return_flash_attn_kwargs=True), "
+                   "no seq_idx",
+    "seq_idx_cu_seq_lens": "position_ids, seq_idx and cu_seq_lens_q/k + max_length_q/k (what TRL's padding-free "
+                           "collator gives)",
+    "seq_idx_block_mask": "position_ids, seq_idx and a 4D attention_mask (1, 1, 32, 32): 0 causal inside each "
+                          "example, -inf elsewhere",
+    "ones_mask": "position_ids plus an all-ones 2D attention_mask",
     "positions_2d": "text position_ids (1, 32) restarting per example (as for a text-only model)",
     "positions_3d": "mRoPE position_ids (3, 1, 32): the restarting positions on all three rope rows",
     "positions_4rows": "position_ids (4, 1, 32): text positions prepended to the three rope rows",
     "ones_mask_4rows": "the 4-row position_ids plus an all-ones 2D attention_mask",
 }
+FRONTIER_TOL = {"hybrid": 1e-6, "mrope": 1e-5}  # fp32 isolation threshold per kind (see the module doc)
+# the hybrid conditions that can isolate, fewest fields first, and the fields each one names
+_NEEDS = {"seq_idx": "seq_idx", "seq_idx_cu_seq_lens": "seq_idx + cu_seq_lens_q/k",
+          "seq_idx_block_mask": "seq_idx + a 4D block-diagonal attention_mask"}
+
+
+def _where(obj, marker: str) -> str:
+    """'transformers/models/.../modeling_x.py:LINE' of the first line of ``obj``'s source holding ``marker``."""
+    obj = inspect.unwrap(obj)  # the modeling function, not its decorators'
+    try:
+        lines, first = inspect.getsourcelines(obj)
+        path = inspect.getsourcefile(obj) or "?"
+    except (OSError, TypeError):
+        return "(source not readable)"
+    hit = next((first + k for k, line in enumerate(lines) if marker in line), None)
+    short = path[path.rfind("transformers/"):] if "transformers/" in path else path
+    return f"{short}:{hit}" if hit else f"{short} (no {marker!r}: transformers moved)"
+
+
+def family_why(family: str) -> str:
+    """Why a family needs more than seq_idx, or why no field isolates it through its own forward
+    (file:line in the installed transformers); '' for the others."""
+    import transformers
+
+    if family == "mamba2":
+        at = _where(transformers.Mamba2ForCausalLM.forward, "self.backbone(")
+        return (f"Mamba2ForCausalLM.forward calls self.backbone without seq_idx or **kwargs ({at}), so no packing "
+                "field reaches a mixer through it, on any kernel; its backbone (Mamba2Model) isolates with seq_idx")
+    if family == "granitemoehybrid":
+        at = _where(transformers.GraniteMoeHybridModel.forward, "mask_kwargs = {")
+        return (f"GraniteMoeHybridModel.forward builds its attention mask without position_ids ({at}), so restarting "
+                "positions leave its attention causal over the row")
+    if family == "qwen3_next":
+        from transformers.models.qwen3_next import modeling_qwen3_next
+
+        at = _where(modeling_qwen3_next.Qwen3NextGatedDeltaNet.forward, "cu_seqlens=")
+        return (f"Qwen3NextGatedDeltaNet hands cu_seq_lens_q to its gated delta rule as cu_seqlens ({at}); seq_idx "
+                "reaches only its conv")
+    return ""
 
 
 def _vl_config(transformers):
@@ -145,12 +205,15 @@ def frontier_batch(condition: str, seed: int = 0) -> tuple[dict, torch.Tensor]:
     seq = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))[None]  # (1, T)
     pos = example_positions(seq)  # (1, T): 0..L-1 per example
     batch = {"input_ids": ids, "position_ids": pos}
-    if condition == "seq_idx":
-        batch["seq_idx"] = seq.to(torch.int32)
-    elif condition == "cu_seq_lens":
+    if condition.startswith("seq_idx"):
+        batch["seq_idx"] = seq.to(torch.int32)  # (1, T)
+    if condition.endswith("cu_seq_lens"):
         cu = cu_seqlens_from_lengths(lengths)  # (S+1,)
         batch.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(lengths), max_length_k=max(lengths))
-    elif condition == "positions_3d":
+    if condition == "seq_idx_block_mask":  # causal inside each example, -inf across
+        keep = (seq[0][:, None] == seq[0][None, :]) & torch.ones(T, T, dtype=torch.bool).tril()  # (T, T)
+        batch["attention_mask"] = torch.where(keep, 0.0, float("-inf"))[None, None]  # (1, 1, T, T)
+    if condition == "positions_3d":
         batch["position_ids"] = pos[None].expand(3, 1, T).clone()  # (3, 1, T)
     elif condition in ("positions_4rows", "ones_mask_4rows"):
         batch["position_ids"] = pos[None].expand(4, 1, T).clone()  # (4, 1, T): text row first
@@ -187,9 +250,22 @@ def _alone_changes(model, batch: dict, seq: torch.Tensor) -> list[float]:
     return out
 
 
+def cell_kernel(model, family: str) -> str:
+    """What the stateful layers' kernels of ``model`` run on now ('' for a model without any), and for
+    Mamba2ForCausalLM why no packing field reaches them (:func:`family_why`)."""
+    kernels = boundary_kernels(model)
+    if not kernels:
+        return ""
+    words = f"conv / scan kernels on {kernel_words(kernels)}"
+    return f"{words}; {family_why(family)}" if family == "mamba2" else words
+
+
 def frontier_cell(model, family: str, condition: str, *, tol: float = 1e-5, seed: int = 0,
                   impl: str = "sdpa", run_audit: bool = True) -> Cell:
-    """Measure one cell (packed vs alone), then audit the same forward (agreement in the Cell)."""
+    """Measure one cell (packed vs alone), then audit the same forward (agreement in the Cell).
+
+    Runs on whatever kernels transformers has bound now (:func:`frontier_table` wires the reference
+    kernels for its run); the Cell's ``kernel`` names them."""
     from packsim.auditing.auditor import audit_pipeline
     from packsim.auditing.pipeline import dict_pipeline, logits_of
     from packsim.exhibits.traps import LEAK_PROBES
@@ -205,11 +281,12 @@ def frontier_cell(model, family: str, condition: str, *, tol: float = 1e-5, seed
         if not reason:
             raise
         return Cell(family, impl, condition, "needs CUDA", note=reason)
+    kernel = cell_kernel(model, family)
     change = max(changes)
     status = "isolated" if change <= tol else "leaks"
     per = ", ".join(f"{c:.2e}" for c in changes)
     if not run_audit:
-        return Cell(family, impl, condition, status, change, note=f"per example {per}")
+        return Cell(family, impl, condition, status, change, note=f"per example {per}", kernel=kernel)
     fields = {k: v for k, v in batch.items() if k != "input_ids"}
     p = dict_pipeline(_Bound(model, fields), {"input_ids": batch["input_ids"]}, None,
                       {"use_cache": False}, seq=seq, source="the frontier case's example lengths")
@@ -220,13 +297,18 @@ def frontier_cell(model, family: str, condition: str, *, tol: float = 1e-5, seed
         report, _ = audit_pipeline(p, tol=tol, seed=seed)
     leaked = set(report.failed) & set(LEAK_PROBES)
     return Cell(family, impl, condition, status, change, audit_isolated=not leaked,
-                audit_failed=tuple(report.failed), note=f"per example {per}")
+                audit_failed=tuple(report.failed), note=f"per example {per}", kernel=kernel)
 
 
-def frontier_table(kind: str = "hybrid", families=None, impls=("sdpa",), *, tol: float = 1e-5,
-                   seed: int = 0, run_audit: bool = True) -> TrapTable:
+def frontier_table(kind: str = "hybrid", families=None, impls=("sdpa",), *, tol: float | None = None,
+                   seed: int = 0, run_audit: bool = True, reference_kernels: bool = True) -> TrapTable:
     """Measure the rows of ``kind`` ("hybrid" or "mrope"): every family of that kind x ``impls`` x
-    the kind's conditions. Returns a :class:`TrapTable` (prints as text / HTML / heatmap)."""
+    the kind's conditions. Returns a :class:`TrapTable` (prints as text / HTML / heatmap).
+
+    ``tol``: default :data:`FRONTIER_TOL` of the kind. ``reference_kernels`` (hybrid): run inside
+    :func:`packsim.core.reference_hybrid.emulate_hybrid_kernels`, undone after (a real package
+    wins); False: transformers as this process has it (seq_idx cells "needs CUDA" without the packages).
+    """
     from packsim.exhibits.traps import versions
 
     if kind not in _KIND_CONDITIONS:
@@ -237,13 +319,43 @@ def frontier_table(kind: str = "hybrid", families=None, impls=("sdpa",), *, tol:
     if wrong:
         raise PacksimError(f"families {wrong} are not of kind {kind!r}: use some of {mine}.")
     impls = (impls,) if isinstance(impls, str) else tuple(impls)
+    tol = FRONTIER_TOL[kind] if tol is None else float(tol)
     conditions = _KIND_CONDITIONS[kind]
     start = time.perf_counter()
     cells = []
-    for family in families:
-        for impl in impls:
-            model = build_frontier(family, impl, seed)
-            cells += [frontier_cell(model, family, c, tol=tol, seed=seed, impl=impl, run_audit=run_audit)
-                      for c in conditions]
+    if kind == "hybrid" and reference_kernels:
+        from packsim.core.reference_hybrid import emulate_hybrid_kernels
+
+        wiring = emulate_hybrid_kernels()
+    else:
+        wiring = contextlib.nullcontext()
+    with wiring:
+        for family in families:
+            for impl in impls:
+                model = build_frontier(family, impl, seed)
+                cells += [frontier_cell(model, family, c, tol=tol, seed=seed, impl=impl, run_audit=run_audit)
+                          for c in conditions]
     return TrapTable(cells, families, impls, conditions, versions(False), time.perf_counter() - start,
                      descriptions={c: FRONTIER_CONDITIONS[c] for c in conditions})
+
+
+def frontier_needs(table: TrapTable) -> dict[str, str]:
+    """{family: the fields it needs to isolate, read from the hybrid table's cells}: the fewest-field
+    condition that isolates under every impl ("seq_idx", "seq_idx + cu_seq_lens_q/k", "seq_idx + a 4D
+    block-diagonal attention_mask"), with why (:func:`family_why`) where transformers' code decides it;
+    or why nothing in the table isolates it."""
+    out = {}
+    for family in table.families:
+        why = family_why(family)
+        found = next((fields for cond, fields in _NEEDS.items() if cond in table.conditions
+                      and all(table.cell(family, i, cond).status == "isolated" for i in table.impls)), None)
+        if found is not None:
+            out[family] = f"{found}: {why}" if why else found
+            continue
+        cells = [table.cell(family, i, c) for c in _NEEDS if c in table.conditions for i in table.impls]
+        if any(c.status == "needs CUDA" for c in cells):
+            out[family] = "not measured here: transformers refuses seq_idx on its torch fallback (run with the " \
+                          "reference kernels, frontier_table(reference_kernels=True), or the real packages)"
+        else:
+            out[family] = f"nothing in this table isolates it{': ' + why if why else ''}"
+    return out
