@@ -31,6 +31,7 @@ import torch
 
 from packsim.auditing.evidence import dict_evidence
 from packsim.auditing.hybrid_findings import needs_cuda_reason
+from packsim.auditing.report import rests_on_metadata
 from packsim.core.boundaries import ROWS_SOURCE, find_boundaries
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX
@@ -164,8 +165,7 @@ def audit_logprobs(model, batch: dict, *, completion_mask=None, seq=None, exampl
             seq, source = ev.seq, ev.source
         else:  # nothing independent: the batch's own fields (attention_mask 0 = padding, -1)
             seq, source = found.seq_ids.clone(), ev.source
-            metadata_only = any(f.status == "skipped" and "(no boundary field)" not in f.evidence
-                                for f in findings)
+            metadata_only = rests_on_metadata(findings)
     seq = torch.as_tensor(seq)
     kw = "".join(f", {k}={v!r}" for k, v in forward_kwargs.items())
     forward = f"model(**batch{kw}), batch keys {sorted(fields)}"

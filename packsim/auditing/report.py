@@ -106,6 +106,14 @@ HOW_TO_GET = {
 }
 
 
+def rests_on_metadata(findings) -> bool:
+    """True when the ``boundary_fields`` finding among ``findings`` says nothing independent located the
+    examples and the batch carries boundary fields (a batch with none is one example per row: the rows
+    are the layout, not a claim). :class:`AuditReport` and :func:`packsim.audit_logprobs` both ask this."""
+    fields = next((f for f in findings if f.name == "boundary_fields"), None)
+    return fields is not None and fields.status == "skipped" and "(no boundary field)" not in fields.evidence
+
+
 def _sentence(text: str) -> str:
     text = text.strip()
     return text if text.endswith((".", "!", "?")) else text + "."
@@ -167,9 +175,7 @@ class AuditReport:
         """True when nothing independent of the batch's boundary fields said where the examples are
         (no examples given, no BOS / EOS to locate them by): the fields were checked only against
         each other."""
-        fields = next((f for f in self.findings if f.name == "boundary_fields"), None)
-        # a batch with no boundary field at all is one example per row: the rows are the layout, not a claim
-        return fields is not None and fields.status == "skipped" and "(no boundary field)" not in fields.evidence
+        return rests_on_metadata(self.findings)
 
     @property
     def isolation_measured(self) -> bool:
