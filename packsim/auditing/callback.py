@@ -30,7 +30,8 @@ The packed shape can grow during training (a later batch packs more tokens per r
 rows): a framework's packing verifier re-checks then, and so does this callback. Once training
 runs it watches the batches ``trainer.compute_loss`` receives; when one holds more tokens than
 any batch audited so far, it audits that batch before its step trains (at most ``reaudits``
-times, default 2, so the cost stays bounded), with the same rules: a fault stops the run there,
+times, default 2, so the cost stays bounded; not for DPO / GRPO, whose audit reads the trainer's
+own first batch), with the same rules: a fault stops the run there,
 "not measured" / "unverified" warn. ``callback.reports`` keeps every report, first to last.
 
 Lessons: none directly.
@@ -46,6 +47,8 @@ from contextlib import contextmanager
 import torch
 from transformers import Trainer, TrainerCallback
 
+from packsim.auditing.grpo import is_grpo
+from packsim.auditing.preference import is_dpo
 from packsim.auditing.trainer import audit_trainer
 from packsim.core.errors import PacksimError
 
@@ -154,8 +157,10 @@ class AuditCallback(TrainerCallback):
             warnings.warn(f"packsim.AuditCallback{when}: " + self.report.verdict, UserWarning, stacklevel=3)
 
     def _watch(self, trainer) -> None:
-        """Wrap ``trainer.compute_loss`` (this trainer only): audit a batch larger than any audited."""
-        if "compute_loss" in vars(trainer):
+        """Wrap ``trainer.compute_loss`` (this trainer only): audit a batch larger than any audited.
+
+        Not for DPO / GRPO: their audit reads the trainer's own first batch, not a given one."""
+        if "compute_loss" in vars(trainer) or is_dpo(trainer) or is_grpo(trainer):
             return
         original = trainer.compute_loss
 
