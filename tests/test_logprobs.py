@@ -221,3 +221,26 @@ def test_positions_restarting_off_by_one_are_never_isolated(shift):
     assert fixed.status == "isolated", fixed.text()
     trusted = audit_logprobs(llama, right, use_cache=False, trust_boundaries=True)
     assert trusted.status == "isolated"
+
+
+def test_rows_without_boundary_fields_are_split_at_the_special_tokens(llama):
+    """A wrapped-packing batch: two rows, an attention_mask and no boundary field, several BOS-started
+    sequences per row under one causal mask. Rows are not sequences: the audit splits at the BOS and
+    finds the leak; the ground truth is each BOS-started sequence run alone, computed here."""
+    feats = _features(3)
+    flat = sum((f["input_ids"] for f in feats), [])
+    half = len(flat) // 2
+    ids = torch.tensor([flat[:half], flat[half:2 * half]])  # (2, T)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    worst = 0.0
+    with torch.no_grad():
+        logits = llama(**batch, use_cache=False).logits  # (2, T, V)
+        for b in range(2):
+            starts = [t for t in range(ids.shape[1]) if ids[b, t] == 1] + [ids.shape[1]]
+            for s, e in zip(starts, starts[1:]):
+                alone = llama(input_ids=ids[b:b + 1, s:e], use_cache=False).logits[0]
+                worst = max(worst, float((logits[b, s:e] - alone).abs().max()))
+    assert worst > 1e-3  # the ground truth: the rows leak across the BOS inside them
+    report = audit_logprobs(llama, batch, completion_mask=torch.ones_like(ids, dtype=torch.bool), use_cache=False)
+    assert report.status == "leaks" and len(report.sequences) > 2, report.text()
+    assert "special tokens" in report.boundaries

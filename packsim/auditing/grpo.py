@@ -86,7 +86,9 @@ def audit_grpo_trainer(trainer, *, tol: float | None = None, strict: bool = Fals
     was = model.training
     try:
         model.eval()  # dropout off: packed and alone must see the same network
-        report = audit_logprobs(model, rows, names=names, tol=tol, use_cache=False)
+        # one completion per row is how TRL builds these rows (the module doc), not a guess from the
+        # tokens: a generated completion may hold a BOS / EOS id the special-token rule would split at
+        report = audit_logprobs(model, rows, seq=seq, names=names, tol=tol, use_cache=False)
     finally:
         model.train(was)
     return PreferenceAudit([finding], report)

@@ -156,13 +156,13 @@ def audit_logprobs(model, batch: dict, *, completion_mask=None, seq=None, exampl
     found = find_boundaries(batch, missing="rows")
     if seq is not None:
         source = "the seq given"
-    elif found.source.startswith(ROWS_SOURCE) and examples is None:  # no boundary field: one per row
-        seq, source = found.seq_ids.clone(), found.source
-    else:
+    else:  # the special tokens (or the examples given) locate the sequences, rows or no rows
         ev = dict_evidence(model, fields, examples)
         findings = [f for f in ev.findings if f.name == "boundary_fields"]
         if ev.seq is not None:
             seq, source = ev.seq, ev.source
+        elif found.source.startswith(ROWS_SOURCE):  # no boundary field, no special token: one per row
+            seq, source = found.seq_ids.clone(), found.source
         else:  # nothing independent: the batch's own fields (attention_mask 0 = padding, -1)
             seq, source = found.seq_ids.clone(), ev.source
             metadata_only = rests_on_metadata(findings)
