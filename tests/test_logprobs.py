@@ -244,3 +244,24 @@ def test_rows_without_boundary_fields_are_split_at_the_special_tokens(llama):
     report = audit_logprobs(llama, batch, completion_mask=torch.ones_like(ids, dtype=torch.bool), use_cache=False)
     assert report.status == "leaks" and len(report.sequences) > 2, report.text()
     assert "special tokens" in report.boundaries
+
+
+def test_an_eos_only_row_that_hides_several_sequences_is_unverified_not_isolated():
+    """No BOS, eos == pad, examples concatenated with position_ids 0..T-1 (no boundary field): the
+    EOS tokens cut the row into pieces nothing ties to examples (a multi-turn row looks the same), so
+    reading the row as one sequence is the batch's own layout, not evidence: not ISOLATED. The ground
+    truth here: each EOS-ended piece alone differs from the packed row (they do leak)."""
+    qwen3 = build_family("qwen3", "sdpa")
+    qwen3.config.bos_token_id, qwen3.config.pad_token_id = None, 2
+    pieces = [p[1:] for p in (f["input_ids"] for f in _features(2))]  # drop the BOS; each ends with EOS 2
+    ids = torch.tensor([sum(pieces, [])])  # (1, T)
+    with torch.no_grad():
+        packed = qwen3(input_ids=ids, use_cache=False).logits[0]
+        at, worst = 0, 0.0
+        for p in pieces:
+            alone = qwen3(input_ids=torch.tensor([p]), use_cache=False).logits[0]
+            worst, at = max(worst, float((packed[at:at + len(p)] - alone).abs().max())), at + len(p)
+    assert worst > 1e-3
+    batch = {"input_ids": ids, "position_ids": torch.arange(ids.shape[1])[None]}
+    report = audit_logprobs(qwen3, batch, completion_mask=torch.ones_like(ids, dtype=torch.bool), use_cache=False)
+    assert report.status == "unverified", report.text()

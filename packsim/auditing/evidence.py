@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import torch
 
 from packsim.auditing.locate import feature_examples, locate, locate_cut
-from packsim.auditing.report import Finding
+from packsim.auditing.report import UNTIED_PIECES, Finding
 from packsim.core.segments import run_starts, seq_ids_from_starts
 from packsim.core.special_tokens import example_starts, is_token, start_ids, token_ids
 
@@ -311,7 +311,7 @@ def collect(fields: Mapping, field_seq: torch.Tensor, examples, bos: set[int], e
         if n_tok != n_fields:  # several EOS per example: turns or merged examples, the tokens cannot tell
             text = special_tokens(ids, field_seq, bos, eos, False, what_tok).evidence
             tok = Finding("special_tokens", "skipped", _untied(text, n_tok, n_fields))
-            note += (f"; the EOS tokens mark {n_tok} pieces where the fields mark {n_fields} examples, so "
+            note += (f"; the EOS tokens mark {n_tok} {UNTIED_PIECES} {n_fields} examples, so "
                      "they are not independent evidence")
             return BoundaryEvidence(None, note, [boundary_fields(fields, None, note), tok])
     if tok.failed and starts is not None:

@@ -202,6 +202,6 @@ def audit_logprobs(model, batch: dict, *, completion_mask=None, seq=None, exampl
     elif status == "isolated" and metadata_only and not trust_boundaries:
         status = "unverified"
         note = ("isolated as the batch's own boundary fields mark the sequences, and nothing independent "
-                "locates them (no examples given, no BOS / EOS): the verdict rests on the batch's own "
+                "locates them (no examples given, and no BOS / EOS tokens that mark the same sequences): the verdict rests on the batch's own "
                 "metadata, not a pass; pass examples= or trust_boundaries=True")
     return LogprobReport(results, status, str(logits.dtype).split(".")[-1], forward, note, source, findings)

@@ -106,12 +106,17 @@ HOW_TO_GET = {
 }
 
 
+# evidence.collect writes this when EOS tokens cut the rows into more pieces than the fields mark examples
+UNTIED_PIECES = "pieces where the fields mark"
+
+
 def rests_on_metadata(findings) -> bool:
     """True when the ``boundary_fields`` finding among ``findings`` says nothing independent located the
     examples and the batch carries boundary fields (a batch with none is one example per row: the rows
-    are the layout, not a claim). :class:`AuditReport` and :func:`packsim.audit_logprobs` both ask this."""
+    are the layout, not a claim, unless EOS tokens cut a row into pieces nothing ties to examples). :class:`AuditReport` and :func:`packsim.audit_logprobs` both ask this."""
     fields = next((f for f in findings if f.name == "boundary_fields"), None)
-    return fields is not None and fields.status == "skipped" and "(no boundary field)" not in fields.evidence
+    return fields is not None and fields.status == "skipped" and (
+        "(no boundary field)" not in fields.evidence or UNTIED_PIECES in fields.evidence)
 
 
 def _sentence(text: str) -> str:
@@ -234,8 +239,8 @@ class AuditReport:
                     "nothing failed, but this is not a pass.")
         elif self.status == "unverified":
             line = (f"UNVERIFIED: {n} examples isolated as the batch's own boundary fields mark them, but "
-                    "nothing independent says where the examples are (no examples given, no BOS / EOS to "
-                    "locate them by): the verdict rests on the batch's own metadata, where a wrong field "
+                    "nothing independent says where the examples are (no examples given, and no BOS / EOS "
+                    "tokens that mark the same examples): the verdict rests on the batch's own metadata, where a wrong field "
                     "goes unseen, so this is not a pass. Pass examples= "
                     "(the collator's input), or trust_boundaries=True (--trust-boundaries) when the fields "
                     f"are the ground truth{self._loss_claim()}")
