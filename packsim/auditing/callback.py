@@ -106,8 +106,8 @@ class AuditCallback(TrainerCallback):
         warn_only: on a fault, warn (``UserWarning`` with the report) instead of stopping the run.
         reaudits: how many later batches, each larger than any audited before, to audit during
             training (0: only at ``on_train_begin``).
-        **audit_kwargs: ``max_examples``, ``tol``, ``seed``, ``strict``, ``trust_boundaries`` for
-            :func:`packsim.audit_trainer`.
+        **audit_kwargs: ``max_examples``, ``tol``, ``seed``, ``strict``, ``trust_boundaries``,
+            ``objective`` (``"lm"`` for language modelling) for :func:`packsim.audit_trainer`.
     """
 
     def __init__(self, trainer=None, *, batches: int = 1, warn_only: bool = False, reaudits: int = 2,

@@ -239,23 +239,35 @@ def sft_language_modelling(trainer) -> str:
     """Why TRL trains this SFTTrainer as language modelling (every token a target), or '' (not, or unknown).
 
     TRL (``SFTTrainer.__init__``) sets ``completion_only_loss`` from the data when the config leaves it
-    unset: True for prompt/completion data. Set to False, the prepared dataset tells the data apart only
-    before packing (its text / messages column is still there); a packed one holds input_ids only.
+    unset: True for prompt/completion data, False otherwise, tokenized data with a completion_mask
+    included. The prepared dataset tells the data apart only before packing (its text / messages
+    column is still there); a packed one holds input_ids and labels only, so it is not called
+    language modelling from the config alone (:data:`UNSET_WHY`).
     """
     if not is_sft(trainer):
         return ""
     args = trainer.args
     if getattr(trainer, "completion_only_loss", False) or getattr(args, "assistant_only_loss", False):
         return ""
-    if getattr(args, "completion_only_loss", None) is None:
-        return ("completion_only_loss unset and TRL found language-modelling data (no prompt and completion "
-                "fields)")
     columns = set(getattr(getattr(trainer, "train_dataset", None), "column_names", None) or [])
     text = getattr(args, "dataset_text_field", None) or "text"
     if {text, "messages"} & columns and not {"prompt", "completion"} & columns:
-        return (f"completion_only_loss=False on language-modelling data (the dataset has "
+        setting = ("completion_only_loss unset" if getattr(args, "completion_only_loss", None) is None
+                   else "completion_only_loss=False")
+        return (f"{setting} on language-modelling data (the dataset has "
                 f"{sorted({text, 'messages'} & columns)[0]!r}, no prompt and completion fields)")
-    return ""
+    return ""  # packed or tokenized: nothing left says the data is language modelling (see UNSET_FIX)
+
+
+# TRL 1.16 (trl/trainer/sft_trainer.py): SFTTrainer.__init__ sets completion_only_loss from the raw data's
+# columns when it is unset (True only for "prompt" + "completion"), and _prepare_dataset folds a tokenized
+# completion_mask into the labels only when it is True; packing then keeps input_ids, labels, seq_lengths.
+UNSET_WHY = ("completion_only_loss is unset, and TRL sets it True only for data with prompt and completion "
+             "fields (SFTTrainer.__init__); tokenized data with a completion_mask gets every token in the loss "
+             "(the mask is applied only when it is True), and after packing nothing says whether this is "
+             "language modelling")
+UNSET_FIX = ("prompt/response data: SFTConfig(completion_only_loss=True); language modelling (every token a "
+             "target): audit with objective='lm' (AuditCallback(objective='lm'), packsim audit --objective lm)")
 
 
 def completion_only_loss(trainer, mask_note: str | None, counted: tuple[int, int], loss_probe) -> Finding:
@@ -313,6 +325,10 @@ def completion_only_loss(trainer, mask_note: str | None, counted: tuple[int, int
                        "examples are counted" + (f" ({form})" if form else "")
                        + ("; whether the -100 run is exactly each prompt is not measured (see loss_coverage)"
                           if "not_measured" in loss_probe.details else ""))
+    if getattr(args, "completion_only_loss", None) is None:
+        return Finding("completion_only_loss", "fail",
+                       f"{UNSET_WHY}: {c} of {n} tokens inside the examples of the audited batch are counted",
+                       UNSET_FIX)
     columns = getattr(getattr(trainer, "train_dataset", None), "column_names", None) or []
     why = ("the prepared dataset still holds completion_mask (prompt/completion data)"
            if "completion_mask" in columns else "TRL's default for prompt/completion data is True")
