@@ -269,3 +269,16 @@ def test_notebook_runs_in_fast_mode(notebook, monkeypatch, record_property, tmp_
 
 def test_every_notebook_run_from_elsewhere_exists():  # a rename must not empty the set silently
     assert FROM_ELSEWHERE <= {p.stem for p in COURSE}
+
+
+def test_every_notebook_names_the_kernel_jupyterlab_writes_back():
+    """A save in JupyterLab writes the running kernel's spec into metadata.kernelspec; committed with
+    another display name, every learner's save shows up as a diff (00 and the browser fixture said
+    "Python 3 (ipykernel)", 17 lessons "Python 3"). The spec is ipykernel's own, read here."""
+    from ipykernel.kernelspec import get_kernel_dict
+
+    spec = get_kernel_dict()
+    want = {"name": "python3", "display_name": spec["display_name"], "language": spec["language"]}
+    paths = [*COURSE, Path(__file__).resolve().parent / "browser" / "widgets_e2e.ipynb"]
+    wrong = [p.name for p in paths if dict(nbformat.read(p, as_version=4).metadata.get("kernelspec", {})) != want]
+    assert not wrong, f"kernelspec differs from {want} in {wrong}"
