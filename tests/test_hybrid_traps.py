@@ -17,6 +17,7 @@ from packsim.exhibits.hybrid_traps import (
     FRONTIER_TOL,
     build_frontier,
     frontier_batch,
+    frontier_cell,
     frontier_needs,
     frontier_table,
 )
@@ -135,6 +136,32 @@ def test_bamba_on_the_reference_kernel_against_each_example_alone(family):
     assert all(REFERENCE_KERNEL in c.kernel for c in small.cells) and small.disagreements() == []
 
 
+def test_one_cell_measures_on_the_reference_kernels_as_the_table_does():
+    """frontier_cell (A8's drill) on a model built outside any wiring: each cell equals the table's cell
+    (status, value, kernel), agrees with a perturbation computed here and with the audit; nothing stays
+    wired; reference_kernels=False is transformers as loaded (seq_idx refused)."""
+    before = kernels_in_use()
+    bamba = build_frontier("bamba")
+    small = frontier_table("hybrid", families="bamba", run_audit=False)
+    status = {}
+    for condition in ("positions", "seq_idx"):
+        cell = frontier_cell(bamba, "bamba", condition)
+        assert kernels_in_use() == before  # the cell's wiring is undone
+        twin = small.cell("bamba", "sdpa", condition)
+        assert (cell.status, cell.change, cell.kernel) == (twin.status, twin.change, twin.kernel), (cell, twin)
+        assert cell.kernel.startswith(f"conv / scan kernels on the {REFERENCE_KERNEL} ("), cell.kernel
+        assert cell.agrees, cell
+        with emulate_hybrid_kernels():
+            moved = _perturbed_change(bamba, *frontier_batch(condition))
+        assert (moved > FRONTIER_TOL["hybrid"]) == (cell.status == "leaks"), (condition, moved, cell)
+        status[condition] = cell.status
+    assert status == {"positions": "leaks", "seq_idx": "isolated"}
+    refused = frontier_cell(bamba, "bamba", "seq_idx", run_audit=False, reference_kernels=False)
+    assert refused.status == "needs CUDA" and CUDA_REFUSAL in refused.note and "emulate_hybrid_kernels" in refused.note
+    with pytest.raises(PacksimError, match="unknown family"):
+        frontier_cell(bamba, "mamba3", "seq_idx")
+
+
 def test_without_the_reference_kernels_seq_idx_is_refused():
     """reference_kernels=False: transformers as loaded; seq_idx reaches its torch fallback and is refused."""
     old = frontier_table("hybrid", families=("bamba", "mamba2"), reference_kernels=False)
@@ -149,7 +176,7 @@ def test_without_the_reference_kernels_seq_idx_is_refused():
     report = audit(bamba, batch, use_cache=False)  # never PASS, never the ValueError
     finding = next(f for f in report.findings if f.name == "hybrid_state")
     assert report.status == "not measured" and finding.status == "skipped", report.verdict
-    assert "needs the CUDA kernel" in finding.evidence and "emulate_hybrid_kernels()" in finding.fix
+    assert "needs a kernel that reads seq_idx" in finding.evidence and "emulate_hybrid_kernels()" in finding.fix
     assert all(layer in finding.evidence for layer in stateful_layers(bamba)), finding.evidence
     assert "transformers' torch fallback" in old.cell("bamba", "sdpa", "positions").kernel
 

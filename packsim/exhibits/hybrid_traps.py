@@ -12,9 +12,9 @@ otherwise, and "needs CUDA" when transformers refuses to run the condition becau
 that keeps examples apart is a kernel package that is not bound. Then :func:`packsim.audit` runs the
 same forward and the cell records whether its verdict agrees.
 
-:func:`frontier_table` ("hybrid") runs inside
-:func:`packsim.core.reference_hybrid.emulate_hybrid_kernels` (undone after: the table changes no
-global state): packsim's reference kernels (pure torch) stand where transformers looks for
+:func:`frontier_table` ("hybrid") and :func:`frontier_cell` (one hybrid cell) run inside
+:func:`packsim.core.reference_hybrid.emulate_hybrid_kernels` (undone after: neither changes any
+global state; ``reference_kernels=False`` keeps transformers as loaded): packsim's reference kernels (pure torch) stand where transformers looks for
 ``causal_conv1d``, ``mamba_ssm`` and ``flash-linear-attention``, unless the real package is there
 (it wins). Every cell names the kernel its conv / scan / delta rule ran on (``Cell.kernel``), and
 :func:`frontier_needs` says per family which fields it needs. What the installed transformers does
@@ -260,12 +260,36 @@ def cell_kernel(model, family: str) -> str:
     return f"{words}; {family_why(family)}" if family == "mamba2" else words
 
 
-def frontier_cell(model, family: str, condition: str, *, tol: float = 1e-5, seed: int = 0,
-                  impl: str = "sdpa", run_audit: bool = True) -> Cell:
-    """Measure one cell (packed vs alone), then audit the same forward (agreement in the Cell).
+def _kernels(kind: str, reference_kernels: bool):
+    """What a measurement of ``kind`` runs under: for hybrids (``reference_kernels``)
+    :func:`packsim.core.reference_hybrid.emulate_hybrid_kernels` (a real package wins; undone on
+    exit), else nothing (transformers as this process has it)."""
+    if kind == "hybrid" and reference_kernels:
+        from packsim.core.reference_hybrid import emulate_hybrid_kernels
 
-    Runs on whatever kernels transformers has bound now (:func:`frontier_table` wires the reference
-    kernels for its run); the Cell's ``kernel`` names them."""
+        return emulate_hybrid_kernels()
+    return contextlib.nullcontext()
+
+
+def frontier_cell(model, family: str, condition: str, *, tol: float | None = None, seed: int = 0,
+                  impl: str = "sdpa", run_audit: bool = True, reference_kernels: bool = True) -> Cell:
+    """Measure one cell of ``model`` (built by :func:`build_frontier`): packed vs each example alone,
+    then audit the same forward (agreement in the Cell), as :func:`frontier_table` does.
+
+    ``tol``: default :data:`FRONTIER_TOL` of the family's kind. ``reference_kernels`` (hybrid): run
+    inside :func:`packsim.core.reference_hybrid.emulate_hybrid_kernels`, undone after (a real package
+    wins); False: transformers as loaded (seq_idx "needs CUDA" without the packages). The Cell's
+    ``kernel`` names what the conv / scan / delta rule ran on."""
+    if family not in FRONTIER_FAMILIES:
+        raise PacksimError(f"unknown family {family!r}: use one of {sorted(FRONTIER_FAMILIES)}.")
+    kind = FRONTIER_FAMILIES[family][0]
+    tol = FRONTIER_TOL[kind] if tol is None else float(tol)
+    with _kernels(kind, reference_kernels):
+        return _measure(model, family, condition, tol, seed, impl, run_audit)
+
+
+def _measure(model, family: str, condition: str, tol: float, seed: int, impl: str, run_audit: bool) -> Cell:
+    """One cell on whatever kernels transformers has bound now (the callers wire them)."""
     from packsim.auditing.auditor import audit_pipeline
     from packsim.auditing.pipeline import dict_pipeline, logits_of
     from packsim.exhibits.traps import LEAK_PROBES
@@ -323,18 +347,11 @@ def frontier_table(kind: str = "hybrid", families=None, impls=("sdpa",), *, tol:
     conditions = _KIND_CONDITIONS[kind]
     start = time.perf_counter()
     cells = []
-    if kind == "hybrid" and reference_kernels:
-        from packsim.core.reference_hybrid import emulate_hybrid_kernels
-
-        wiring = emulate_hybrid_kernels()
-    else:
-        wiring = contextlib.nullcontext()
-    with wiring:
+    with _kernels(kind, reference_kernels):  # wired once for the table (frontier_cell wires per cell)
         for family in families:
             for impl in impls:
                 model = build_frontier(family, impl, seed)
-                cells += [frontier_cell(model, family, c, tol=tol, seed=seed, impl=impl, run_audit=run_audit)
-                          for c in conditions]
+                cells += [_measure(model, family, c, tol, seed, impl, run_audit) for c in conditions]
     return TrapTable(cells, families, impls, conditions, versions(False), time.perf_counter() - start,
                      descriptions={c: FRONTIER_CONDITIONS[c] for c in conditions})
 
