@@ -46,8 +46,8 @@ def test_one_example_per_row_passes_and_attention_only_models_get_none(bamba):
 
 
 def test_seq_idx_refused_on_cpu_is_not_measured_naming_the_layer(bamba):
-    """transformers refuses seq_idx on the torch fallback: the audit says NOT MEASURED (needs the
-    CUDA kernel, BambaMixer named), never PASS, never the ValueError."""
+    """transformers refuses seq_idx on the torch fallback: the audit says NOT MEASURED (needs a kernel
+    that reads seq_idx, BambaMixer named), never PASS, never the ValueError."""
     if torch.cuda.is_available() and importlib.util.find_spec("causal_conv1d"):
         pytest.skip("the kernels are installed: seq_idx runs, the audit measures it")
     batch, _ = frontier_batch("seq_idx")
@@ -57,9 +57,9 @@ def test_seq_idx_refused_on_cpu_is_not_measured_naming_the_layer(bamba):
     assert report.status == "not measured" and not report.verdict.startswith("PASS")
     finding = next(f for f in report.findings if f.name == "hybrid_state")
     assert finding.status == "skipped"
-    assert "BambaMixer" in finding.evidence and "needs the CUDA kernel (causal_conv1d / mamba_ssm / fla)" in finding.evidence
+    assert "BambaMixer" in finding.evidence and "needs a kernel that reads seq_idx (causal_conv1d / mamba_ssm / fla on CUDA, or packsim's reference kernels on any CPU)" in finding.evidence
     for name in ("perturbation", "gradient", "attention_mass"):
-        assert report.probes[name].status == "skipped" and "needs the CUDA kernel" in report.probes[name].summary
+        assert report.probes[name].status == "skipped" and "needs a kernel that reads seq_idx" in report.probes[name].summary
     labelled = {**batch, "labels": batch["input_ids"].clone()}  # the probes that need no forward still run
     assert audit(bamba, labelled, use_cache=False).probes["loss_coverage"].status != "skipped"
 
@@ -73,7 +73,7 @@ def test_other_value_errors_still_raise():
 
 def test_a_trainer_whose_collator_gives_seq_idx_is_not_measured_on_cpu(bamba, tmp_path):
     """A transformers Trainer packing with DataCollatorWithFlattening(return_seq_idx=True) on Bamba: its
-    own training step cannot run here; audit_trainer says not measured (needs the CUDA kernel), no traceback."""
+    own training step cannot run here; audit_trainer says not measured (needs a kernel that reads seq_idx), no traceback."""
     if torch.cuda.is_available() and importlib.util.find_spec("causal_conv1d"):
         pytest.skip("the kernels are installed: seq_idx runs, the audit measures it")
     import datasets
@@ -94,7 +94,7 @@ def test_a_trainer_whose_collator_gives_seq_idx_is_not_measured_on_cpu(bamba, tm
         trainer.compute_loss(bamba, batch)  # ground truth: the trainer's own loss cannot run here
     report = audit_trainer(trainer)
     finding = next(f for f in report.findings if f.name == "hybrid_state")
-    assert finding.status == "skipped" and "BambaMixer" in finding.evidence and "needs the CUDA kernel" in finding.evidence
+    assert finding.status == "skipped" and "BambaMixer" in finding.evidence and "needs a kernel that reads seq_idx" in finding.evidence
     assert report.status != "pass" and report.probes["perturbation"].status == "skipped"
 
 
@@ -130,7 +130,7 @@ def test_a_flattening_trainer_on_a_hybrid_names_the_state_not_custom_attention(b
     assert "check custom attention code" not in text, report.table()
     cause = next(c for c in report.causes if c.startswith("BambaMixer carry a conv / SSM state"))
     assert "no seq_idx" in cause and "DataCollatorWithFlattening(return_seq_idx=True)" in cause
-    assert "causal_conv1d and mamba_ssm" in cause
+    assert "causal_conv1d and mamba_ssm" in cause and "emulate_hybrid_kernels()" in cause and "on a GPU with" not in cause
 
 
 def test_a_refused_forward_is_said_refused_with_how_to_get_the_probe(bamba):
@@ -245,3 +245,19 @@ def test_a_trainer_whose_collator_gives_seq_idx_is_measured_on_the_reference_ker
     assert report.status == "pass", report.table()
     finding = next(f for f in report.findings if f.name == "hybrid_state")
     assert finding.status == "pass" and "reference kernel (packsim, pure torch)" in finding.evidence
+
+
+def test_seq_idx_that_never_reaches_a_kernel_is_the_cause_on_the_reference_kernel():
+    """Mamba2ForCausalLM drops seq_idx before its mixers (hybrid_traps.family_why): on the reference kernels
+    the batch with seq_idx still leaks, and the cause says seq_idx does not reach a kernel that reads it."""
+    from packsim.core.reference_hybrid import emulate_hybrid_kernels
+
+    mamba2 = build_frontier("mamba2")
+    batch, seq = frontier_batch("seq_idx")
+    with emulate_hybrid_kernels():
+        assert _each_example_moves(mamba2, batch, seq) > 1e-3  # ground truth: the state crosses
+        report = audit(mamba2, batch, use_cache=False, trust_boundaries=True)
+    assert report.status == "fail" and "perturbation" in report.failed, report.table()
+    cause = next(c for c in report.causes if "Mamba2Mixer carry a conv / SSM state" in c)
+    assert "gives seq_idx, yet the examples leak: it does not reach a kernel that reads it" in cause
+    assert "kernels_in_use(model)" in cause

@@ -12,6 +12,10 @@ from packsim.auditing.pipeline import ForwardOutput, Pipeline
 from packsim.auditing.report import ProbeResult
 
 _FA_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+# where seq_idx is read: the CUDA packages, or packsim's reference kernels on any CPU (the gate wires them)
+_KERNELS = ("causal_conv1d and mamba_ssm, flash-linear-attention for gated DeltaNet, on a GPU; on CPU packsim's "
+            "reference kernels: `packsim audit --model` wires them, in Python audit inside "
+            "`with packsim.core.reference_hybrid.emulate_hybrid_kernels():`")
 
 
 def likely_causes(p: Pipeline, probes: dict[str, ProbeResult], base_out: ForwardOutput) -> list[str]:
@@ -114,13 +118,13 @@ def _state_causes(p: Pipeline, explained: bool) -> list[str]:
         return []
     if given:
         return [f"{names} carry a conv / SSM state along the row and the batch gives {', '.join(given)}, yet "
-                "the examples leak: the kernels that read it (causal_conv1d, mamba_ssm, flash-linear-attention) "
-                "are not reached on this path: check that the forward passes it to every stateful layer."]
+                "the examples leak: it does not reach a kernel that reads it on this path (the real packages or "
+                "packsim's reference kernels; kernels_in_use(model) says which run): check that the forward "
+                "passes it to every stateful layer (gated DeltaNet also needs cu_seq_lens_q)."]
     return [f"{names} carry a conv / SSM state along the row, and the batch gives no seq_idx: the state of "
             "one example runs into the next whatever the attention mask says. Pass seq_idx "
-            "(DataCollatorWithFlattening(return_seq_idx=True)) on a GPU with the kernels that read it "
-            "(causal_conv1d and mamba_ssm; flash-linear-attention for gated DeltaNet), or put one example "
-            "per row (padding) instead of packing."]
+            f"(DataCollatorWithFlattening(return_seq_idx=True)) to kernels that read it ({_KERNELS}), or put "
+            "one example per row (padding) instead of packing."]
 
 
 def _no_pair_leaks(probes) -> bool:

@@ -42,7 +42,8 @@ KERNEL_PACKAGES = ("causal_conv1d", "mamba_ssm", "fla")  # import names the boun
 # what transformers' hub_kernels wrapper raises when a packed-sequence kwarg reaches a torch fallback
 # (integrations/hub_kernels.py, use_kernel_func_from_hub_with_fallback's ``wrapped``)
 CUDA_REFUSAL = "can't keep packed sequences apart without"
-NEEDS_KERNEL = "not measured: needs the CUDA kernel (causal_conv1d / mamba_ssm / fla)"
+NEEDS_KERNEL = ("not measured: needs a kernel that reads seq_idx (causal_conv1d / mamba_ssm / fla on CUDA, or "
+                "packsim's reference kernels on any CPU)")
 # how to measure a refused or fallback pipeline on any CPU (packsim's reference kernels, pure torch)
 ON_CPU = ("on CPU, audit inside `with packsim.core.reference_hybrid.emulate_hybrid_kernels():` (packsim's "
           "reference kernels, pure torch, where transformers looks for causal_conv1d / mamba_ssm / fla)")
@@ -82,7 +83,8 @@ def needs_cuda_reason(err: BaseException) -> str:
     """The reason a cell or verdict gives when ``err`` is that refusal, else ''."""
     line = refusal_line(err)
     return (f"{line} (transformers' hub_kernels wrapper raises when seq_idx / cu_seqlens reach the "
-            "torch fallback; those kernels run on CUDA only)") if line else ""
+            "torch fallback; the packages run on CUDA only; packsim's reference kernels measure it on CPU: "
+            "emulate_hybrid_kernels())") if line else ""
 
 
 def kernel_refusal(model, err: BaseException) -> str:
@@ -109,8 +111,7 @@ def refused_report(p, refused: str, tol: float, start: float, findings=None,
     """
     names = ", ".join(stateful_layers(p.model))
     why = f"{NEEDS_KERNEL} for {names}: the forward refused the batch ({refused})"
-    how = (f"run the audit where the forward accepts this batch: {ON_CPU}; or a GPU with the kernels {names} "
-           "reads seq_idx with (causal_conv1d and mamba_ssm; flash-linear-attention for gated DeltaNet) installed")
+    how = (f"run the audit where the forward accepts this batch: {ON_CPU}; or a GPU with {_GPU} installed")
     probes = {name: ProbeResult(name, "skipped", None, tol, why, {"refused": refused, "how_to_get": how})
               for name in leak_probes}
     probes["loss_coverage"] = loss_coverage(p)
@@ -148,7 +149,7 @@ def hybrid_state(model, batch, refused: str = "") -> Finding | None:
     kernels behind them cannot keep apart; None when the model has no such layer or the batch is not a dict.
 
     ``refused``: transformers' refusal of this batch's forward (:func:`kernel_refusal`): the finding
-    is then "not measured: needs the CUDA kernel", naming the layer (skipped, never a pass). A pass
+    is then "not measured: needs a kernel that reads seq_idx", naming the layer (skipped, never a pass). A pass
     says seq_idx (and, for gated DeltaNet, cu_seq_lens_q) reaches a kernel that reads it, naming the
     kernel (the real package or packsim's reference kernel); whether the forward passes it to every
     stateful layer is the perturbation probe's to measure.
