@@ -80,6 +80,11 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     """Audit the built-in tiny pipeline (make_examples + build_model) under each setup; print tables."""
+    if getattr(args, "trainer", None):
+        return _own_trainer(args)
+    if _wants_preflight(args):
+        return _preflight(args)
+    # the demo's imports, after the gate's paths: a gate imports only what its verdict needs
     from packsim.auditing.auditor import audit
     from packsim.core.batch import PackedBatch
     from packsim.core.data import make_examples
@@ -88,10 +93,6 @@ def run(args) -> int:
     from packsim.core.option_checks import check_at_least
     from packsim.core.setups import get_setup
 
-    if getattr(args, "trainer", None):
-        return _own_trainer(args)
-    if _wants_preflight(args):
-        return _preflight(args)
     names = [s.strip() for s in args.setups.split(",") if s.strip()]
     if not names:
         raise PacksimError(f"--setups {args.setups!r} names no setup: e.g. --setups buggy,correct.")
@@ -135,7 +136,7 @@ def _quiet() -> None:
     import transformers
 
     # the gate prints one report, not TRL's dataset preparation bars; datasets reads this when TRL
-    # imports it (only the TRL paths do), so the other paths never import datasets
+    # imports it (only the TRL paths do: packsim.core.trainer_import keeps it out of the others)
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()  # nor "Loading weights" bars on stderr
@@ -160,6 +161,7 @@ def _own_trainer(args) -> int:
     from packsim.auditing.trainer import audit_trainer
     from packsim.core.errors import PacksimError
     from packsim.core.option_checks import check_at_least
+    from packsim.core.trainer_import import import_trainer
 
     given = [f for f, v in (("--model", args.model), ("--data", args.data), ("--collator", args.collator),
                             ("--attn", args.attn)) if v]
@@ -168,6 +170,7 @@ def _own_trainer(args) -> int:
                            "them in your factory.")
     check_at_least(args, {"--batches": 1})
     _quiet()
+    import_trainer()  # before the factory imports it: datasets only if the factory itself needs it
     trainer = load_trainer(args.trainer)
     tokenizer = getattr(trainer, "processing_class", None)
     tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor wraps its tokenizer

@@ -200,9 +200,11 @@ def _split(tokenizer, record: dict) -> tuple[list[int], list[int]]:
 
 
 def _plain_trainer(model, tokenizer, records, collator: str, out: str, batch_size: int, objective: str = "sft"):
-    from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
-
     from packsim.core.collator import PackingCollator
+    from packsim.core.trainer_import import import_trainer
+
+    import_trainer()  # without datasets (pyarrow, pandas): the features below are a plain list
+    from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
 
     features = []
     for r in records:
@@ -221,7 +223,7 @@ def _plain_trainer(model, tokenizer, records, collator: str, out: str, batch_siz
     args = TrainingArguments(output_dir=out, per_device_train_batch_size=batch_size, max_steps=1,
                              report_to="none", save_strategy="no", remove_unused_columns=False,
                              use_cpu=not torch.cuda.is_available(), seed=0)
-    # a plain list: the Trainer reads it as is, and the gate need not import datasets (pyarrow, pandas)
+    # a plain list: the Trainer reads it as is (never a datasets.Dataset)
     return Trainer(model=model, args=args, train_dataset=features, data_collator=collate)
 
 
