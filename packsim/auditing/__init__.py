@@ -19,7 +19,10 @@ evidence    ``accumulation``     the trainer's loss over one accumulation step v
 evidence    ``findings``         configuration findings (wrapped packing, padding-free, flash rows)
 forward     ``pipeline``         the forward under audit and what it knows about the batch
 forward     ``packed_vs_alone``  every example packed vs alone: the isolation check of constant cost
-forward     ``probes``           perturbation, gradient, attention mass, loss coverage, positions
+forward     ``probes``           the pair probes (perturbation, gradient), loss coverage, positions
+forward     ``attention_probe``  attention mass: each query's share of attention outside its example
+forward     ``shared_pass``      the leak probes from the floor's shared forwards, on a clean batch
+forward     ``tolerance``        the float tolerance of a trainer's audit, from the step's dtype
 forward     ``causes``           which field or kwarg most likely breaks isolation
 forward     ``hybrid_findings``  stateful layers (Mamba2, short conv, DeltaNet) and kernel refusals
 entry       ``auditor``          :func:`audit`: run the probes on one model and one batch

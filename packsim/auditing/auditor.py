@@ -10,6 +10,11 @@ forward the pipeline runs, many times with small changes, and measures:
    unchanged up to float tolerance.
 2. **gradient**: gradient of example j's loss with respect to example i's input embeddings,
    relative to the gradient with respect to j's own embeddings.
+
+   On a clean batch both come from shared forwards (:mod:`packsim.auditing.shared_pass`: the
+   baseline keeps its graph, the chosen examples change together in one forward, their losses
+   are backpropagated together); where anything moves, one forward per changed example and one
+   backward per loss say who leaks into whom.
 3. **attention_mass**: the share of each query's attention that lands outside its own example,
    per layer and head (where attention probabilities can be had: packsim models, eager).
 4. **loss_coverage**: which labels are counted: prompt, padding, the boundary token (predicting
@@ -38,28 +43,20 @@ from dataclasses import replace
 
 import torch
 
+from packsim.auditing.attention_probe import attention_mass
 from packsim.auditing.causes import likely_causes
 from packsim.auditing.evidence import dict_evidence
 from packsim.auditing.hybrid_findings import hybrid_state, kernel_refusal, refused_report
-from packsim.auditing.packed_vs_alone import alone_change
 from packsim.auditing.pipeline import (
     ForwardOutput,
     Pipeline,
     dict_pipeline,
     packed_pipeline,
-    same_randomness,
 )
-from packsim.auditing.probes import (
-    attention_mass,
-    gradient,
-    loss_coverage,
-    perturbation,
-    positions_probe,
-    probe_examples,
-)
+from packsim.auditing.probes import loss_coverage, positions_probe
 from packsim.auditing.report import AuditReport, ProbeResult, WorstPair
+from packsim.auditing.shared_pass import leak_probes, shared_baseline
 from packsim.core.batch import PackedBatch
-from packsim.core.device import model_device
 from packsim.core.errors import PacksimError
 
 # Float tolerance for "unchanged", by logits dtype. Measured cross-example changes of a leaking
@@ -84,25 +81,6 @@ def _pipeline(model, batch, response_mask, forward_kwargs, examples=None, object
         f"cannot audit a batch of type {type(batch).__name__}: pass a packsim.PackedBatch or the "
         "collator's dict (input_ids, labels, position_ids, ...)."
     )
-
-
-def baseline(p: Pipeline, seed: int) -> ForwardOutput:
-    device = model_device(p.model)
-    try:
-        with torch.no_grad(), same_randomness(seed, device):
-            out = p.run()
-    except TypeError as err:
-        raise PacksimError(
-            f"the model's forward does not accept this batch ({err}). The audit runs the "
-            f"pipeline's forward exactly as given, {p.forward}: pass only the fields and kwargs "
-            "that forward takes (e.g. drop seq_idx / cu_seq_lens_* for a model without **kwargs)."
-        ) from err
-    if tuple(out.logits.shape[:2]) != tuple(p.input_ids.shape):
-        raise PacksimError(
-            f"the model returned logits {tuple(out.logits.shape)} for input_ids "
-            f"{tuple(p.input_ids.shape)}: audit a causal LM that returns one logit row per token."
-        )
-    return out
 
 
 def audit(model, batch, response_mask=None, *, examples=None, max_examples: int = 4,
@@ -170,17 +148,18 @@ def audit_pipeline(p: Pipeline, *, max_examples: int = 4, tol: float | None = No
     :func:`packsim.audit_trainer` both end here.
     """
     start = time.perf_counter() if start is None else start
+    S = len(p.example_ids)
     try:
-        base_out = baseline(p, seed)
+        shared = shared_baseline(p, seed, record=S >= 2)  # the leak probes share its graph and maps
     except ValueError as err:  # a hybrid's torch fallback refusing seq_idx: NOT MEASURED, not a traceback
         refused = kernel_refusal(p.model, err)
         if not refused:
             raise
         tol = TOLERANCE.get(next(p.model.parameters()).dtype, 1e-5) if tol is None else float(tol)
         return refused_report(p, refused, tol, start, findings, LEAK_PROBES)
+    base_out = shared.out
     base = base_out.logits.float()  # (B, T, V)
     tol = TOLERANCE.get(base_out.logits.dtype, 1e-5) if tol is None else float(tol)
-    S = len(p.example_ids)
     probes: dict[str, ProbeResult] = {}
     change, ratio, outside = torch.full((S, S), float("nan")), None, None  # (S, S), (S, S), (L, H)
     if S < 2:
@@ -188,13 +167,16 @@ def audit_pipeline(p: Pipeline, *, max_examples: int = 4, tol: float | None = No
         for name in LEAK_PROBES:
             probes[name] = ProbeResult(name, "skipped", None, tol, why)
     else:
-        alone = alone_change(p, tol, seed, base)
-        chosen = probe_examples(S, max_examples, alone)
-        probes["perturbation"], change = perturbation(p, base, chosen, tol, seed, alone)
-        probes["gradient"], ratio = gradient(p, chosen, tol, seed)
-        probes["attention_mass"], outside = attention_mass(p, base, tol)
+        probes["perturbation"], change, probes["gradient"], ratio = leak_probes(p, base, shared, tol, seed,
+                                                                               max_examples)
+        probes["attention_mass"], outside = attention_mass(p, base, tol, base_out if shared.attentions else None)
+        shared.graph = None  # free the baseline's graph
+    # eval-mode logits where the baseline ran in eval mode, or (fp32 / fp64) every example matched
+    # itself alone in eval mode: what audit_trainer's accumulation check reuses instead of a forward
+    in_eval = not p.model.training or (shared.clean and base_out.logits.dtype in (torch.float32, torch.float64))
+    base_out = ForwardOutput(base_out.logits, base_out.cache, in_eval=in_eval)  # maps: in the probe
     probes["loss_coverage"] = loss_coverage(p)
-    probes["positions"] = positions_probe(p, tol)
+    probes["positions"] = positions_probe(p, tol, shared.shift)
     if field_causes:
         causes = likely_causes(p, probes, base_out)
     else:  # boundaries came from tokens: the field-based leak causes do not apply

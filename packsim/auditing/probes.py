@@ -1,15 +1,14 @@
-"""The five probes: perturbation, gradient, attention mass, loss coverage, positions.
+"""The probes: perturbation, gradient, loss coverage, positions (attention mass: attention_probe.py).
 
 Each takes a :class:`~packsim.auditing.pipeline.Pipeline` and returns a ProbeResult (and the
-per-pair evidence: (S, S) logit change, (S, S) gradient ratio, (L, H) outside-attention share).
+per-pair evidence: (S, S) logit change, (S, S) gradient ratio). These are the pair probes, one
+forward per perturbed example and one backward per differentiated one; the audit runs them where
+the shared pass (:mod:`packsim.auditing.shared_pass`) cannot show the batch clean at once.
 
 Lessons: none directly (they call packsim.audit, which runs the probes).
 """
 
 from __future__ import annotations
-
-import logging
-from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -18,14 +17,12 @@ from packsim.auditing.evidence import position_restarts
 from packsim.auditing.label_values import CONVENTION, completion_form, label_values, realign
 from packsim.auditing.pipeline import Pipeline, logits_of, same_randomness
 from packsim.auditing.report import ProbeResult
-from packsim.core.attention_share import outside_share
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX, Role
 
 # The roles the loss probe counts, in report order (a row's first token is never a target).
 _COUNTED_ROLES = (Role.PROMPT, Role.RESPONSE, Role.EOS, Role.BOUNDARY, Role.PAD, Role.UNKNOWN)
 _POS_EMB_NAMES = ("wpe", "embed_positions", "position_embeddings", "pos_emb")
-_MAX_DENSE = 2**24  # attention_maps builds (L, B, H, T, T) densely: cap B*T*T (16M floats per head)
 
 
 def probe_examples(S: int, max_examples: int, alone=None) -> list[int]:
@@ -48,7 +45,7 @@ def probe_examples(S: int, max_examples: int, alone=None) -> list[int]:
     return sorted(set(chosen))
 
 
-def _vocab_size(model) -> int:
+def vocab_size(model) -> int:
     try:
         return int(model.get_input_embeddings().num_embeddings)
     except AttributeError:
@@ -61,7 +58,7 @@ def _vocab_size(model) -> int:
         return int(size)
 
 
-def _per_example_max(values: torch.Tensor, seq: torch.Tensor, S: int) -> torch.Tensor:
+def per_example_max(values: torch.Tensor, seq: torch.Tensor, S: int) -> torch.Tensor:
     """values (B, T) -> (S,) max over each example's tokens (padding ignored)."""
     real = seq >= 0
     out = torch.zeros(S, dtype=values.dtype, device=values.device)
@@ -73,7 +70,7 @@ def perturbation(p: Pipeline, base: torch.Tensor, chosen, tol, seed,
     """Every example packed vs alone (``alone``: (S,) change, (S,) first offset over tol), and the
     logit change matrix (S, S): perturb each chosen example i, max |change| of each example j."""
     S = len(p.example_ids)
-    V = _vocab_size(p.model)
+    V = vocab_size(p.model)
     gen = torch.Generator().manual_seed(seed)
     change = torch.full((S, S), float("nan"))
     for i in chosen:
@@ -84,7 +81,7 @@ def perturbation(p: Pipeline, base: torch.Tensor, chosen, tol, seed,
         with torch.no_grad(), same_randomness(seed, base.device):
             logits = p.run(input_ids=ids).logits.float()
         diff = (logits - base).abs().amax(-1)  # (B, T)
-        change[i] = _per_example_max(diff, p.seq, S).cpu()
+        change[i] = per_example_max(diff, p.seq, S).cpu()
     cross = change.clone()
     cross.fill_diagonal_(float("nan"))
     worst = float(torch.nan_to_num(cross, nan=0.0).max()) if S > 1 else 0.0
@@ -117,7 +114,7 @@ def perturbation(p: Pipeline, base: torch.Tensor, chosen, tol, seed,
     return ProbeResult("perturbation", status, value, tol, summary, details), change
 
 
-def _example_loss(logits: torch.Tensor, ids: torch.Tensor, seq: torch.Tensor, j: int) -> torch.Tensor:
+def example_loss(logits: torch.Tensor, ids: torch.Tensor, seq: torch.Tensor, j: int) -> torch.Tensor:
     """Example j's next-token loss inside itself: logits (B, T, V) of j's tokens, targets = its next tokens.
 
     A function of j's logits only (labels are not used: they may be the bug under audit).
@@ -128,18 +125,26 @@ def _example_loss(logits: torch.Tensor, ids: torch.Tensor, seq: torch.Tensor, j:
     return logits[seq == j].float().logsumexp(-1).sum()  # one-token example
 
 
-def gradient(p: Pipeline, chosen, tol, seed) -> tuple[ProbeResult, torch.Tensor | None]:
-    """Gradient ratio matrix (S, S): [i, j] = max |d loss_j/d emb_i| / max |d loss_j/d emb_j|."""
+def gradient(p: Pipeline, chosen, tol, seed, graph=None) -> tuple[ProbeResult, torch.Tensor | None]:
+    """Gradient ratio matrix (S, S): [i, j] = max |d loss_j/d emb_i| / max |d loss_j/d emb_j|.
+
+    ``graph``: the baseline's :class:`~packsim.auditing.shared_pass.Graph` (its logits with the
+    autograd graph back to the input embeddings), so no forward runs here; else one forward with
+    ``inputs_embeds``.
+    """
     S = len(p.example_ids)
     try:
-        emb = p.model.get_input_embeddings()(p.input_ids).detach().requires_grad_(True)  # (B, T, d)
+        if graph is None:
+            emb = p.model.get_input_embeddings()(p.input_ids).detach().requires_grad_(True)  # (B, T, d)
+        else:
+            emb = graph.emb
         with torch.enable_grad(), same_randomness(seed, emb.device):
-            logits = p.run(inputs_embeds=emb).logits
+            logits = p.run(inputs_embeds=emb).logits if graph is None else graph.logits  # (B, T, V)
             ratio = torch.full((S, S), float("nan"))
             for j in chosen:
-                (g,) = torch.autograd.grad(_example_loss(logits, p.input_ids, p.seq, j), emb,
+                (g,) = torch.autograd.grad(example_loss(logits, p.input_ids, p.seq, j), emb,
                                            retain_graph=True)
-                per = _per_example_max(g.detach().abs().amax(-1).float(), p.seq, S).cpu()  # (S,)
+                per = per_example_max(g.detach().abs().amax(-1).float(), p.seq, S).cpu()  # (S,)
                 ratio[:, j] = per / per[j] if per[j] > 0 else float("nan")
     except (NotImplementedError, RuntimeError, TypeError, AttributeError) as err:
         msg = str(err).splitlines()[0][:160]
@@ -153,81 +158,6 @@ def gradient(p: Pipeline, chosen, tol, seed) -> tuple[ProbeResult, torch.Tensor 
                        "max |d loss_j / d emb_i| over i != j, relative to j's own embeddings "
                        f"({len(chosen)} examples' losses)"), ratio
 
-
-# What transformers logs (``logger.warning_once``, not ``warnings.warn``, so warnings filters do
-# not catch it) when asked for attention weights it cannot return: the sdpa and flash paths
-# (transformers/integrations/sdpa_attention.py and flash_attention.py). This probe asks on
-# purpose and reports "skipped: ... use eager" itself, so the message is dropped for its call.
-_NO_WEIGHTS = {
-    "transformers.integrations.sdpa_attention": "`sdpa` attention does not support `output_attentions=True`",
-    "transformers.integrations.flash_attention": "Flash Attention does not support `output_attentions=True`",
-}
-
-
-class _DropNoWeights(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not any(str(record.msg).startswith(m) for m in _NO_WEIGHTS.values())
-
-
-@contextmanager
-def quiet_no_attention_weights():
-    """Drop transformers' "does not support `output_attentions=True`" messages inside the block
-    (that one message only, on its own loggers; everything else they log still shows)."""
-    drop, loggers = _DropNoWeights(), [logging.getLogger(name) for name in _NO_WEIGHTS]
-    for lg in loggers:
-        lg.addFilter(drop)
-    try:
-        yield
-    finally:
-        for lg in loggers:
-            lg.removeFilter(drop)
-
-
-def _attention_probs(p: Pipeline, base: torch.Tensor, tol) -> tuple[torch.Tensor | None, str, str]:
-    """Attention probabilities (L, B, H, T, T) of the pipeline's forward, or (None, why, source)."""
-    if p.context["kind"] == "packed":
-        from packsim.core.model import attention_maps
-
-        B, T = p.input_ids.shape
-        if B * T * T > _MAX_DENSE:
-            return None, (f"rows of {T} tokens are too long for dense attention maps (B*T*T = "
-                          f"{B * T * T:.1e} per head); audit a shorter batch for this probe"), ""
-        try:
-            return attention_maps(p.model, p.context["batch"]), "", "packsim.core.model.attention_maps"
-        except Exception as err:  # noqa: BLE001 - any model that cannot run packsim's attention
-            return None, f"packsim.core.model.attention_maps failed: {type(err).__name__}: {err}", ""
-    impl = p.context["impl"]
-    try:
-        with torch.no_grad(), quiet_no_attention_weights():
-            out = p.run(output_attentions=True)
-    except Exception as err:  # noqa: BLE001 - report, don't crash: this probe is optional
-        return None, f"output_attentions=True failed: {type(err).__name__}: {err}", ""
-    att = out.attentions
-    if not att or any(a is None for a in att):
-        return None, (f"attn_implementation={impl!r} returns no attention probabilities "
-                      "(run the model with attn_implementation='eager' to get this probe)"), ""
-    if (out.logits.float() - base).abs().max() > tol:
-        return None, "output_attentions=True changed the logits, so it is not the same forward", ""
-    return torch.stack([a.detach().float() for a in att]), "", "output_attentions=True"
-
-
-def attention_mass(p: Pipeline, base, tol) -> tuple[ProbeResult, torch.Tensor | None]:
-    """Per (layer, head): the largest share of one query's attention on keys outside its example."""
-    probs, why, source = _attention_probs(p, base, tol)
-    if probs is None:
-        return ProbeResult("attention_mass", "skipped", None, tol, why), None
-    seq = p.seq.to(probs.device)  # (B, T)
-    outside = outside_share(probs, seq, real_only=True)  # (L, B, H, T): padding queries 0
-    per_lh = outside.amax(dim=(1, 3)).cpu()  # (L, H)
-    worst = float(per_lh.max())
-    L, H = per_lh.shape
-    leaky = [int(layer) for layer in range(L) if per_lh[layer].max() > tol]
-    flat = int(per_lh.argmax())
-    where = f"worst: layer {flat // H} head {flat % H}" if worst > tol else "no layer leaks"
-    summary = (f"largest share of a query's attention outside its example ({source}, {L} layers x "
-               f"{H} heads; {where})")
-    return ProbeResult("attention_mass", "fail" if worst > tol else "pass", worst, tol, summary,
-                       {"leaking_layers": leaky, "n_layers": L}), per_lh
 
 
 def loss_coverage(p: Pipeline) -> ProbeResult:
@@ -341,30 +271,46 @@ def _position_kind(model) -> str:
     return "unknown"
 
 
-def _shift_effect(p: Pipeline) -> tuple[float | None, str]:
-    """Max logit change of one example alone when its positions are shifted (a model property)."""
-    model = p.model
+def shift_plan(p: Pipeline, start: int = 0) -> tuple[int, int] | str:
+    """(example j, shift): the longest example, and how far its positions from ``start`` can move
+    inside the model's position table; else why no shift test runs."""
     lengths = torch.bincount(p.seq[p.seq >= 0], minlength=len(p.example_ids))
     j = int(lengths.argmax())
+    L, T = int(lengths[j]), p.input_ids.shape[1]
+    config = getattr(p.model, "config", None)
+    max_pos = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    shift = T if max_pos is None else min(T, int(max_pos) - L - start)
+    return (j, shift) if shift > 0 else "no room to shift positions"
+
+
+def shift_where(p: Pipeline, j: int, shift: int) -> str:
+    return f"example {p.example_ids[j]} alone, positions +{shift}"
+
+
+def _shift_effect(p: Pipeline) -> tuple[float | None, str]:
+    """Max logit change of one example alone when its positions are shifted (a model property)."""
+    plan = shift_plan(p)
+    if isinstance(plan, str):
+        return None, plan
+    j, shift = plan
     x = p.input_ids[p.seq == j][None]  # (1, L)
     L = x.shape[1]
-    config = getattr(model, "config", None)
-    max_pos = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    shift = p.input_ids.shape[1] if max_pos is None else min(p.input_ids.shape[1], int(max_pos) - L)
-    if shift <= 0:
-        return None, "no room to shift positions"
     pos = torch.arange(L, device=x.device)[None]
-    try:
+    try:  # one forward, two rows of the same tokens (no padding: the rows never meet)
         with torch.no_grad():
-            a = logits_of(model(input_ids=x, position_ids=pos, use_cache=False)).logits.float()
-            b = logits_of(model(input_ids=x, position_ids=pos + shift, use_cache=False)).logits.float()
+            ab = logits_of(p.model(input_ids=x.expand(2, L), position_ids=torch.cat([pos, pos + shift]),
+                                   use_cache=False)).logits.float()  # (2, L, V)
     except Exception as err:  # noqa: BLE001 - a model without position_ids: report why
         return None, f"{type(err).__name__}: {str(err)[:120]}"
-    return float((a - b).abs().max()), f"example {p.example_ids[j]} alone, positions +{shift}"
+    return float((ab[0] - ab[1]).abs().max()), shift_where(p, j, shift)
 
 
-def positions_probe(p: Pipeline, tol) -> ProbeResult:
-    """Do positions restart per example, and does it matter for this model?"""
+def positions_probe(p: Pipeline, tol, shift: tuple[float | None, str] | None = None) -> ProbeResult:
+    """Do positions restart per example, and does it matter for this model?
+
+    ``shift``: (effect, where) of the shift test when the shared pass measured it in its alone
+    forward (:mod:`packsim.auditing.shared_pass`); else it runs here.
+    """
     real = p.seq >= 0
     if p.positions is None:
         reset, restart, how = False, "absent", "absent: the model counts 0..T-1 across each row"
@@ -374,7 +320,7 @@ def positions_probe(p: Pipeline, tol) -> ProbeResult:
         restart, how = position_restarts(pos, p.seq.to(pos.device))
         how = "restart at each example" if reset else how
     kind = _position_kind(p.model)
-    effect, where = _shift_effect(p)
+    effect, where = _shift_effect(p) if shift is None else shift
     shift_tol = max(1e-4, 10 * tol)  # RoPE is shift-invariant only up to round-off of the angles
     matters = None if effect is None else effect > shift_tol
     detail = {"reset": reset, "restart": "right" if reset else restart, "how": how, "kind": kind,

@@ -56,6 +56,7 @@ from packsim.auditing.pipeline import (
 )
 from packsim.auditing.preference import audit_dpo_trainer, is_dpo
 from packsim.auditing.report import AuditReport, Finding
+from packsim.auditing.tolerance import compute_dtype, tolerance_note
 from packsim.auditing.truncation import truncated_examples
 from packsim.core.boundaries import ROWS_SOURCE, find_boundaries
 from packsim.core.errors import PacksimError
@@ -316,9 +317,12 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
                                    "runs, then audit it.") from err
             results.append((report, view, p, note, base_out))
 
-        def logits(inputs):
+        known = [(p.context["fields"], out.logits) for _r, _v, p, _n, out in results if out.in_eval]
+
+        def logits(inputs):  # the audit's forward in eval mode: the baseline's logits where they are that
             rest = {k: v for k, v in inputs.items() if k != "labels"}
-            return model(**rest, **forward_kwargs).logits
+            hit = next((x for fields, x in known if _same_fields(rest, fields)), None)
+            return model(**rest, **forward_kwargs).logits if hit is None else hit
 
         model.eval()  # dropout off: the two forwards compared below must see the same network
         try:
@@ -357,8 +361,24 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
                                 "see the failing batch's probes and findings"))
     fixes = [f"{f.name}: {f.fix}" for f in findings if f.failed and f.fix and f.name != "batches"]
     return replace(report, findings=findings, causes=fixes + report.causes, trust_boundaries=trust_boundaries,
-                   forward=report.forward + _tolerance_note(report, base_out, trainer, tol_given, compute),
+                   forward=report.forward + tolerance_note(report, base_out, trainer, tol_given, compute),
                    seconds=time.perf_counter() - start)
+
+
+def _same_fields(rest: dict, fields: dict) -> bool:
+    """Whether ``rest`` is ``fields`` without labels: the same keys and equal values (tensors by value)."""
+    keys = set(fields) - {"labels"}
+    if set(rest) != keys:
+        return False
+    for k in keys:
+        a, b = rest[k], fields[k]
+        if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+            if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+                    and torch.equal(a, b.to(a.device))):
+                return False
+        elif a != b:
+            return False
+    return True
 
 
 def _wraps(trainer) -> bool:
@@ -366,31 +386,3 @@ def _wraps(trainer) -> bool:
     args = trainer.args
     return bool(is_sft(trainer) and getattr(args, "packing", False)
                 and getattr(args, "packing_strategy", "") == "wrapped")
-
-
-def compute_dtype(trainer, model) -> torch.dtype:
-    """The dtype the training step computes in: the autocast dtype under mixed precision, else the
-    model's. Under accelerate's mixed precision the forward may return float32 logits (its
-    ``convert_to_fp32`` wrapper, once ``train()`` has prepared the model) computed in bf16 / fp16:
-    the tolerance follows the computation, not the returned dtype."""
-    mixed = getattr(getattr(trainer, "accelerator", None), "mixed_precision", None)
-    if mixed == "bf16":
-        return torch.bfloat16
-    if mixed == "fp16":
-        return torch.float16
-    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-
-
-def _tolerance_note(report: AuditReport, base_out, trainer, given, compute: torch.dtype) -> str:
-    """Which float tolerance judged "unchanged", and the dtype it follows (the step's computation)."""
-    tol = report.probes["perturbation"].threshold
-    if given is not None:
-        return f"; tolerance {tol:.0e}, as passed (tol=)"
-    returned = str(base_out.logits.dtype).replace("torch.", "")
-    dtype = str(compute).replace("torch.", "")
-    mixed = trainer.accelerator.mixed_precision
-    if mixed not in (None, "no"):
-        upcast = f"; the forward returns {returned} logits" if returned != dtype else ""
-        return (f"; tolerance {tol:.0e}, from the {dtype} logits this forward computes under mixed precision "
-                f"{mixed!r}{upcast}")
-    return f"; tolerance {tol:.0e}, from the {dtype} logits this forward returns"
