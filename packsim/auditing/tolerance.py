@@ -5,7 +5,7 @@ step computes in: the autocast dtype under mixed precision (bf16 / fp16), else t
 parameters' dtype, whatever dtype the forward returns its logits in (:func:`compute_dtype`).
 :func:`tolerance_note` is the line the report's ``forward`` text ends with.
 
-Lessons: A6 (through packsim.audit_trainer).
+Lessons: none directly (A6 reaches it through packsim.audit_trainer).
 """
 
 from __future__ import annotations

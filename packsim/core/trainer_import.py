@@ -19,7 +19,9 @@ time to verdict for nothing.
 The stand-in sits in ``sys.modules`` only while ``transformers.trainer`` is imported (a later
 ``import datasets`` loads the real package); ``is_datasets_available()`` keeps its answer. Where
 ``datasets`` or ``transformers.trainer`` is already imported, nothing is changed.
-No tensors. Lessons: none directly (``packsim audit``: :mod:`packsim.auditing.preflight`).
+No tensors.
+
+Lessons: none directly (``packsim audit``: :mod:`packsim.auditing.preflight`).
 """
 
 from __future__ import annotations
