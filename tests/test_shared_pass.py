@@ -233,3 +233,19 @@ def test_a_clean_trainer_runs_its_packed_forward_three_times(monkeypatch, tmp_pa
     want = float(F.cross_entropy(logits[:-1][keep], labels[keep]))
     (acc,) = [f for f in report.findings if f.name == "loss_over_accumulation"]
     assert acc.status == "pass" and f"the mean over all counted labels is {want:.6g}" in acc.evidence
+
+
+def test_a_checkpointed_model_in_train_mode_is_audited_as_its_graph_free_forwards_run(examples):
+    """transformers drops the cache under activation checkpointing only with grad enabled: the
+    perturbed forwards (no grad) build one, so the baseline must too, or the two would differ."""
+    model = _model()
+    model.config.use_cache = True
+    model.activation_checkpointing_enable()
+    model.train()
+    batch = collated(examples)
+    rest = {k: v for k, v in batch.items() if k not in ("input_ids", "labels")}
+    with torch.no_grad():  # ground truth: without grad the forward makes a cache
+        assert model(input_ids=batch["input_ids"], **rest).past_key_values is not None
+    report = packsim.audit(model, batch)
+    assert "perturbation" in report.failed, report.table()
+    assert any("use_cache=False" in c for c in report.causes), report.causes

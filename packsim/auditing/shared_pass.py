@@ -137,7 +137,13 @@ def _recorded(p: Pipeline, seed: int) -> Shared | None:
         caught["emb"] = out.detach().requires_grad_(True)  # (B, T, d)
         return caught["emb"]
 
-    handle = module.register_forward_hook(leaf) if isinstance(module, torch.nn.Module) else None
+    # transformers' activation checkpointing acts only with grad enabled, and then drops the cache
+    # (modeling_layers.GradientCheckpointingLayer): the other probes' forwards run without grad, so
+    # a checkpointed model in train mode keeps a graph-free baseline, as they see it
+    checkpointed = p.model.training and any(getattr(m, "gradient_checkpointing", False) is True
+                                            for m in p.model.modules())
+    handle = module.register_forward_hook(leaf) if isinstance(module, torch.nn.Module) and not checkpointed \
+        else None
     if handle is None and not ask:
         return None
     try:
