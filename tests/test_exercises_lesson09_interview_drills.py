@@ -38,9 +38,21 @@ def test_review_snippet_shows_the_bugs_the_key_names():
 
 
 def test_review_missed_bug_points_to_line():
-    fb = check_review({"eos_masked", "cu_seqlens_int64"})
+    fb = check_review({"eos_masked", "cu_seqlens_int64", "cu_seqlens_on_cpu"})
     assert not fb.passed and fb.attempted
-    assert "missed 1 of 3" in _text(fb) and "line 8" in _text(fb)
+    assert "missed 1 of 4" in _text(fb) and "line 8" in _text(fb)
+
+
+def test_review_snippet_cu_seqlens_stays_on_the_cpu():
+    # ground truth computed here: torch.tensor of Python ints lands on the CPU, and the snippet never moves it
+    import torch
+
+    lines = REVIEW_SNIPPET.splitlines()
+    assert torch.tensor([0, 3, 7]).device.type == "cpu"
+    assert "device" not in REVIEW_SNIPPET and ".to(" not in REVIEW_SNIPPET and ".cuda(" not in REVIEW_SNIPPET
+    assert "flash_attn_varlen_func(q, k, v, cu, cu" in lines[11]  # line 12: handed to the CUDA kernel as built
+    fb = check_review({"eos_masked", "cu_seqlens_int64", "max_seqlen_too_small"})  # the dtype fix alone is not enough
+    assert not fb.passed and "missed 1 of 4" in _text(fb) and "lines 7 and 12" in _text(fb)
 
 
 def test_review_false_alarm_explained():

@@ -40,6 +40,7 @@ BUGS = {
     "positions_continue": "position ids keep counting across the pack",
     "cu_seqlens_no_zero": "cu_seqlens lacks the leading 0",
     "cu_seqlens_int64": "cu_seqlens is int64; varlen kernels need int32",
+    "cu_seqlens_on_cpu": "cu_seqlens is a CPU tensor handed to a CUDA kernel",
     "max_seqlen_too_small": "max_seqlen is smaller than the longest example",
     "max_seqlen_total": "max_seqlen is the total number of tokens (too large: extra blocks, no wrong output)",
     "not_causal": "causal=False in a decoder",
@@ -76,6 +77,12 @@ _REVIEW_KEY = {
         "line 7: what dtype does torch.tensor give a list of Python ints?",
         "line 7: torch.tensor(starts) is int64; flash_attn_varlen_func checks for int32. Use "
         "torch.tensor(starts, dtype=torch.int32).",
+    ),
+    "cu_seqlens_on_cpu": (
+        "lines 7 and 12: on which device does torch.tensor(starts) live, and where are q, k, v?",
+        "line 7 builds cu_seqlens on the CPU and line 12 hands it, unmoved, to a CUDA kernel: flash-attn's "
+        "mha_varlen_fwd checks it (\"cu_seqlens_q must be on CUDA\", right after the int32 check). Move it "
+        "with the batch: cu.to(q.device) (labels too, before the loss).",
     ),
     "max_seqlen_too_small": (
         "line 8: which length does the kernel want, and is the mean ever enough?",
@@ -161,7 +168,7 @@ def check_review(review) -> Feedback:
         )
     return fail(
         " ".join(parts),
-        "read the snippet line by line and ask of each value: what shape, what dtype, what does "
+        "read the snippet line by line and ask of each value: what shape, what dtype, which device, what does "
         "the kernel or the loss expect here?",
     )
 

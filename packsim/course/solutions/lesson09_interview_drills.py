@@ -1,9 +1,10 @@
 """Reference answers for notebook 09_interview_drills (checks: packsim.course.exercises.lesson09_interview_drills)."""
 
-# The three bugs of REVIEW_SNIPPET: EOS label -100 (line 5), int64 cu_seqlens (line 7),
-# max_seqlen = the mean example length, smaller than the longest example (line 8): the
-# longest example's later query tiles are never computed. (A too-large max_seqlen only wastes blocks.)
-review = {"eos_masked", "cu_seqlens_int64", "max_seqlen_too_small"}
+# The four bugs of REVIEW_SNIPPET: EOS label -100 (line 5), int64 cu_seqlens (line 7), cu_seqlens
+# left on the CPU and handed to the CUDA kernel (lines 7 and 12), max_seqlen = the mean example
+# length, smaller than the longest example (line 8): the longest example's later query tiles are
+# never computed. (A too-large max_seqlen only wastes blocks.)
+review = {"eos_masked", "cu_seqlens_int64", "cu_seqlens_on_cpu", "max_seqlen_too_small"}
 
 # Tiles + online softmax, cu_seqlens, skipped tiles, cost model; "I" is true but optional.
 q1_answer = {"A", "B", "C", "D", "I"}
