@@ -48,6 +48,7 @@ NEEDS_KERNEL = ("not measured: needs a kernel that reads seq_idx (causal_conv1d 
 ON_CPU = ("on CPU, audit inside `with packsim.core.reference_hybrid.emulate_hybrid_kernels():` (packsim's "
           "reference kernels, pure torch, where transformers looks for causal_conv1d / mamba_ssm / fla)")
 _GPU = "causal_conv1d and mamba_ssm (Mamba2 / short conv) or flash-linear-attention (gated DeltaNet)"
+MEASURE_IT = f"{ON_CPU}; or a GPU with {_GPU} installed"  # where a refused forward can be measured
 
 
 def stateful_layers(model) -> list[str]:
@@ -98,7 +99,7 @@ def _refused_finding(names: str, refused: str) -> Finding:
                    f"isolation of {names} {NEEDS_KERNEL}: the batch's boundary fields reach the torch "
                    f"fallback and transformers refuses them here ({refused}), so this pipeline's forward "
                    "cannot run on this machine, and whether it keeps the examples apart is not known",
-                   f"measure it here: {ON_CPU}; or audit on a GPU with {_GPU} installed")
+                   f"measure it here: {MEASURE_IT}")
 
 
 def refused_report(p, refused: str, tol: float, start: float, findings=None,
@@ -111,7 +112,7 @@ def refused_report(p, refused: str, tol: float, start: float, findings=None,
     """
     names = ", ".join(stateful_layers(p.model))
     why = f"{NEEDS_KERNEL} for {names}: the forward refused the batch ({refused})"
-    how = (f"run the audit where the forward accepts this batch: {ON_CPU}; or a GPU with {_GPU} installed")
+    how = f"run the audit where the forward accepts this batch: {MEASURE_IT}"
     probes = {name: ProbeResult(name, "skipped", None, tol, why, {"refused": refused, "how_to_get": how})
               for name in leak_probes}
     probes["loss_coverage"] = loss_coverage(p)

@@ -46,7 +46,7 @@ from packsim.auditing.findings import (
     static_findings,
 )
 from packsim.auditing.grpo import audit_grpo_trainer, is_grpo
-from packsim.auditing.hybrid_findings import hybrid_state, kernel_refusal
+from packsim.auditing.hybrid_findings import MEASURE_IT, hybrid_state, kernel_refusal
 from packsim.auditing.pipeline import (
     ForwardOutput,
     Pipeline,
@@ -334,7 +334,7 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
             if not refused:
                 raise
             accumulation = Finding("loss_over_accumulation", "skipped", f"not measured: the forward is refused "
-                                   f"here ({refused})", "audit on a GPU with the kernels installed")
+                                   f"here ({refused})", f"measure it: {MEASURE_IT}")
     finally:
         model.train(was_training)
     worst = max(range(len(results)), key=lambda k: (len(results[k][0].failed), -k))

@@ -147,23 +147,22 @@ def _positions_offset(buggy: bool) -> tuple[bool, str]:
 
 def _hybrid(buggy: bool) -> tuple[bool, str]:
     from packsim.auditing.auditor import audit
+    from packsim.core.reference_hybrid import emulate_hybrid_kernels, kernels_in_use
     from packsim.exhibits.hybrid_traps import build_frontier
 
     model = build_frontier("bamba")
     ids, cu = _row(2)
     parts = [ids[int(cu[s]):int(cu[s + 1])] for s in range(len(LENGTHS))]
-    if buggy:  # packed: position_ids restart, nothing else reaches the Mamba2 mixer
-        batch = {"input_ids": ids[None], "position_ids": torch.cat([torch.arange(len(p)) for p in parts])[None]}
-    else:  # the CPU fix: one example per row, right-padded, the padding masked
-        L = max(LENGTHS)
-        batch = {"input_ids": torch.stack([torch.cat([p, p.new_zeros(L - len(p))]) for p in parts]),
-                 "attention_mask": torch.stack([(torch.arange(L) < len(p)).long() for p in parts]),
-                 "position_ids": torch.arange(L).expand(len(parts), L).clone()}
-    report = audit(model, batch, use_cache=False)
+    batch = {"input_ids": ids[None], "position_ids": torch.cat([torch.arange(len(p)) for p in parts])[None]}
+    if not buggy:  # the fix: the example index reaches the Mamba2 mixers' kernels
+        batch["seq_idx"] = torch.cat([torch.full((len(p),), s) for s, p in enumerate(parts)])[None].to(torch.int32)
+    with emulate_hybrid_kernels():  # a real causal_conv1d / mamba_ssm wins where installed
+        kernel = kernels_in_use(model).get("mamba_chunk_scan_combined", "?")
+        report = audit(model, batch, examples=[p.tolist() for p in parts], use_cache=False)
     finding = next((f for f in report.findings if f.name == "hybrid_state"), None)
     caught = not report.ok
     return caught, (f"audit failed: {', '.join(report.failed)}; {finding.evidence if finding else ''}"[:300]
-                    if caught else "audit passes: one example per row")
+                    if caught else f"audit passes: packed with seq_idx, scan kernel: {kernel}")
 
 
 # ----------------------------------------------------------------------------- open-instruct#1271
@@ -268,7 +267,7 @@ PUBLIC_BUGS = {p.name: p for p in [
           "cu_seq_lens from position_ids for the Mamba2 layers). In the installed transformers they must arrive as "
           "seq_idx (or cu_seqlens) at the causal_conv1d / mamba_ssm kernels; with position_ids only the "
           "conv and SSM state runs across every boundary, and on CPU the torch fallbacks ignore seq_idx "
-          "(transformers then raises). Fix here: one example per row; on a GPU, seq_idx with the kernels.",
+          "(transformers then raises). Fix here: seq_idx, on the CUDA packages or, on any CPU, packsim's reference kernels.",
           "packsim.audit (perturbation) + the hybrid_state finding", _hybrid),
     PublicBug("packed_rows_dropped_at_world_size", "Packed rows dropped when they do not divide by the ranks",
           ("https://github.com/allenai/open-instruct/pull/1271", "https://github.com/allenai/open-instruct/issues/1295"),
