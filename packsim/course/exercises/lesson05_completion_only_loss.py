@@ -143,8 +143,8 @@ def check_completion_labels(fn) -> Feedback:
         problems = _label_mistakes(got[None], roles[None])
         if problems:
             words = [w for w in _MISTAKE_HINTS if any(p.endswith(f" {w} token(s)") for p in problems)]
-            extra = (" The response of an example runs from start + prompt_length to start + length - 1, "
-                     "its EOS included.")
+            extra = (" Count the positions start + prompt_length up to and including start + length - 1 "
+                     "(Python: range(start + prompt_length, start + length)): the last one is the EOS, counted.")
             return fail(f"{where} " + "; ".join(problems) + ".",
                         " ".join(_MISTAKE_HINTS[w] for w in words) + extra)
         bad = int(((got != want) & (want != IGNORE_INDEX)).nonzero()[0])
