@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -115,12 +116,19 @@ def _floor(model, batch: dict, examples: list[list[int]]) -> float:
 
 def measure(spec: dict) -> dict:
     """One batch size in this process: audit and step times, forward tokens of the audit."""
-    if spec.get("code"):
-        sys.path.insert(0, spec["code"])  # the code under test first (before: an older checkout)
+    if spec.get("code"):  # the code under test first (before: an older checkout)
+        # benchutil has imported this tree's packsim already (its tables): forget it, then import
+        # the checkout's; a worker that still got another tree's packsim stops instead of measuring it
+        for name in [m for m in sys.modules if m == "packsim" or m.startswith("packsim.")]:
+            del sys.modules[name]
+        sys.path.insert(0, spec["code"])
     import torch
 
     torch.set_num_threads(1)
     import packsim
+
+    if spec.get("code") and not Path(packsim.__file__).resolve().is_relative_to(Path(spec["code"]).resolve()):
+        raise RuntimeError(f"imported {packsim.__file__}, not the code under test in {spec['code']}")
 
     trainer, batch, examples = _build(spec)
     model = trainer.model
@@ -177,6 +185,18 @@ def measure(spec: dict) -> dict:
             "backward_calls": counts["backward"], "audit_failed": failed}
 
 
+def _commit(code: str) -> str:
+    """The commit a checkout is at (a worktree's too), '+' when it has uncommitted changes; '?' outside git."""
+    try:
+        head = subprocess.run(["git", "-C", code, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", code, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+    return head + ("+" if dirty else "")
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if bu.worker_main(argv, measure):
@@ -209,7 +229,8 @@ def main(argv=None) -> int:
                "floor": "one packed forward kept for one backward to the input embeddings, plus one "
                         "padded forward of every example alone (floor_s, floor_ratio = floor_s / step_s)",
                "collator": "transformers.DataCollatorWithFlattening (one row, position_ids restart)",
-               "examples": args.examples, "repeats": args.repeats, "codes": codes, "runs": runs}
+               "examples": args.examples, "repeats": args.repeats, "codes": codes,
+               "commits": {name: _commit(code) for name, code in codes.items()}, "runs": runs}
     bu.save_json(out / "audit_cost.json", payload)
     rows = []
     for k in range(len(families) * len(args.examples)):  # before and after side by side
