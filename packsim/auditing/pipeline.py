@@ -132,6 +132,15 @@ def _check_response_mask(response_mask, shape) -> torch.Tensor | None:
     return mask.bool()
 
 
+def _kwargs_text(forward_kwargs: dict) -> str:
+    """', k=v' per forward keyword; a tensor as its shape and dtype (its values would flood the report)."""
+    def text(v):
+        if isinstance(v, torch.Tensor):
+            return f"<tensor {tuple(v.shape)} {str(v.dtype).removeprefix('torch.')}>"
+        return repr(v)
+    return "".join(f", {k}={text(v)}" for k, v in forward_kwargs.items())
+
+
 def _dense_ids(ids: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
     """Relabel example ids (B, T) (-1 = padding) to 0..S-1 in order of value; return the labels."""
     real = ids >= 0
@@ -156,7 +165,7 @@ def packed_pipeline(model, batch: PackedBatch, response_mask, forward_kwargs, ob
     roles, notes = _packed_roles(model, batch, _objective_mask(objective, response_mask, batch.shape))
     if objective == "lm":
         notes[0] = LM_NOTE
-    kw = "".join(f", {k}={v!r}" for k, v in forward_kwargs.items())
+    kw = _kwargs_text(forward_kwargs)
     return Pipeline(
         model=model, run=run, input_ids=batch.input_ids, seq=seq, example_ids=ids,
         boundaries=found.source,
@@ -223,7 +232,7 @@ def dict_pipeline(model, batch: Mapping, response_mask, forward_kwargs, seq=None
 
     pos = fields.get("position_ids")
     impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    kw = "".join(f", {k}={v!r}" for k, v in forward_kwargs.items())
+    kw = _kwargs_text(forward_kwargs)
     return Pipeline(
         model=model, run=run, input_ids=ids, seq=seq, example_ids=ex_ids, boundaries=source,
         labels=fields.get("labels"), roles=roles, role_notes=notes,
