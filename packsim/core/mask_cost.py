@@ -24,7 +24,7 @@ forward there, so no attention runs. A :class:`MaskCost` says:
 no restart. On ``sdpa`` the mask is ``None`` (``sdpa_mask`` returns None when
 ``_ignore_causal_mask_sdpa`` holds) and SDPA runs with ``is_causal=True``.
 
-Lessons: 04.
+Lessons: 04, A8.
 """
 
 from __future__ import annotations
