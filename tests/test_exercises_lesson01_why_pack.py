@@ -195,3 +195,82 @@ def test_ffd_accepts_best_fit_and_numpy_ints():
         return [[np.int64(i) for i in p] for p in pack(lengths, cap, strategy="bfd")]
 
     assert check_ffd_pack(bfd).passed
+
+
+# --- other right answers pass: the prompt fixes the value, not the formula or the number type ----
+
+
+def test_lower_bound_accepts_other_right_answers():
+    import numpy as np
+    import torch
+
+    answers = {
+        "integer ceiling": lambda lengths, cap: -(-_total(lengths) // cap),
+        "numpy ceil (a float64 that is whole)": lambda lengths, cap: np.ceil(np.sum(lengths) / cap),
+        "a 0-d int tensor": lambda lengths, cap: torch.tensor(np.asarray(lengths)).sum().div(cap).ceil().long(),
+    }
+    for what, fn in answers.items():
+        fb = check_lower_bound(fn)
+        assert fb.passed, (what, fb)
+
+
+def _waste_float32(lengths, bs):
+    """Vectorised in float32 torch: off from the exact share by ~1e-8, a 0-d tensor."""
+    import torch
+
+    lens = torch.tensor([int(x) for x in lengths], dtype=torch.float32)
+    chunks = lens.split(bs)
+    slots = sum(len(c) * c.max() for c in chunks)
+    return 1 - lens.sum() / slots
+
+
+def test_padding_waste_accepts_other_right_answers():
+    import numpy as np
+
+    def numpy_padded(lengths, bs):  # pad each batch with numpy, count the zeros
+        lens = np.asarray(lengths, dtype=np.int64)
+        pads = [np.maximum(b.max() - b, 0) for b in np.array_split(lens, range(bs, len(lens), bs))]
+        return np.concatenate(pads).sum() / sum(len(b) * b.max() for b in np.array_split(lens, range(bs, len(lens), bs)))
+
+    answers = {
+        "float32 tensor": _waste_float32,
+        "float32, .item()": lambda lengths, bs: _waste_float32(lengths, bs).item(),
+        "numpy, padding counted": numpy_padded,
+        "rounded to 4 decimals": lambda lengths, bs: round(sol.padding_waste(lengths, bs), 4),
+    }
+    for what, fn in answers.items():
+        fb = check_padding_waste(fn)
+        assert fb.passed, (what, fb)
+
+
+def test_padding_waste_percent_and_coarse_rounding_fail():
+    fb = check_padding_waste(lambda lengths, bs: 100 * sol.padding_waste(lengths, bs))
+    assert not fb.passed and "percentage" in str(fb), fb
+    fb = check_padding_waste(lambda lengths, bs: round(sol.padding_waste(lengths, bs), 2))
+    assert not fb.passed and "expected 0.2388" in str(fb), fb
+
+
+def test_ffd_accepts_other_right_answers():
+    import numpy as np
+    import torch
+
+    def argsort_tensors(lengths, cap):  # numpy's unstable argsort (ties in another order), tensor packs
+        sizes = np.asarray(lengths)
+        packs, room = [], []
+        for i in np.argsort(-sizes, kind="quicksort"):
+            for p, free in enumerate(room):
+                if sizes[i] <= free:
+                    packs[p].append(int(i))
+                    room[p] -= sizes[i]
+                    break
+            else:
+                packs.append([int(i)])
+                room.append(cap - sizes[i])
+        return [torch.tensor(p) for p in packs]
+
+    def tuples_reversed(lengths, cap):  # tuples, each pack's indices and the packs in reverse order
+        return tuple(tuple(reversed(p)) for p in reversed(sol.ffd_pack(lengths, cap)))
+
+    for what, fn in {"argsort, tensor packs": argsort_tensors, "tuples reversed": tuples_reversed}.items():
+        fb = check_ffd_pack(fn)
+        assert fb.passed, (what, fb)
