@@ -15,14 +15,37 @@ from packsim.course.solutions import lesson02_the_leak as sol
 
 
 def test_other_correct_forms_pass():
+    import numpy as np
+
     def as_list(k, n, mask):  # a list, or numpy ints, is fine too
         return [torch.tensor(j).item() for j in range(k + 1, n)] if mask == "causal" else []
+
+    def as_tensor(k, n, mask):  # a tensor of indices; the empty one is float (torch.tensor([]))
+        return torch.arange(k + 1, n) if mask == "causal" else torch.tensor([])
+
+    def by_comprehension(k, n, mask):  # a frozenset from a scan over every example
+        return frozenset(j for j in range(n) if j > k and mask != "block_diagonal")
+
+    def numpy_array(k, n, mask):
+        return np.arange(n)[np.arange(n) > k] if mask == "causal" else np.array([], dtype=int)
+
+    for fn in (as_list, as_tensor, by_comprehension, numpy_array):
+        fb = check_which_examples_move(fn)
+        assert fb.passed, (fn.__name__, fb)
 
     def numpy_shares(attn, seq):
         return sol.outside_attention_share(attn, seq).numpy()
 
-    assert check_which_examples_move(as_list).passed
-    assert check_outside_attention_share(numpy_shares).passed
+    def one_minus_inside_float32(attn, seq):  # 1 - share inside, in float32
+        same = seq[:, None] == seq[None, :]
+        return 1 - attn.float().masked_fill(~same, 0).sum(dim=1)
+
+    def loop_of_floats(attn, seq):  # one Python float per query
+        return [sum(float(attn[q, k]) for k in range(len(seq)) if seq[k] != seq[q]) for q in range(len(seq))]
+
+    for fn in (numpy_shares, one_minus_inside_float32, loop_of_floats):
+        fb = check_outside_attention_share(fn)
+        assert fb.passed, (fn.__name__, fb)
 
 
 # --- which examples move ------------------------------------------------------------------------
