@@ -94,7 +94,7 @@ def perturbation(p: Pipeline, base: torch.Tensor, chosen, tol, seed,
                                           "did not change with input_ids: e.g. a wrapper that binds its own "
                                           "tokens or reads inputs_embeds)"}), change
     n_leaky = int((torch.nan_to_num(cross, nan=0.0) > tol).sum())
-    summary = (f"max |change| of another example's logits when one example's tokens change "
+    summary = (f"max |change| of another example's logits when one example's tokens change: {worst:.3g} "
                f"({len(chosen)} of {S} perturbed; {n_leaky} leaking pairs)")
     details = {"leaking_pairs": n_leaky}
     value = worst
