@@ -68,3 +68,34 @@ def test_mask_padding_attends():
 def test_mask_wrong_dtype():
     fb = check_block_causal_mask(lambda s: sol.block_causal_mask(s).float())
     assert not fb.passed and "torch.bool" in _text(fb)
+
+
+# ----------------------------------------------------------------------------- other right answers
+
+
+def test_cu_seqlens_other_right_answers_pass():
+    import itertools
+
+    import torch.nn.functional as F
+
+    answers = {
+        "accumulate with initial=0": lambda ls: torch.tensor(list(itertools.accumulate(ls, initial=0)), dtype=torch.int32),
+        "F.pad of an int32 cumsum": lambda ls: F.pad(torch.tensor(ls).cumsum(0, dtype=torch.int32), (1, 0)),
+        "cat, then .int()": lambda ls: torch.cat([torch.zeros(1, dtype=torch.long), torch.tensor(ls).cumsum(0)]).int(),
+    }
+    for what, fn in answers.items():
+        fb = check_cu_seqlens_from_lengths(fn)
+        assert fb.passed, (what, fb)
+
+
+def test_mask_other_right_answers_pass():
+    def from_aranges(s):  # positions compared, padding excluded on both sides
+        i = torch.arange(len(s))
+        return (s[:, None] == s[None, :]) & (i[:, None] >= i[None, :]) & (s[:, None] >= 0) & (s[None, :] >= 0)
+
+    def keys_only(s):  # padding keys excluded suffice: a padding query shares its id with padding keys only
+        return torch.tril(s[:, None] == s[None, :]) & (s >= 0)[None, :]
+
+    for fn in (from_aranges, keys_only):
+        fb = check_block_causal_mask(fn)
+        assert fb.passed, (fn.__name__, fb)
