@@ -255,3 +255,70 @@ def test_template_token_itself_is_prompt():
 def test_response_start_not_an_int():
     fb = check_response_start(lambda full, prompt: str(len(prompt)))
     assert not fb.passed and "not an int" in fb.message
+
+
+# ----------------------------------------------------------------------------- other right answers
+
+
+def test_labels_other_right_answers_pass():
+    def vectorised(ids, lengths, prompts):  # token index vs each token's example start and response start
+        lengths_t, prompts_t = torch.tensor(lengths), torch.tensor(prompts)
+        starts = torch.cumsum(lengths_t, 0) - lengths_t
+        t = torch.arange(int(lengths_t.sum()))
+        example = torch.repeat_interleave(torch.arange(len(lengths)), lengths_t)
+        keep = torch.zeros_like(ids, dtype=torch.bool)
+        keep[: len(t)] = t >= starts[example] + prompts_t[example]
+        return torch.where(keep, ids, torch.full_like(ids, IGNORE_INDEX))
+
+    def masked_in_place(ids, lengths, prompts):  # start from a copy of the ids, blank what does not count
+        labels = ids.clone()
+        start = 0
+        for n, p in zip(lengths, prompts, strict=True):
+            labels[start : start + p] = IGNORE_INDEX
+            start += n
+        labels[start:] = IGNORE_INDEX
+        return labels
+
+    for fn in (vectorised, masked_in_place):
+        fb = check_completion_labels(fn)
+        assert fb.passed, (fn.__name__, fb)
+
+
+def test_loss_other_right_answers_pass():
+    answers = {
+        "one cat, one mean": lambda mbs: torch.cat(mbs).mean(),
+        "Python floats": lambda mbs: sum(float(t.sum()) for t in mbs) / sum(len(t) for t in mbs),
+        "float32": lambda mbs: torch.cat(mbs).float().sum() / sum(t.numel() for t in mbs),
+    }
+    for what, fn in answers.items():
+        fb = check_per_token_loss(fn)
+        assert fb.passed, (what, fb)
+
+
+def test_correct_row_other_forms_pass():
+    for answer in ("C", "c", " C\n"):
+        assert check_correct_row(answer).passed, answer
+
+
+def test_response_start_other_right_answers_pass():
+    import numpy as np
+
+    bpe = lesson_bpe()
+
+    def first_difference(full, prompt):  # numpy: the first index where the two disagree
+        n = min(len(full), len(prompt))
+        differ = np.flatnonzero(np.asarray(full[:n]) != np.asarray(prompt[:n]))
+        return differ[0] if len(differ) else np.int64(n)
+
+    def by_characters(full, prompt):  # the offsets rule: the first token whose span ends past the prompt
+        prompt_chars = sum(len(bpe.id_to_token(i)) for i in prompt)
+        end = 0
+        for i, token in enumerate(full):
+            end += len(bpe.id_to_token(token))
+            if end > prompt_chars:
+                return i
+        return len(full)
+
+    for fn in (first_difference, by_characters):
+        fb = check_response_start(fn)
+        assert fb.passed, (fn.__name__, fb)
