@@ -110,3 +110,66 @@ def test_solutions_can_be_shown(capsys):
     show_solution(6, "em_gap")
     assert "def em_gap" in capsys.readouterr().out
     assert "mask_fix" in solution_source(6, "fix_share")
+
+
+# --- other right answers pass: the value is judged, not the formula or the number type ---------
+
+
+def _summary_mean(res, key, setup):
+    return res.summary(key)[setup]["mean"]
+
+
+def test_em_gap_other_right_answers_pass():
+    import numpy as np
+    import torch
+
+    def by_summary(res):  # Results.summary's means
+        return _summary_mean(res, "isolated_exact_match", "correct") - _summary_mean(res, "isolated_exact_match", "buggy")
+
+    def torch_float32(res):  # a 0-d float32 tensor from a scan over res.runs
+        em = {s: torch.tensor([r.final["isolated_exact_match"] for r in res.runs if r.setup == s]) for s in ("correct", "buggy")}
+        return em["correct"].float().mean() - em["buggy"].float().mean()
+
+    def numpy_rounded(res):  # numpy, rounded to 4 decimals
+        em = {s: np.mean([r.final["isolated_exact_match"] for r in rs]) for s, rs in res.by_setup().items()}
+        return round(float(em["correct"] - em["buggy"]), 4)
+
+    for fn in (by_summary, torch_float32, numpy_rounded):
+        fb = check_em_gap(fn)
+        assert fb.passed, (fn.__name__, fb)
+
+
+def test_warning_sign_other_right_answers_pass():
+    import torch
+
+    def difference_of_means(res):  # the mean of a difference is the difference of the means
+        return {s: _summary_mean(res, "train_isolated_response_loss", s) - _summary_mean(res, "train_packed_response_loss", s)
+                for s in res.setups()}
+
+    def tensors(res):  # one 0-d tensor per setup
+        return {s: torch.tensor([r.final["train_isolated_response_loss"] - r.final["train_packed_response_loss"]
+                                 for r in runs]).mean() for s, runs in res.by_setup().items()}
+
+    for fn in (difference_of_means, tensors):
+        fb = check_warning_sign(fn)
+        assert fb.passed, (fn.__name__, fb)
+
+
+def test_fix_share_other_right_answers_pass():
+    import numpy as np
+
+    def every_setup(res):  # a comprehension over every setup: buggy 0 and correct 1 come along
+        em = {s: _summary_mean(res, "isolated_exact_match", s) for s in res.setups()}
+        return {s: (em[s] - em["buggy"]) / (em["correct"] - em["buggy"]) for s in em}
+
+    def numpy_values(res):  # numpy scalars
+        return {f: np.float64(v) for f, v in sol.fix_share(res).items()}
+
+    for fn in (every_setup, numpy_values):
+        fb = check_fix_share(fn)
+        assert fb.passed, (fn.__name__, fb)
+
+
+def test_fix_share_wrong_ends_are_not_dropped():
+    fb = check_fix_share(lambda res: {**sol.fix_share(res), "buggy": 0.3, "correct": 0.8})
+    assert not fb.passed and "expected ['loss_fix', 'mask_fix']" in str(fb)

@@ -10,6 +10,9 @@
 The oracle is :meth:`packsim.Results.summary` on hand-built :class:`~packsim.experiment.results.Results`
 whose seeds disagree (so "seed 0 only", "median" or "max" give different numbers) and whose runs
 are listed in an unusual order; then the committed-style numbers of a second hand-built case.
+Only the values are judged: any formula (a mean of differences or a difference of means,
+``Results.summary``), a float, a 0-d tensor or a numpy scalar, within 5e-5 (4 decimals) of the
+oracle; ``fix_share`` may also carry the two ends of its scale, ``buggy`` 0 and ``correct`` 1.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from packsim.experiment.results import Results, RunResult
 
 __all__ = ["check_em_gap", "check_warning_sign", "check_fix_share", "toy_results"]
 
-_TOL = 1e-6
+_TOL = 5e-5  # 4 decimals; the slips named below are 0.003 or more away on these tables
 
 
 def _run(setup: str, seed: int, **final) -> RunResult:
@@ -71,6 +74,12 @@ def _is_number(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
+def _scalar(x):
+    """``x`` as a Python number when it holds one value (a 0-d or one-element tensor / numpy array)."""
+    size = x.numel() if callable(getattr(x, "numel", None)) else getattr(x, "size", None)
+    return x.item() if size == 1 and callable(getattr(x, "item", None)) else x
+
+
 # --- exercise 1: the isolated exact-match gap -------------------------------------------------
 
 
@@ -79,7 +88,7 @@ def check_em_gap(em_gap) -> Feedback:
     """``em_gap(results)`` on two hand-built Results; the oracle is ``Results.summary``."""
     for case in (0, 1):
         res = toy_results(case)
-        got = em_gap(res)
+        got = _scalar(em_gap(res))
         want = _mean(res, "correct", "isolated_exact_match") - _mean(res, "buggy", "isolated_exact_match")
         if not _is_number(got):
             return fail(f"em_gap returned {got!r} ({type(got).__name__}), not a number.",
@@ -135,6 +144,7 @@ def check_warning_sign(warning_sign) -> Feedback:
         if not isinstance(got, dict):
             return fail(f"warning_sign returned a {type(got).__name__}, not a dict.",
                         "return {setup name: gap} with one entry per setup.")
+        got = {k: _scalar(v) for k, v in got.items()}
         if set(got) != set(want):
             return fail(f"warning_sign returned keys {sorted(got)}, expected every setup {sorted(want)}.",
                         "loop over results.by_setup() (or results.setups()).")
@@ -184,6 +194,10 @@ def check_fix_share(fix_share) -> Feedback:
         if not isinstance(got, dict):
             return fail(f"fix_share returned a {type(got).__name__}, not a dict.",
                         "return {'mask_fix': share, 'loss_fix': share}.")
+        got = {k: _scalar(v) for k, v in got.items()}
+        ends = {"buggy": 0.0, "correct": 1.0}  # a comprehension over every setup also gives these: fine
+        if all(k in got and _is_number(got[k]) and abs(got[k] - v) <= _TOL for k, v in ends.items()):
+            got = {k: v for k, v in got.items() if k not in ends}
         if set(got) != set(want):
             return fail(f"fix_share returned keys {sorted(got)}, expected ['loss_fix', 'mask_fix'].",
                         "one entry per single fix; buggy and correct are the two ends of the scale.")
