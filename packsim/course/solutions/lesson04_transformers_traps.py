@@ -1,4 +1,4 @@
-"""Reference solution to the exercise of notebook 04_transformers_traps (check: packsim.course.exercises.lesson04_transformers_traps)."""
+"""Reference solutions to the exercises of notebook 04_transformers_traps and its appendix A3 (checks: packsim.course.exercises.lesson04_transformers_traps)."""
 
 from __future__ import annotations
 
@@ -8,3 +8,20 @@ import torch
 def position_ids_from_lengths(lengths: list[int]) -> torch.Tensor:
     """Example lengths -> position ids (sum(lengths),) long that restart at 0 in every example."""
     return torch.cat([torch.arange(n) for n in lengths])
+
+
+# ---- appendix A3 ------------------------------------------------------------------------------
+
+
+def seq_idx_from_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
+    """position_ids (1, T) long, restarting at 0 per example -> seq_idx (1, T) int32: the example
+    index of every token (0 for the first example, +1 wherever a position is 0), the dtype the
+    Mamba2 kernels take and DataCollatorWithFlattening(return_seq_idx=True) gives."""
+    return ((position_ids == 0).cumsum(-1) - 1).to(torch.int32)
+
+
+def mrope_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
+    """position_ids (1, T) long, restarting per example -> (4, 1, T) long for Qwen2-VL's text stack:
+    row 0 the text positions (Qwen2VLTextModel.forward builds the packed mask from it), rows 1-3 the
+    t, h, w rope rows, which for text tokens equal the text position (get_rope_index)."""
+    return position_ids[None].expand(4, -1, -1).clone()
