@@ -204,3 +204,50 @@ def test_the_structure_the_check_expects_is_what_a_perturbation_measures():
         expected = _read_by(seq_ids) if causal else {j: [] for j in moved}
         assert moved == expected
     assert _read_by(torch.tensor([[1, 1, 3, 3, -1], [2, 0, 0, 4, -1]])) == {0: [4], 1: [3], 2: [0, 4], 3: [], 4: []}
+
+
+# --- other right answers pass: the verdict and the value the prompt defines, not one formula ----
+
+
+def _leak_written_differently(model, batch, l2=False):
+    """A right probe that shares no code with the reference: a fresh forward per example, the loss by
+    F.cross_entropy(reduction="sum"), .backward(), the gradient at a token read as its L2 norm when
+    ``l2`` (a vector's |.|), a 0-d tensor returned."""
+    import torch.nn.functional as F
+
+    worst = torch.tensor(0.0)
+    for j in range(len(batch.lengths)):
+        emb = model.get_input_embeddings()(batch.input_ids).detach().requires_grad_(True)  # (B, T, d)
+        logits = forward(model, batch, inputs_embeds=emb)  # (B, T, V)
+        targets = batch.labels[:, 1:]  # (B, T-1)
+        mine = (batch.seq_ids[:, :-1] == j) & (targets != -100)
+        if not mine.any():
+            continue
+        F.cross_entropy(logits[:, :-1][mine], targets[mine], reduction="sum").backward()
+        per_token = emb.grad.norm(dim=-1) if l2 else emb.grad.abs().amax(-1)  # (B, T)
+        other = (batch.seq_ids >= 0) & (batch.seq_ids != j)
+        worst = torch.maximum(worst, per_token[other].max())
+    return worst
+
+
+@pytest.mark.parametrize("l2", [False, True], ids=["max_over_hidden", "l2_norm"])
+def test_gradient_leak_accepts_other_right_answers(l2):
+    fb = check_gradient_leak(lambda m, b: _leak_written_differently(m, b, l2=l2))
+    assert fb.passed, fb
+
+
+def test_name_the_fix_accepts_other_forms():
+    from types import MappingProxyType
+
+    assert check_name_the_fix(MappingProxyType(dict(sol.name_the_fix))).passed
+    assert check_name_the_fix({f" {k.lower()}": f"{v} " for k, v in reversed(sol.name_the_fix.items())}).passed
+
+
+@pytest.mark.parametrize("answer", [
+    lambda b: ({**b, "attention_mask": None}, {"use_cache": False}),  # the key kept, set to None
+    lambda b: ({k: b[k] for k in ("input_ids", "labels", "position_ids")}, {"use_cache": False}),  # minimal
+    lambda b: [{k: v for k, v in b.items() if k != "attention_mask"}, {"use_cache": False, "attention_mask": None}],
+], ids=["mask_none", "minimal_fields", "a_list_of_two_dicts"])
+def test_isolating_call_accepts_other_right_answers(answer):
+    fb = check_isolating_call(answer)
+    assert fb.passed, fb

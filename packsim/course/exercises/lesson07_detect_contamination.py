@@ -12,30 +12,33 @@
   every example j, the largest |logit change| on the other examples' tokens when j's tokens change.
 
 Oracles: a direct computation of the gradient probe on packsim's buggy / correct / single-fix
-batches (block-diagonal batches must give exactly 0), the known fault behind each mystery
+batches (block-diagonal batches must give exactly 0; |grad| per token read as the max over the
+hidden dimension or as its L2 norm, both pass), the known fault behind each mystery
 report, :func:`packsim.audit` itself for the forward call, and for the perturbation probe the
 structure of packsim's buggy / correct batches and of one tiny Llama called two ways (all-ones
 ``attention_mask`` as in training, and the corrected call): isolated, nothing moves; causal, the
 examples packed after j do. Each number is checked against the change the learner's OWN
 perturbations caused (the check records the probe's calls): any change to valid ids passes.
+The batches, models and reports the checks run on are built in ``lesson07_cases``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import numbers
 from collections.abc import Mapping
 
 import torch
 
-from packsim.auditing import audit, response_mask_from_features
+from packsim.auditing import audit
 from packsim.core.batch import PackedBatch
-from packsim.core.collator import PackingCollator
-from packsim.core.data import make_examples
 from packsim.core.loss import token_losses
 from packsim.core.model import build_model, forward
-from packsim.core.segments import seq_ids_from_cu_seqlens
 from packsim.course.exercises import Feedback, check, fail, ok
+from packsim.course.exercises.lesson07_cases import collator_case as _collator_case
+from packsim.course.exercises.lesson07_cases import mystery_reports, probe_batch
+from packsim.course.exercises.lesson07_cases import packsim_case as _packsim_case
+from packsim.course.exercises.lesson07_cases import pipeline_call_case as _pipeline_call_case
+from packsim.course.exercises.lesson07_cases import read_by as _read_by
 
 __all__ = ["FIXES", "check_gradient_leak", "check_isolating_call", "check_name_the_fix",
            "check_perturbation_leak", "mystery_reports", "probe_batch"]
@@ -52,11 +55,6 @@ _ANSWER = {"A": "use_cache_false", "B": "mask_prompt_labels", "C": "drop_attenti
            "D": "block_diagonal_mask", "E": "nothing"}
 
 
-def probe_batch(setup: str = "buggy", n: int = 5, seed: int = 4) -> PackedBatch:
-    """A small packed batch of packsim examples (rows of 48 tokens) under ``setup``."""
-    return PackedBatch.from_examples(make_examples(n, seed=seed), capacity=48, setup=setup)
-
-
 def _is_number(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
@@ -64,23 +62,29 @@ def _is_number(x) -> bool:
 # --- exercise 1: a gradient-isolation probe ---------------------------------------------------
 
 
-def _oracle(model, batch: PackedBatch, reduce: str = "sum", owner_shift: int = 0) -> float:
-    """max over j of max |d loss_j / d emb| on other examples' tokens (loss_j: positions j predicts from)."""
+def _oracle(model, batch: PackedBatch, reduce: str = "sum", owner_shift: int = 0) -> dict[str, float]:
+    """max over j and other examples' tokens of |d loss_j / d emb| (loss_j: positions j predicts from),
+    the gradient at a token read two ways: ``"max"`` over the hidden dimension, or its ``"l2"`` norm."""
     emb = model.get_input_embeddings()(batch.input_ids).detach().requires_grad_(True)  # (B, T, d)
     logits = forward(model, batch, inputs_embeds=emb)  # (B, T, V)
     losses = token_losses(logits, batch.labels)  # (B, T-1)
     owner = batch.seq_ids[:, owner_shift:owner_shift + losses.shape[1]]  # (B, T-1)
     counted = batch.labels[:, 1:] != -100
-    worst = 0.0
+    worst = {"max": 0.0, "l2": 0.0}
     for j in range(len(batch.lengths)):
         mine = (owner == j) & counted
         if not bool(mine.any()):
             continue
         loss_j = losses[mine].sum() if reduce == "sum" else losses[mine].mean()
-        (grad,) = torch.autograd.grad(loss_j, emb, retain_graph=True)
+        (grad,) = torch.autograd.grad(loss_j, emb, retain_graph=True)  # (B, T, d)
         other = (batch.seq_ids >= 0) & (batch.seq_ids != j)  # (B, T)
-        worst = max(worst, float(grad.abs().amax(-1)[other].max()))
+        for norm, per_token in (("max", grad.abs().amax(-1)), ("l2", grad.norm(dim=-1))):  # (B, T)
+            worst[norm] = max(worst[norm], float(per_token[other].max()))
     return worst
+
+
+def _matches(got: float, values: dict[str, float]) -> bool:
+    return any(abs(got - v) <= 1e-6 + 1e-4 * v for v in values.values())
 
 
 @check("gradient-isolation probe")
@@ -97,11 +101,12 @@ def check_gradient_leak(gradient_leak) -> Feedback:
             return fail(f"gradient_leak returned {got!r} ({type(got).__name__}) on the {setup!r} batch, "
                         "not a number.", "return one float: the largest gradient found.")
         got = float(got)
-        want = _oracle(model, batch)
+        wants = _oracle(model, batch)
+        want = wants["max"]
         isolated = batch.setup.mask == "block_diagonal"
-        if abs(got - want) <= 1e-6 + 1e-4 * want:
+        if _matches(got, wants):
             continue
-        if got > 1e-6 and abs(got - _oracle(model, batch, owner_shift=1)) <= 1e-6 + 1e-4 * got:
+        if got > 1e-6 and _matches(got, _oracle(model, batch, owner_shift=1)):
             return fail(f"on the {setup!r} batch you report {got:.4g}, expected {want:.4g}: you gave each "
                         "prediction to the example of its label, so the boundary prediction (made from "
                         "the previous example's last token) counts as the next example's loss.",
@@ -116,10 +121,11 @@ def check_gradient_leak(gradient_leak) -> Feedback:
                         "found where there is one.",
                         "run the forward with inputs_embeds=emb where emb requires grad (not under "
                         "torch.no_grad()), and take the gradient of loss_j with respect to emb.")
-        if abs(got - _oracle(model, batch, reduce="mean")) <= 1e-6 + 1e-4 * got:
+        if _matches(got, _oracle(model, batch, reduce="mean")):
             return fail(f"on the {setup!r} batch you report {got:.4g}, expected {want:.4g}: you averaged "
                         "example j's token losses.", "use the sum of example j's token losses.")
-        return fail(f"on the {setup!r} batch you report {got:.4g}, expected {want:.4g}.",
+        return fail(f"on the {setup!r} batch you report {got:.4g}, expected {want:.4g} (or {wants['l2']:.4g} "
+                    "with the L2 norm of the gradient at a token).",
                     "loss_j = sum of token_losses at positions t with seq_ids[:, t] == j; return the max over "
                     "j of |grad| (max over the hidden dimension too) on tokens of other examples.")
     return ok("exactly 0 under block-diagonal masks, and the leak found under causal ones: a probe you can "
@@ -127,27 +133,6 @@ def check_gradient_leak(gradient_leak) -> Feedback:
 
 
 # --- exercise 2: read a report, name the fix ---------------------------------------------------
-
-
-def mystery_reports() -> dict:
-    """Five audit reports ``{"A": AuditReport, ...}``, each of a pipeline with at most one fault.
-
-    All audit the same five packsim examples through a tiny Llama (eager attention) or packsim's
-    forward; which fault is behind which letter is for the learner to read from the reports.
-    """
-    examples = make_examples(5, seed=2)
-    model = build_model("tiny", attn_implementation="eager", seed=0)
-    collated = PackingCollator(return_flash_attn_kwargs=True)(examples)
-    mask = response_mask_from_features(examples)  # (1, N)
-    with_ones = {**collated, "attention_mask": torch.ones_like(collated["input_ids"])}
-    packed = {s: PackedBatch.from_examples(examples, capacity=64, setup=s) for s in ("mask_fix", "loss_fix")}
-    return {
-        "A": audit(model, collated, mask, use_cache=True),
-        "B": audit(model, packed["mask_fix"]),
-        "C": audit(model, with_ones, mask, use_cache=False),
-        "D": audit(model, packed["loss_fix"]),
-        "E": audit(model, collated, mask, use_cache=False),
-    }
 
 
 _WHY = {
@@ -167,6 +152,8 @@ def check_name_the_fix(name_the_fix) -> Feedback:
     if not isinstance(name_the_fix, Mapping):
         return fail(f"name_the_fix is a {type(name_the_fix).__name__}, not a dict.",
                     'write {"A": "...", "B": "...", ...} with one fix name per report.')
+    name_the_fix = {str(k).strip().upper(): v.strip() if isinstance(v, str) else v
+                    for k, v in name_the_fix.items()}  # " a " and "nothing " read as typed
     missing = sorted(set(_ANSWER) - set(name_the_fix))
     if missing:
         return fail(f"no answer for report(s) {missing}.", "give one fix per letter A to E.")
@@ -200,16 +187,6 @@ def check_name_the_fix(name_the_fix) -> Feedback:
 # --- exercise 3: the forward call that isolates ------------------------------------------------
 
 
-def _collator_case(impl: str):
-    examples = make_examples(5, seed=7)
-    model = build_model("tiny", attn_implementation=impl, seed=0)
-    model.config.use_cache = True  # LlamaConfig's default for a model built by hand
-    batch = PackingCollator(return_flash_attn_kwargs=True)(examples)
-    batch["attention_mask"] = torch.ones_like(batch["input_ids"])  # what a generic pipeline adds
-    mask = response_mask_from_features(examples)  # (1, N)
-    return model, batch, mask
-
-
 @check("a forward call that keeps examples apart")
 def check_isolating_call(isolating_call) -> Feedback:
     """``isolating_call(batch) -> (batch, kwargs)`` must make ``packsim.audit`` pass on eager and sdpa."""
@@ -217,7 +194,7 @@ def check_isolating_call(isolating_call) -> Feedback:
         model, batch, mask = _collator_case(impl)
         original = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
         answer = isolating_call(dict(batch))
-        if not (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[0], Mapping)
+        if not (isinstance(answer, (tuple, list)) and len(answer) == 2 and isinstance(answer[0], Mapping)
                 and isinstance(answer[1], Mapping)):
             return fail(f"isolating_call returned {type(answer).__name__}, not (batch dict, kwargs dict).",
                         "return two dicts: the fields to pass and the extra forward kwargs.")
@@ -284,50 +261,12 @@ class _Recorder:
         return logits
 
 
-def _read_by(seq_ids: torch.Tensor) -> dict[int, list[int]]:
-    """Under a causal mask over the pack: {j: examples with a token after j's last one, in its rows}."""
-    out = {}
-    for j in sorted(set(seq_ids[seq_ids >= 0].tolist())):
-        later = set()
-        for row in seq_ids:  # (T,)
-            at = (row == j).nonzero()
-            if len(at):
-                later |= set(row[int(at.max()) + 1:].tolist())
-        out[j] = sorted(later - {-1, j})
-    return out
-
-
 def _measured(rec: _Recorder, before: torch.Tensor, j: int, where: str = "others") -> float:
     """max |logit change| over the learner's own perturbations of j, on the tokens ``where``."""
     mine, real = rec.seq_ids == j, rec.seq_ids >= 0  # (B, T)
     look = {"others": real & ~mine, "own": mine, "all": real, "padding_too": ~mine}[where]
     diffs = [(after - before).abs().amax(-1)[look] for after in rec.perturbed[j]]  # each (n,)
     return max((float(d.max()) for d in diffs if d.numel()), default=0.0)
-
-
-def _packsim_case(setup: str):
-    model = build_model("tiny", seed=0)
-    batch = probe_batch(setup, seed=4)
-
-    def call(ids):  # packsim's forward under the batch's own setup
-        return forward(model, dataclasses.replace(batch, input_ids=ids))
-
-    return call, batch.input_ids, batch.seq_ids
-
-
-def _pipeline_call_case(training_call: bool):
-    """A tiny Llama (sdpa) on a padding-free batch, called as a generic pipeline did (an all-ones
-    attention_mask added) or corrected (no mask); use_cache=False in both, so the mask is the one difference."""
-    model, batch, _ = _collator_case("sdpa")
-    ids = batch["input_ids"]  # (1, N)
-    seq_ids = seq_ids_from_cu_seqlens(batch["cu_seq_lens_q"], ids.shape[1])[None]  # (1, N)
-    extra = {"attention_mask": batch["attention_mask"]} if training_call else {}
-
-    def call(new_ids):
-        with torch.no_grad():
-            return model(input_ids=new_ids, position_ids=batch["position_ids"], use_cache=False, **extra).logits
-
-    return call, ids, seq_ids
 
 
 def _near(a: float, b: float) -> bool:
