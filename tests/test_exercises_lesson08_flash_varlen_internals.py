@@ -165,3 +165,63 @@ def test_work_ratio_unknown_slip_gets_numbers_not_a_generic_line():
     assert not fb.passed and "by n, not by n^2" in _text(fb)
     fb = check_work_ratio(lambda L: 0.5 * sum(x * x for x in L) / sum(L) ** 2 + 0.01)
     assert not fb.passed and "usual slips" not in _text(fb) and "sum l^2 =" in _text(fb)
+
+
+# ----------------------------------------------------------------------------- other right answers
+
+
+def test_count_tiles_other_right_answers_pass():
+    import numpy as np
+
+    answers = {
+        "integer ceiling, numpy int64": lambda L, t: np.sum([(-(-x // t)) * (-(-x // t) + 1) // 2 for x in L]),
+        "a 0-d int tensor": lambda L, t: (lambda n: (n * (n + 1) // 2).sum())(torch.tensor(L).add(t - 1).div(t, rounding_mode="floor")),
+        "a whole float from a loop over tiles": lambda L, t: float(sum(i + 1 for x in L for i in range(math.ceil(x / t)))),
+    }
+    for what, fn in answers.items():
+        fb = check_count_tiles(fn)
+        assert fb.passed, (what, fb)
+
+
+def test_work_ratio_other_right_answers_pass():
+    from fractions import Fraction
+
+    import numpy as np
+
+    answers = {
+        "numpy float32": lambda L: (np.asarray(L, dtype=np.float32) ** 2).sum() / np.float32(sum(L)) ** 2,
+        "an exact Fraction": lambda L: Fraction(sum(x * x for x in L), sum(L) ** 2),
+        "rounded to 4 decimals": lambda L: round(sol.work_ratio(L), 4),
+        "shares squared": lambda L: sum((x / sum(L)) ** 2 for x in L),
+    }
+    for what, fn in answers.items():
+        fb = check_work_ratio(fn)
+        assert fb.passed, (what, fb)
+
+
+def _classify_by_elements(lengths, tile):
+    """A right map from the element mask: pad the (N, N) allowed pairs to whole tiles, then a tile is
+    skipped if no pair is allowed, full if all are (a ragged tile's padding is never allowed), else
+    partial. Returned as a nested list of Python ints."""
+    seq = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))  # (N,)
+    N = len(seq)
+    n = -(-N // tile)
+    allowed = torch.zeros(n * tile, n * tile, dtype=torch.bool)
+    allowed[:N, :N] = (seq[:, None] == seq[None, :]) & torch.ones(N, N, dtype=torch.bool).tril()
+    tiles = allowed.reshape(n, tile, n, tile).transpose(1, 2)  # (n, n, tile, tile)
+    grid = torch.where(tiles.all(-1).all(-1), 2, torch.where(tiles.any(-1).any(-1), 1, 0))
+    return grid.tolist()
+
+
+def test_classify_tiles_other_right_answers_pass():
+    import numpy as np
+
+    for fn in (_classify_by_elements, lambda L, t: np.asarray(sol.classify_tiles(L, t), dtype=np.int64),
+               lambda L, t: sol.classify_tiles(L, t).float()):
+        fb = check_classify_tiles(fn)
+        assert fb.passed, fb
+
+
+def test_work_ratio_coarse_rounding_fails():
+    fb = check_work_ratio(lambda L: round(sol.work_ratio(L), 2))
+    assert not fb.passed and "expected" in _text(fb)
