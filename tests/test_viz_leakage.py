@@ -267,6 +267,9 @@ def test_static_figure_titles_and_rows(explorer):
 
 def test_share_text_reads_zero_only_when_exactly_zero():
     assert "outside its example: 0.0%" in share_html(0.0, 3, "token 3")
+    # the verdict's colour is the theme's (widget.css classes), and it is said in words too
+    assert 'class="packsim-ok"' in share_html(0.0, 3, "token 3") and "isolated" in share_html(0.0, 3, "t")
+    assert 'class="packsim-bad"' in share_html(0.3721, 3, "token 3") and "leak" in share_html(0.3721, 3, "t")
     assert "outside its example: 37.2%" in share_html(0.3721, 3, "token 3")
     tiny = share_html(1e-6, 3, "token 3")
     assert "0.0%" not in tiny and "&lt;0.05%" in tiny

@@ -1,9 +1,12 @@
-"""The widgets' look is accessible (issue 23): colour-blind-safe setups, theme-following HTML.
+"""The widgets' look is accessible (issues 23, 32): colour-blind-safe setups and examples,
+theme-following HTML, verdict text that reads on both themes, the ARIA script.
 
 Ground truth is computed here, independently of packsim.viz.style: sRGB -> linear RGB, the
-deuteranopia simulation matrix of Machado, Oliveira & Fernandes (2009, severity 1.0), and WCAG's
-relative luminance and contrast ratio. The palette test includes the case it must catch: the old
-red (#d62728) vs green (#2ca02c) pair collapses under the simulation and fails the same bar.
+deuteranopia simulation matrix of Machado, Oliveira & Fernandes (2009, severity 1.0), CIELAB
+(D65) distances, and WCAG's relative luminance and contrast ratio. Each palette test includes
+the case it must catch: the old red (#d62728) vs green (#2ca02c) setup pair collapses under the
+simulation; the old Set3 example pastels had pairs (lavender #bebada vs light blue #a6cee3) that a
+deuteranope barely tells apart, and they fail the same bar as the new palette passes.
 """
 
 from __future__ import annotations
@@ -99,7 +102,80 @@ def test_line_colours_read_on_light_and_dark_backgrounds():
 
 def test_chip_text_reads_on_every_example_colour():
     for colour in (*style.EXAMPLE_COLOURS, style.PAD_COLOUR):
-        assert contrast(style.CHIP_TEXT, colour) >= 4.5, colour  # WCAG AA
+        text = style.chip_text(colour)
+        assert contrast(text, colour) >= 5, colour  # WCAG AA (4.5) with a margin
+        other = style.CHIP_TEXT_ON_DARK if text == style.CHIP_TEXT else style.CHIP_TEXT
+        assert contrast(text, colour) >= contrast(other, colour), colour  # the better of the two
+    assert style.chip_text("#ffffff") == style.CHIP_TEXT and style.chip_text("#000000") == "#ffffff"
+
+
+def _lab(srgb) -> tuple[float, float, float]:
+    """CIELAB (D65) of an sRGB colour given as 0-1 floats."""
+    r, g, b = (_linear(c) for c in srgb)
+    xyz = (0.4124 * r + 0.3576 * g + 0.1805 * b, 0.2126 * r + 0.7152 * g + 0.0722 * b,
+           0.0193 * r + 0.1192 * g + 0.9505 * b)  # fmt: skip
+    f = [t ** (1 / 3) if t > 0.008856 else 7.787 * t + 16 / 116
+         for t in (xyz[0] / 0.95047, xyz[1] / 1.0, xyz[2] / 1.08883)]  # fmt: skip
+    return 116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])
+
+
+def example_gap(a: str, b: str) -> float:
+    """CIELAB distance of two colours, the smaller of normal vision and deuteranopia."""
+    normal = _distance(_lab(_rgb(a)), _lab(_rgb(b)))
+    deut = _distance(_lab([c / 255 for c in deuteranopia(a)]), _lab([c / 255 for c in deuteranopia(b)]))
+    return min(normal, deut)
+
+
+MIN_EXAMPLE_GAP = 15  # CIELAB units: two chips side by side read as different examples
+
+
+def test_example_colours_differ_in_hue_or_lightness_also_for_deuteranopes():
+    colours = style.EXAMPLE_COLOURS
+    assert len(set(colours)) == len(colours) >= 8 and style.PAD_COLOUR not in colours
+    gaps = {(a, b): example_gap(a, b) for i, a in enumerate(colours) for b in colours[i + 1:]}
+    worst = min(gaps, key=gaps.get)
+    assert gaps[worst] >= MIN_EXAMPLE_GAP, (worst, gaps[worst])
+    for c in colours:  # and none reads as padding
+        assert example_gap(c, style.PAD_COLOUR) >= MIN_EXAMPLE_GAP, c
+    # the case this must catch: two of the old Set3 pastels fail the same bar
+    assert example_gap("#bebada", "#a6cee3") < MIN_EXAMPLE_GAP
+    assert example_colour_cycle_ok()
+
+
+def example_colour_cycle_ok() -> bool:
+    """example_colour cycles through the palette; -1 is padding."""
+    n = len(style.EXAMPLE_COLOURS)
+    return (style.example_colour(-1) == style.PAD_COLOUR
+            and [style.example_colour(i) for i in range(n + 2)] == [*style.EXAMPLE_COLOURS, *style.EXAMPLE_COLOURS[:2]])  # fmt: skip
+
+
+def test_example_colorscale_gives_each_example_its_chip_colour():
+    """A heatmap with z = example + 1 (0 padding), zmin -0.5, zmax n + 0.5: value v lands in the
+    band of its own colour (plotly maps z to (z - zmin) / (zmax - zmin))."""
+    n = 12
+    scale = style.example_colorscale(n)
+    for v in range(n + 1):
+        at = (v + 0.5) / (n + 1)  # the middle of value v's band
+        band = [c for (lo, c), (hi, c2) in zip(scale[::2], scale[1::2], strict=True) if lo <= at <= hi]
+        assert band == [style.example_colour(v - 1)], v
+
+
+def test_verdict_text_and_guide_lines_read_on_both_themes():
+    """OK / BAD text (>= 4.5:1: bold under 18.66 px is not 'large' in WCAG) on the theme's page
+    (light: white; dark: #111 and #212121); the guide line >= 3:1 (WCAG non-text) on the plot area
+    (plotly's light #e5ecf6, the dark theme's #212121 from widget.css)."""
+    for pair in (style.OK_TEXT, style.BAD_TEXT):
+        assert contrast(pair["light"], WHITE) >= 4.5, pair
+        assert contrast(pair["dark"], "#111111") >= 4.5 and contrast(pair["dark"], LAB_DARK) >= 4.5, pair
+    for bg in ("#e5ecf6", LAB_DARK):
+        assert contrast(style.GUIDE, bg) >= 3, bg
+    assert contrast("#444444", LAB_DARK) < 3  # the old tolerance line, which vanished on dark
+    assert contrast(style.NO_LEAK, LAB_DARK) < 4.5  # why the blue is not used for dark text
+
+
+def test_sci_writes_numbers_as_plotly_e_axis_does():
+    assert [style.sci(1e-5), style.sci(1e-2), style.sci(3.24e-7, 1), style.sci(0.5)] == [
+        "1e-5", "1e-2", "3.2e-7", "5e-1"]
 
 
 # ---- the widgets' HTML: no hard-coded light backgrounds or text colours -----------------------
@@ -121,6 +197,9 @@ def _fill_reads(rgba: str) -> bool:
             and contrast(DARK_TEXT, _over(rgba, LAB_DARK)) >= 4.5)  # fmt: skip
 
 
+_PACKSIM_VARS = ("var(--packsim-ok)", "var(--packsim-bad)")  # set per theme: see below
+
+
 def bad_declarations(html: str) -> list[str]:
     """Colour declarations that would not follow JupyterLab's theme: a background that is an
     opaque colour, or a text colour that is not a theme variable and reads on only one theme."""
@@ -128,6 +207,8 @@ def bad_declarations(html: str) -> list[str]:
     for prop, value in _DECL.findall(html):
         value = value.strip().removesuffix("!important").strip()
         if value.startswith("var(--jp-") or value in ("transparent", "inherit", "currentColor"):
+            continue
+        if value in _PACKSIM_VARS and prop.lower() == "color":
             continue
         alpha = _RGBA.fullmatch(value)
         if prop.lower().startswith("background"):
@@ -152,6 +233,32 @@ def test_the_checker_catches_light_backgrounds_and_dark_text():
 
 def test_shared_css_follows_the_theme():
     assert bad_declarations(_CSS) == []
+
+
+def test_packsim_colour_variables_are_set_per_theme_and_read():
+    """--packsim-ok / --packsim-bad: light values on :root, dark ones under JupyterLab's dark
+    theme (body[data-jp-theme-light="false"]); each reads on its theme's page."""
+    light = re.search(r":root\s*{([^}]*)}", _CSS).group(1)
+    dark = re.search(r'body\[data-jp-theme-light="false"\][^{]*{([^}]*)}', _CSS).group(1)
+    for block, bgs in ((light, (WHITE,)), (dark, ("#111111", LAB_DARK))):
+        values = dict(re.findall(r"(--packsim-\w+)\s*:\s*(#[0-9a-f]{6})", block, re.I))
+        assert set(values) == {"--packsim-ok", "--packsim-bad"}, block
+        for colour in values.values():
+            assert all(contrast(colour, bg) >= 4.5 for bg in bgs), (colour, bgs)
+
+
+def test_the_style_widget_carries_the_aria_script():
+    """The script runs from an image's onerror (ipywidgets' HTML view runs no <script>); it
+    sets aria-pressed from packsim-marked / mod-active and aria-label on slider handles. What
+    it does in a browser: tests/browser/test_dark_theme.py."""
+    import html as html_lib
+
+    (handler,) = re.findall(r'<img src="data:," alt="" hidden onerror="([^"]*)">', _CSS)
+    script = html_lib.unescape(handler)
+    for needle in ("aria-pressed", "packsim-marked", "mod-active", "aria-label", "role=\"slider\"",
+                   "MutationObserver"):
+        assert needle in script, needle
+    assert "<script" not in _CSS.lower()
 
 
 def _html_and_buttons(w, html: list, buttons: list) -> None:

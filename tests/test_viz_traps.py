@@ -18,6 +18,7 @@ from packsim.exhibits.trap_cases import (
 )
 from packsim.exhibits.traps import NO_4D_MASK, alone_change, for_impl
 from packsim.viz import trap_explorer, trap_figure
+from packsim.viz.style import GUIDE
 from packsim.viz.traps import trap_rule
 from packsim.viz.widget import escape, shown_figure
 
@@ -69,6 +70,13 @@ def test_one_bar_per_example_on_a_log_axis_with_the_tolerance(explorer):
         assert fig["layout"]["yaxis"]["type"] == "log"
         (line,) = fig["layout"]["shapes"]
         assert line["y0"] == line["y1"] == 1e-5
+        # the axis writes powers of ten as "1e-5", as the tolerance label and the verdict do
+        axis = fig["layout"]["yaxis"]
+        assert (axis["exponentformat"], axis["showexponent"], axis["dtick"]) == ("e", "all", 1)
+        (label,) = [a["text"] for a in fig["layout"]["annotations"] if "tolerance" in a["text"]]
+        assert label == "tolerance 1e-5"
+        assert line["line"]["color"] == GUIDE  # reads on the light and the dark plot area
+    assert "(tolerance 1e-5)" in explorer.verdict.value
     assert trap_figure(mask="ones").layout.title.text.startswith("sdpa: LEAKS")
 
 

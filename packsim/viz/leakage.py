@@ -37,7 +37,7 @@ from packsim.viz.leakage_data import (
     setup_maps,
 )
 from packsim.viz.leakage_heatmap import attention_heatmaps
-from packsim.viz.style import CHIP_TEXT, LEAK_RED, NO_LEAK, example_colour
+from packsim.viz.style import chip_text, example_colour
 from packsim.viz.widget import (
     PacksimWidget,
     as_batch,
@@ -93,7 +93,7 @@ def attention_html(glyphs, seq_row, weights, query: int | None) -> str:
     if query is None:
         caption = template("leakage_caption_none.html").template
     else:
-        caption = template("leakage_caption.html").substitute(leak_red=LEAK_RED)
+        caption = template("leakage_caption.html").template
     return template("leakage_attention.html").substitute(caption=caption, keys="".join(spans))
 
 
@@ -102,11 +102,11 @@ def share_html(share: float | None, query: int | None, desc: str) -> str:
     if query is None:
         return template("leakage_share_none.html").template
     note = " (padding: its output is never used)" if "(padding)" in desc else ""
-    colour = LEAK_RED if share > 0 else NO_LEAK
+    verdict_class = "packsim-bad" if share > 0 else "packsim-ok"  # theme colours (widget.css)
     mark = "&#10007; leak" if share > 0 else "&#10003; isolated"  # the verdict in words too
     text = "&lt;0.05%" if 0 < share < 0.0005 else f"{share:.1%}"  # a leak never reads as 0.0%
     return template("leakage_share.html").substitute(
-        colour=colour, share=text, verdict=mark, query=escape(desc), note=note
+        verdict_class=verdict_class, share=text, verdict=mark, query=escape(desc), note=note
     )
 
 
@@ -150,7 +150,7 @@ class _Panel:
                 ),
             )
             chip.style.button_color = example_colour(e)
-            chip.style.text_color = CHIP_TEXT  # dark on the light chip, whatever the theme
+            chip.style.text_color = chip_text(example_colour(e))  # set with the fill: any theme
             chip.add_class("packsim-token")
             if starts[k]:
                 chip.add_class("packsim-ex-start")

@@ -3,7 +3,8 @@
 The quizzes, their YAML format and the grading live in :mod:`packsim.viz.quiz_data`; this
 module shows one: a dropdown of quizzes, the passage as clickable word chips (code keeps its
 lines and indentation), Submit and Clear, and the result (``Score: n/m`` and why each bug is
-wrong). :func:`quiz_figure` is the static answer key.
+wrong; one list item per bug, ``frontend/quiz_item.html``). :func:`quiz_figure` is the static
+answer key.
 
 Lessons: 09.
 """
@@ -14,8 +15,9 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from packsim.viz.assets import template
 from packsim.viz.quiz_data import Grade, QuizData, get_quiz, grade
-from packsim.viz.style import LEAK_RED, NO_LEAK, layout
+from packsim.viz.style import layout
 from packsim.viz.widget import PacksimWidget, close_tree, escape, style_html
 
 __all__ = ["QuizWidget", "quiz", "quiz_figure", "result_html"]
@@ -27,23 +29,17 @@ _MARKED = "marked as wrong: click (or Enter) to unmark"
 def result_html(quiz: QuizData, g: Grade) -> str:
     """The result panel: ``Score: n/m`` and one explanation per bug and per wrong mark."""
     words = quiz.words
+    item = template("quiz_item.html").substitute  # verdict in theme colours (widget.css) and words
     items = []
     for i, b in enumerate(quiz.bugs):
         ok = i in g.found
-        mark = "&#10003; found" if ok else "&#10007; missed"
-        colour = NO_LEAK if ok else LEAK_RED  # Okabe-Ito; the mark says it in words too
-        label = " / ".join(escape(w) for w in b.words)
-        items.append(
-            f"<li><span style='color:{colour};font-weight:bold'>{mark}</span> "
-            f"<code>{label}</code>: {escape(b.why)}</li>"
-        )
+        items.append(item(verdict_class="packsim-ok" if ok else "packsim-bad",
+                          mark="&#10003; found" if ok else "&#10007; missed",
+                          words=" / ".join(escape(w) for w in b.words), why=escape(b.why)))
     for p in g.wrong:
         text = words[p].text
-        why = quiz.why_fine(text)
-        items.append(
-            f"<li><span style='color:{LEAK_RED};font-weight:bold'>&#10007; marked by "
-            f"mistake</span> <code>{escape(text)}</code>: {escape(why)}</li>"
-        )
+        items.append(item(verdict_class="packsim-bad", mark="&#10007; marked by mistake",
+                          words=escape(text), why=escape(quiz.why_fine(text))))
     extra = f", {len(g.wrong)} marked by mistake" if g.wrong else ""
     return (
         f"<div style='font-size:15px'><b>Score: {g.score}/{g.total}</b> "

@@ -1,10 +1,16 @@
 """How packsim's figures look: colours, the offline plotly config, and the shared layout helpers.
 
-- Colours: :func:`example_colour` per example (grey padding), :func:`setup_colour` with
+- Colours: :func:`example_colour` per example (grey padding; plotly's colour-blind-safe
+  qualitative ``Safe`` palette, the one example palette: chips, bars, :func:`example_colorscale`
+  for heatmaps) with :func:`chip_text` (dark or white text, whichever reads on the chip),
+  :func:`setup_colour` with
   :func:`setup_dash` and :func:`setup_symbol` (an Okabe-Ito colour, dash and marker per setup:
   buggy vs correct never by colour alone), ``LEAK_RED`` / ``NO_LEAK``, the widgets' HTML colours
-  (JupyterLab's CSS variables, so they read under its dark theme too) and ``TILE_SCALE`` with
+  (JupyterLab's CSS variables, so they read under its dark theme too; ``OK_TEXT`` / ``BAD_TEXT``:
+  the verdict text colours per theme, CSS classes ``packsim-ok`` / ``packsim-bad``), ``GUIDE``
+  (reference lines on a plot: >= 3:1 on the plot area of either theme) and ``TILE_SCALE`` with
   :func:`tile_colorbar` for tile maps (skipped / partial / full).
+- Numbers: :func:`sci` writes a number as plotly's ``exponentformat="e"`` axis does (``1e-5``).
 - ``FIGURE_CONFIG``: the plotly.js config of every figure, offline: no vendor logo, no button
   that uploads the figure to a cloud service. :func:`use_figure_config` puts it on every
   :mod:`plotly.io` renderer (each lesson calls it in its first cell; importing packsim changes
@@ -23,12 +29,20 @@ import zlib
 from collections.abc import Sequence
 from types import MappingProxyType
 
+import plotly.colors as plotly_colors
 import plotly.graph_objects as go
 import plotly.io as pio
 
 __all__ = [
     "EXAMPLE_COLOURS",
     "PAD_COLOUR",
+    "CHIP_TEXT_ON_DARK",
+    "OK_TEXT",
+    "BAD_TEXT",
+    "GUIDE",
+    "chip_text",
+    "example_colorscale",
+    "sci",
     "SETUP_COLOURS",
     "SETUP_DASHES",
     "SETUP_SYMBOLS",
@@ -59,14 +73,19 @@ __all__ = [
 
 # ----------------------------------------------------------------------------- colours
 
-# Light colours for examples; text drawn on them is always CHIP_TEXT, set with them, so a chip
-# reads the same under JupyterLab's light and dark themes. Padding is grey.
-EXAMPLE_COLOURS = (
-    "#8dd3c7", "#ffffb3", "#bebada", "#fdb462", "#80b1d3", "#b3de69",
-    "#fccde5", "#ccebc5", "#ffed6f", "#bc80bd", "#a6cee3", "#fb8072",
+# One colour per example: plotly's qualitative "Safe" palette (Paul Tol's colour-blind-safe
+# "muted" scheme, from CARTO), without its last colour, a grey that would read as padding. Its
+# colours differ in hue and lightness, also under deuteranopia (tests/test_viz_style.py: every pair
+# >= 15 CIELAB units apart, simulated; the pastel Set3 it replaces had pairs 3 apart, e.g. lavender
+# and light blue). Text drawn on a chip is chip_text(colour): dark on the light colours, white on
+# the dark ones, so a chip reads the same under JupyterLab's light and dark themes. Padding is grey.
+EXAMPLE_COLOURS = tuple(
+    "#{:02x}{:02x}{:02x}".format(*(int(v) for v in c[4:-1].split(",")))
+    for c in plotly_colors.qualitative.Safe[:-1]
 )  # fmt: skip
 PAD_COLOUR = "#f0f0f0"
-CHIP_TEXT = "#111111"  # text on an EXAMPLE_COLOURS / PAD_COLOUR chip (contrast >= 6:1 on each)
+CHIP_TEXT = "#111111"  # dark text on a light chip (EXAMPLE_COLOURS / PAD_COLOUR)
+CHIP_TEXT_ON_DARK = "#ffffff"  # ... and on a dark one; chip_text() picks (contrast >= 5:1 each)
 
 # Okabe & Ito's colour-blind-safe palette (https://jfly.uni-koeln.de/color/): buggy vs correct is
 # vermillion vs blue, which stay apart under red-green colour blindness (tests/test_viz_style.py
@@ -93,6 +112,16 @@ _OTHER_DASHES = ("solid", "dot", "dash", "dashdot")
 _OTHER_SYMBOLS = ("cross", "pentagon", "hexagon", "triangle-down")
 LEAK_RED = OKABE_ITO["vermillion"]  # a leak (attention or weight on another example)
 NO_LEAK = OKABE_ITO["blue"]  # isolated / correct
+# Verdict text (isolated / leaks, found / missed) per theme {"light": on white, "dark": on
+# JupyterLab dark's #111 / #212121}: Okabe-Ito blue and a darker vermillion on light (>= 5:1),
+# sky blue and a lighter vermillion on dark (>= 6.9:1); widget.css sets them as --packsim-ok /
+# --packsim-bad from the theme (body[data-jp-theme-light]), used through the classes
+# packsim-ok / packsim-bad. (NO_LEAK itself is 3.1:1 on #212121: fine for a line, not for text.)
+OK_TEXT = MappingProxyType({"light": OKABE_ITO["blue"], "dark": OKABE_ITO["sky_blue"]})
+BAD_TEXT = MappingProxyType({"light": "#b34a00", "dark": "#ff8c52"})
+# A reference line on a plot (tolerance, threshold): >= 3:1 (WCAG non-text) on plotly's light plot
+# area (#e5ecf6) and on the dark theme's (widget.css: --jp-layout-color1, #212121).
+GUIDE = "#7a7a7a"
 # Text and backgrounds of widget HTML come from JupyterLab's theme (light or dark), with the
 # light theme's value as the fallback outside JupyterLab.
 TEXT = "var(--jp-ui-font-color1, rgba(0,0,0,0.87))"
@@ -117,6 +146,40 @@ TILE_SCALE = [
 def example_colour(example: int) -> str:
     """Chip colour of an example index (``-1`` = padding, grey)."""
     return PAD_COLOUR if example < 0 else EXAMPLE_COLOURS[example % len(EXAMPLE_COLOURS)]
+
+
+def _luminance(hex_colour: str) -> float:
+    """WCAG relative luminance of ``#rrggbb``."""
+    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+           for c in (int(hex_colour[i : i + 2], 16) / 255 for i in (1, 3, 5))]  # fmt: skip
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def chip_text(colour: str) -> str:
+    """The text colour for a chip filled with ``colour`` (``#rrggbb``): of :data:`CHIP_TEXT`
+    (dark) and :data:`CHIP_TEXT_ON_DARK` (white), the one with the higher WCAG contrast."""
+    bg = _luminance(colour)
+    dark, white = _luminance(CHIP_TEXT), _luminance(CHIP_TEXT_ON_DARK)
+    return CHIP_TEXT if (bg + 0.05) / (dark + 0.05) >= (white + 0.05) / (bg + 0.05) else CHIP_TEXT_ON_DARK
+
+
+def example_colorscale(n_examples: int) -> list:
+    """A stepped plotly colorscale for a heatmap whose ``z`` is ``example + 1`` (``0``: padding):
+    each integer 0..n_examples gets :func:`example_colour`; use with ``zmin=-0.5``,
+    ``zmax=n_examples + 0.5``."""
+    n = max(int(n_examples), 1) + 1  # values 0..n_examples
+    scale = []
+    for v in range(n):
+        colour = example_colour(v - 1)
+        scale += [[v / n, colour], [(v + 1) / n, colour]]
+    return scale
+
+
+def sci(x: float, digits: int = 0) -> str:
+    """``x`` as plotly's ``exponentformat="e"`` axis writes it: ``1e-5``, ``3.2e-7`` (no zero
+    padding of the exponent, unlike Python's ``1e-05``), so a label matches the axis beside it."""
+    mantissa, exponent = f"{x:.{digits}e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
 
 
 def _setup_style(name: str, order: Sequence[str], fixed: dict, other: tuple):
@@ -226,8 +289,9 @@ def layout(
     ``below``: what sits under the plot, in the bottom margin: None, ``"legend"`` (horizontal) or
     ``"colorbar"`` (place it with :func:`tile_colorbar`). Subplot titles are set in
     ``SUBPLOT_TITLE_SIZE`` and wrapped to fit their column at ``DESIGN_WIDTH``; the figure title
-    is pinned to the top and the top margin holds both, so they never overlap. ``extra`` goes
-    to ``fig.update_layout`` (``barmode``, axis titles, ...).
+    is pinned to the top and the top margin holds both, so they never overlap. The legend's box
+    is transparent (the page shows through, light or dark). ``extra`` goes to
+    ``fig.update_layout`` (``barmode``, axis titles, ...).
     """
     plot_px = DESIGN_WIDTH - MARGIN["l"] - MARGIN["r"]
     lay = fig.layout.to_plotly_json()  # plain dicts: reading them is cheap, plotly objects are not
@@ -245,6 +309,8 @@ def layout(
     top += sub_lines * LINE_HEIGHT * SUBPLOT_TITLE_SIZE
     if below == "legend":
         extra.setdefault("legend", dict(orientation="h", yref="container", y=0, yanchor="bottom", x=0))
+    if isinstance(extra.get("legend", {}), dict):  # no white legend box on a dark page
+        extra["legend"] = {"bgcolor": "rgba(0,0,0,0)", **extra.get("legend", {})}
     fig.update_layout(
         title=dict(text=title, font=dict(size=TITLE_SIZE), yref="container", y=1,
                    yanchor="top", pad=dict(t=_TITLE_PAD)),

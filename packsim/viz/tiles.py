@@ -243,7 +243,7 @@ class TileMap(PacksimWidget):
             tile = _check_tile(self.tile.value, int(cu[-1]))
         except PacksimError as err:
             message = template("tiles_message.html")
-            self.message.value = message.substitute(colour=LEAK_RED, message=escape(err))
+            self.message.value = message.substitute(message=escape(err))
             return
         self.message.value = ""
         show_figure(self.out, _figure(cu, tile, self.causal.value))

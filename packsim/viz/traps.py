@@ -41,7 +41,7 @@ from packsim.exhibits.traps import (
     impl_tol,
     raised_in,
 )
-from packsim.viz.style import LEAK_RED, SETUP_COLOURS, TEXT_MUTED, layout
+from packsim.viz.style import GUIDE, LEAK_RED, SETUP_COLOURS, layout, sci
 from packsim.viz.widget import PacksimWidget, escape, show_figure, style_html
 
 __all__ = ["TrapExplorer", "trap_explorer", "trap_figure", "trap_rule", "measure_options",
@@ -134,18 +134,20 @@ def _figure(diffs, impl: str, rows: int, tol: float) -> go.Figure:
     fig = go.Figure(go.Bar(
         x=names, y=[max(d, _FLOOR) for d in diffs],
         marker_color=[LEAK_RED if bad else SETUP_COLOURS["correct"] for bad in leaks],
-        customdata=[f"{d:.2e}" for d in diffs],
+        customdata=[sci(d, 2) for d in diffs],
         hovertemplate="%{x}: max |packed - alone| = %{customdata}<extra></extra>",
     ))  # fmt: skip
-    fig.add_hline(y=tol, line=dict(color="#444", dash="dash", width=1),
-                  annotation_text=f"tolerance {tol:.0e}", annotation_position="top left")
+    # GUIDE reads on the plot area of either theme; the axis writes 1e-5 as the tolerance does
+    fig.add_hline(y=tol, line=dict(color=GUIDE, dash="dash", width=1.5),
+                  annotation_text=f"tolerance {sci(tol)}", annotation_position="top left")
     on = ""
     if impl in FLASH_IMPLS:
         on = " on the reference kernel (packsim)" if "reference" in impl_kernel(impl) else " on flash-attn"
     title = (f"{impl}{on}: {_verdict(diffs, tol)} ({sum(leaks)} of {len(diffs)} examples differ "
              "from the example run alone)")
-    return layout(fig, title, 340, yaxis=dict(type="log", title="max |packed - alone| logits",
-                                              range=[-10.5, 1]), bargap=0.4)
+    yaxis = dict(type="log", title="max |packed - alone| logits", range=[-10.5, 1], dtick=1,
+                 exponentformat="e", showexponent="all", minexponent=0)
+    return layout(fig, title, 340, yaxis=yaxis, bargap=0.4)
 
 
 def trap_figure(impl: str = "sdpa", positions: str = "restart", mask: str = "none",
@@ -198,8 +200,8 @@ class TrapExplorer(PacksimWidget):
         if not self.unavailable:
             return ""
         text = "; ".join(f"{i} disabled: {r}" for i, r in self.unavailable.items())
-        colour = LEAK_RED if highlight else TEXT_MUTED
-        return f'<span style="color:{colour}">{escape(text)}</span>'
+        cls = "packsim-bad" if highlight else "packsim-muted"
+        return f'<span class="{cls}">{escape(text)}</span>'
 
     def _on_impl(self, change) -> None:
         if self._reverting:  # the change back below: what it shows is already measured
@@ -233,18 +235,18 @@ class TrapExplorer(PacksimWidget):
             self.diffs = measure_options(impl, **opts, seed=self.seed)
         except PacksimError as err:  # a 4D mask on the flash path: say why, draw nothing
             self.diffs = []
-            self.verdict.value = f'<b style="color:{TEXT_MUTED}">not run</b> &nbsp; {escape(str(err))}'
+            self.verdict.value = f'<b class="packsim-muted">not run</b> &nbsp; {escape(str(err))}'
             self.out.clear_output()
             return
         tol = self.tolerance()
         verdict = _verdict(self.diffs, tol)
-        colour = SETUP_COLOURS["correct"] if verdict == "isolated" else LEAK_RED
+        cls = "packsim-ok" if verdict == "isolated" else "packsim-bad"  # theme colours (widget.css)
         worst = max(range(len(self.diffs)), key=self.diffs.__getitem__)
         kernel = _kernel(impl, tol)
         self.verdict.value = (
-            f'<b style="color:{colour};font-size:1.2em">{verdict}</b> &nbsp; worst: '
-            f"{_names(opts['rows'])[worst]}, max |packed - alone| = {self.diffs[worst]:.1e} "
-            f"(tolerance {tol:.0e})" + (f"<br><i>kernel:</i> {escape(kernel)}" if kernel else ""))
+            f'<b class="{cls}" style="font-size:1.2em">{verdict}</b> &nbsp; worst: '
+            f"{_names(opts['rows'])[worst]}, max |packed - alone| = {sci(self.diffs[worst], 1)} "
+            f"(tolerance {sci(tol)})" + (f"<br><i>kernel:</i> {escape(kernel)}" if kernel else ""))
         show_figure(self.out, self.figure())
 
 

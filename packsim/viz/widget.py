@@ -12,7 +12,8 @@ message and works the same with or without a running kernel (the tests read it b
 Inputs shared by the widgets: :func:`as_batch` (examples or a PackedBatch), :func:`check_row`,
 :func:`row_dropdown`, :func:`token_glyphs` (display text of token ids) and :func:`example_name`
 (how an example is named: its index in the batch and its place in the row). The shared CSS
-(:func:`style_html`) is ``packsim/viz/frontend/widget.css`` (:mod:`packsim.viz.assets`).
+(:func:`style_html`) is ``packsim/viz/frontend/widget.css`` and its ARIA script ``aria.js``
+(:mod:`packsim.viz.assets`).
 
 Lessons: none directly.
 """
@@ -30,7 +31,17 @@ import plotly.io as pio
 from packsim.core.batch import PackedBatch
 from packsim.core.errors import PacksimError
 from packsim.viz.assets import template
-from packsim.viz.style import BORDER, LEAK_RED, MARK_FILL, NO_LEAK, TEXT, TEXT_MUTED, figure_config
+from packsim.viz.style import (
+    BAD_TEXT,
+    BORDER,
+    LEAK_RED,
+    MARK_FILL,
+    NO_LEAK,
+    OK_TEXT,
+    TEXT,
+    TEXT_MUTED,
+    figure_config,
+)
 
 __all__ = [
     "PacksimWidget",
@@ -94,19 +105,26 @@ def shown_figure(out: widgets.Output) -> dict | None:
 # ----------------------------------------------------------------------------- widgets
 
 # The shared CSS: frontend/widget.css, filled with packsim.viz.style's colours. Every colour there
-# follows JupyterLab's theme (its CSS variables) or is translucent, so the widgets read under the
-# light and the dark theme alike; leaks are Okabe-Ito vermillion and always carry a second cue
-# (underline, outline, a "marked" word's dashed outline).
+# follows JupyterLab's theme (its CSS variables, or the light / dark pair it picks from
+# body[data-jp-theme-light]) or is translucent, so the widgets read under the light and the dark
+# theme alike; leaks are Okabe-Ito vermillion and always carry a second cue (underline, outline,
+# a "marked" word's dashed outline). Beside it, frontend/aria.js, run by the front end when the
+# style widget is drawn (an image that fails to load: ipywidgets' HTML view sets innerHTML, which
+# runs no <script>): it sets what ipywidgets does not, aria-pressed on quiz words and toggle
+# buttons and aria-label on slider handles, from the widget's classes, and keeps them in step.
 _CSS = template("widget_style.html").substitute(
     css=template("widget.css").substitute(
         border=BORDER, no_leak=NO_LEAK, leak_red=LEAK_RED, mark_fill=MARK_FILL, text=TEXT,
-        text_muted=TEXT_MUTED,
-    )
+        text_muted=TEXT_MUTED, ok_light=OK_TEXT["light"], ok_dark=OK_TEXT["dark"],
+        bad_light=BAD_TEXT["light"], bad_dark=BAD_TEXT["dark"],
+    ),
+    aria=html.escape(template("aria.js").template, quote=True),
 )
 
 
 def style_html() -> widgets.HTML:
-    """An HTML widget holding the shared CSS (selected chip, boundaries, leak underline)."""
+    """An HTML widget holding the shared CSS (selected chip, boundaries, leak underline, verdict
+    colours) and the ARIA script (aria-pressed, slider labels)."""
     return widgets.HTML(_CSS, layout=widgets.Layout(height="0px", margin="0"))
 
 
