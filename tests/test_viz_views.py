@@ -177,6 +177,7 @@ def test_layout_wraps_long_titles_and_sizes_the_top_margin():
     first = fig.layout.annotations[0].text
     assert "<br>" in first and first.replace("<br>", " ") == long
     assert fig.layout.legend.yref == "container" and fig.layout.legend.orientation == "h"
+    assert fig.layout.legend.bgcolor == "rgba(0,0,0,0)"  # no white box on a dark page
     one = fig.layout.margin.t
     layout(fig, "two<br>lines", 300)
     assert fig.layout.margin.t > one and fig.layout.margin.b < 95
@@ -283,6 +284,24 @@ def test_mask_figure_axes_span_the_tokens_and_blocks():
     assert tuple(fig.layout.xaxis3.range) == (-0.5, 3.5)  # 4 blocks of 16
     grid = [t for t in fig.data if t.type == "scatter"]  # the block grid: one trace per token map
     assert len(grid) == 2 and {x for x in grid[0].x if x is not None} >= {15.5, 31.5, 47.5}
+
+
+@pytest.mark.parametrize("T, block, step", [(64, 16, 1), (64, 4, 2), (128, 8, 2), (64, 64, 1)])
+def test_mask_figure_ticks_are_whole_blocks_and_token_panels_have_numbers(T, block, step):
+    """Every panel shows tick numbers; the Flex panel's ticks are whole block indices 0, 1, ...
+    (never -0.5 or 0.5), at most ~8 a side, and the token panels tick at those blocks' first
+    tokens, so a tick of panel 3 and one of panels 1-2 name the same place."""
+    batch = PackedBatch.from_examples(make_examples(12, seed=0), T, setup="correct")
+    fig = mask_figure(batch, capacity=T, block_size=block)
+    n = -(-T // block)
+    assert step == -(-n // 8)
+    for ax in ("x", "y"):
+        flex = fig.layout[f"{ax}axis3"]
+        assert (flex.tickmode, flex.tick0, flex.dtick, flex.showticklabels) == ("linear", 0, step, True)
+        assert flex.title.text.endswith(f"({block} tokens each)")
+        for i in ("", "2"):
+            tok = fig.layout[f"{ax}axis{i}"]
+            assert (tok.tickmode, tok.tick0, tok.dtick, tok.showticklabels) == ("linear", 0, step * block, True)
 
 
 def test_mask_figure_one_example_and_bad_block():

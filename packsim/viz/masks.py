@@ -20,7 +20,7 @@ from plotly.subplots import make_subplots
 from packsim.core.data import make_examples
 from packsim.core.errors import PacksimError
 from packsim.core.masks import block_diagonal_mask, block_sparsity, causal_mask, flex_block_mask
-from packsim.viz.style import TILE_SCALE, add_boundaries, layout, tile_colorbar
+from packsim.viz.style import TILE_SCALE, add_boundaries, example_colorscale, layout, tile_colorbar
 from packsim.viz.widget import (
     PacksimWidget,
     as_batch,
@@ -100,22 +100,17 @@ def _figure(batch, row: int, block_size: int) -> go.Figure:
     n = grid.shape[0]
     for col in (1, 2):  # the block grid over the token maps
         add_boundaries(fig, grid_lines, -0.5, T - 0.5, col=col, colour="#bbb", width=0.5)
+    every = -(-n // 8)  # a tick every `every` blocks (at most ~8 a side), at whole blocks only
     for col in (1, 2, 3):
         hi = (T if col < 3 else n) - 0.5  # each panel spans exactly its tokens (or blocks)
-        fig.update_yaxes(
-            range=[hi, -0.5],
-            row=1,
-            col=col,
-            title_text="query block" if col == 3 else "query token",
-            showticklabels=col == 3,
-        )
-        fig.update_xaxes(
-            range=[-0.5, hi],
-            row=1,
-            col=col,
-            title_text="key block" if col == 3 else "key token",
-            showticklabels=col == 3,
-        )
+        # token panels: a tick at each block start they show; block panel: block 0, 1, ...
+        ticks = dict(tickmode="linear", tick0=0, dtick=every if col == 3 else every * block_size,
+                     showticklabels=True)  # fmt: skip
+        unit = f" ({block_size} tokens each)" if col == 3 else ""
+        fig.update_yaxes(range=[hi, -0.5], row=1, col=col, **ticks,
+                         title_text=("query block" if col == 3 else "query token") + unit)
+        fig.update_xaxes(range=[-0.5, hi], row=1, col=col, **ticks,
+                         title_text=("key block" if col == 3 else "key token") + unit)
     return layout(
         fig,
         f"Row {row}: {doc.full} full + {doc.partial} partial blocks computed, "
@@ -194,8 +189,8 @@ def allowed_pairs_figure(masks: dict, seq_ids) -> go.Figure:
     """Who may attend to whom: one (query x key) panel per mask of ``masks`` (notebook 02).
 
     ``masks``: {panel title: (T, T) bool, [query, key], True = allowed}; ``seq_ids`` (T,): the
-    example of each token (-1 padding). An allowed pair is coloured by its key's example; a masked
-    pair is left blank.
+    example of each token (-1 padding). An allowed pair is coloured by its key's example (the
+    widgets' example colours, :func:`~packsim.viz.style.example_colour`); a masked pair is blank.
     """
     seq = torch.as_tensor(seq_ids)  # (T,)
     if not masks:
@@ -208,9 +203,11 @@ def allowed_pairs_figure(masks: dict, seq_ids) -> go.Figure:
                 f"tokens, so each mask must be ({T}, {T})."
             )
     fig = make_subplots(rows=1, cols=len(masks), subplot_titles=list(masks), horizontal_spacing=0.08)
+    n_ex = int(seq.max()) + 1 if T else 0
     for c, allowed in enumerate(masks.values(), start=1):
         z = torch.where(torch.as_tensor(allowed), seq[None, :].float() + 1, float("nan"))  # (T, T)
-        fig.add_trace(go.Heatmap(z=z.tolist(), colorscale="Viridis", showscale=False,
+        fig.add_trace(go.Heatmap(z=z.tolist(), colorscale=example_colorscale(n_ex), zmin=-0.5,
+                                 zmax=n_ex + 0.5, showscale=False,
                                  hovertemplate="query %{y}<br>key %{x}<extra></extra>"), row=1, col=c)
         fig.update_yaxes(autorange="reversed", title_text="query token", row=1, col=c)
         fig.update_xaxes(title_text="key token", row=1, col=c)
