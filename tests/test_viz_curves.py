@@ -47,15 +47,25 @@ def results() -> Results:
     return Results(runs=runs, config={}, env={})
 
 
+KEY = "panel 1 key"  # the legend group of panel 1's two grey key entries
+
+
 def _traces(fig: dict, axis: str = "x") -> list[dict]:
-    return [t for t in fig["data"] if t.get("xaxis", "x") == axis]
+    return [t for t in fig["data"] if t.get("xaxis", "x") == axis and t.get("legendgroup") != KEY]
+
+
+def _setup_names(fig: dict) -> set[str]:
+    return {t["name"] for t in fig["data"] if t.get("name") and t.get("legendgroup") != KEY}
 
 
 def test_mean_and_band_over_seeds(results):
     view = curves(results)
     assert "packsim-curves" in view.widget._dom_classes
     fig = shown_figure(view.out)
-    assert fig is not None and len(fig["data"]) == 2 * 2 * 4  # 2 setups x (band + mean) x 4 lines
+    assert fig is not None and len(_traces(fig, "x") + _traces(fig, "x2") + _traces(fig, "x3")) == 2 * 2 * 4
+    # 2 setups x (band + mean) x 4 lines, and the two key entries
+    assert [t["name"] for t in fig["data"] if t.get("legendgroup") == KEY] == [
+        "panel 1: reported loss", "panel 1: its response-only part"]
     reported = _traces(fig, "x")
     band, mean = reported[0], reported[1]
     assert mean["name"].startswith("buggy (mean of 2 seeds")
@@ -66,33 +76,43 @@ def test_mean_and_band_over_seeds(results):
     assert band["y"][6:] == pytest.approx([3.0 / s for s in range(6, 0, -1)])  # min, back
     em = [t for t in _traces(fig, "x3") if t.get("name")]
     assert [t["x"] for t in em] == [[3, 6], [3, 6]] and em[0]["y"] == pytest.approx([0.4, 0.7])
-    colours = {t["line"]["color"] for t in fig["data"] if t.get("name")}
+    colours = {t["line"]["color"] for t in fig["data"] if t.get("name") and t["legendgroup"] != KEY}
     assert len(colours) == 2  # one colour per setup
 
 
 def test_single_seed_has_no_band():
     fig = curves_figure([_run("correct", 0)])
     assert all(t.fill is None for t in fig.data)
-    assert [t.name for t in fig.data if t.showlegend is not False] == ["correct"]
+    assert [t.name for t in fig.data if t.showlegend is not False] == [
+        "correct", "panel 1: reported loss", "panel 1: its response-only part"]
 
 
 def test_each_reported_loss_sits_beside_its_own_response_only_loss(results):
-    """Panel 1 pairs each setup's reported loss (solid) with its train response loss (dotted);
-    panel 2 holds only the held-out response loss, the same quantity for every setup."""
-    fig = curves_figure(results)
-    panel1 = [t for t in fig.data if t.xaxis == "x" and t.name]
-    assert sorted((t.line.dash or "solid") for t in panel1) == ["dot", "dot", "solid", "solid"]
-    for t in panel1:
-        key = "response_loss" if t.line.dash == "dot" else "reported_loss"
-        assert f"{t.legendgroup} {key}" in t.hovertemplate
-    panel2 = [t for t in fig.data if t.xaxis == "x2" and t.name]
-    # In the eval panels the dash is the setup's own (a cue besides colour), as is the marker.
+    """Panel 1 pairs each setup's reported loss (thick, filled markers) with its train response
+    loss (thin, open markers), as the legend's key entries say; panel 2 holds only the held-out
+    response loss, the same quantity for every setup. A setup's dash and marker shape are its own
+    in every panel (one encoding: dash never means anything else)."""
     from packsim.viz.style import setup_dash, setup_symbol
 
-    assert [t.line.dash for t in panel2] == [setup_dash(t.legendgroup) for t in panel2]
+    fig = curves_figure(results)
+    panel1 = [t for t in fig.data if t.xaxis == "x" and t.name and t.legendgroup != KEY]
+    assert len(panel1) == 4
+    for t in panel1:
+        part = t.marker.symbol.endswith("-open")
+        key = "response_loss" if part else "reported_loss"
+        assert f"{t.legendgroup} {key}" in t.hovertemplate
+        assert t.line.width == (1.2 if part else 2.5)
+    assert sorted(t.marker.symbol.endswith("-open") for t in panel1) == [False, False, True, True]
+    key = {t.name: t for t in fig.data if t.legendgroup == KEY}
+    assert key["panel 1: reported loss"].line.width == 2.5
+    assert key["panel 1: its response-only part"].marker.symbol == "circle-open"
+    setup_lines = [t for t in fig.data if t.name and t.legendgroup != KEY]
+    assert all(t.line.dash == setup_dash(t.legendgroup) for t in setup_lines)
+    assert all(t.marker.symbol.removesuffix("-open") == setup_symbol(t.legendgroup) for t in setup_lines)
+    panel2 = [t for t in setup_lines if t.xaxis == "x2"]
     assert len({t.line.dash for t in panel2}) == 2 and len({t.marker.symbol for t in panel2}) == 2
-    assert all(t.marker.symbol == setup_symbol(t.legendgroup) for t in fig.data if t.name)
     assert all("isolated_response_loss" in t.hovertemplate for t in panel2)
+    assert "thick" in fig.layout.annotations[0].text and "open markers" in fig.layout.annotations[0].text
 
 
 def test_panels_without_data_say_what_they_wait_for():
@@ -138,7 +158,7 @@ def test_live_callback_throttles_train_and_always_draws_eval():
         }
     )  # a dict record works too
     view.redraw()
-    assert {t["name"] for t in shown_figure(view.out)["data"]} == {"buggy", "correct"}
+    assert _setup_names(shown_figure(view.out)) == {"buggy", "correct"}
     assert view.n_records == 7
 
 
@@ -166,7 +186,7 @@ def test_loads_results_json_and_data_sets(tmp_path, results):
     assert list(view.data.options) == ["tasks", "facts"] and not view.data.disabled
     view.data.value = "facts"
     fig = shown_figure(view.out)
-    assert {t["name"] for t in fig["data"] if t.get("name")} == {"correct"}
+    assert _setup_names(fig) == {"correct"}
     assert fig["data"][0]["x"] == [1, 2, 3]
 
 

@@ -1,9 +1,11 @@
 """Training curves side by side (notebook 06): what the trainer reports vs what matters.
 
-Three panels, one colour per setup (:data:`PANELS`): the loss each setup's trainer reports
-beside its own response-only loss on the same packs (solid vs dotted: the gap is the prompt
-tokens the reported loss averages in; a different quantity per setup, so compare a setup with
-itself), the response-only loss on held-out examples run alone, and exact match on them (both
+Three panels (:data:`PANELS`); a setup has one colour, dash and marker in all of them (buggy:
+vermillion, dashed, x; correct: blue, solid, circles). Panel 1: the loss each setup's trainer
+reports (thick line, filled markers) beside its own response-only loss on the same packs (thin
+line, open markers; the legend's two grey "panel 1" entries say so): the gap is the prompt tokens
+the reported loss averages in, a different quantity per setup, so compare a setup with itself.
+Panels 2-3: the response-only loss on held-out examples run alone, and exact match on them (both
 comparable across setups). Several seeds: the mean, with a min..max band. The widget
 (:func:`curves`) reads a :class:`~packsim.experiment.results.Results` and/or live
 :class:`~packsim.experiment.results.StepRecord` s passed to ``.callback`` while training runs;
@@ -26,12 +28,12 @@ from plotly.subplots import make_subplots
 from packsim.core.errors import PacksimError
 from packsim.experiment.results import Results, RunResult, StepRecord
 from packsim.viz.assets import template
-from packsim.viz.style import layout, setup_colour, setup_dash, setup_symbol
+from packsim.viz.style import GUIDE, layout, setup_colour, setup_dash, setup_symbol
 from packsim.viz.widget import PacksimWidget, escape, show_figure, style_html
 
 __all__ = ["Curves", "curves", "curves_figure", "reported_loss_figure", "PANELS"]
 
-# (curve kind, column, panel index, dotted?) of every line drawn.
+# (curve kind, column, panel index, the thin "part" line of panel 1?) of every line drawn.
 PANELS = (
     ("train", "reported_loss", 1, False),
     ("train", "response_loss", 1, True),
@@ -39,7 +41,7 @@ PANELS = (
     ("eval", "isolated_exact_match", 3, False),
 )
 _TITLES = (
-    "training packs: reported loss (solid)<br>vs its response-only part (dotted)",
+    "training packs: reported loss (thick)<br>vs its response-only part (thin, open markers)",
     "response-only loss<br>(held-out, run alone)",
     "exact match<br>(held-out, run alone)",
 )
@@ -91,6 +93,19 @@ def _rgba(colour: str, alpha: float) -> str:
     return f"rgba({r},{g},{b},{alpha})"
 
 
+_KEY = (("panel 1: reported loss", 2.5, "circle"),
+        ("panel 1: its response-only part", 1.2, "circle-open"))  # (name, width, marker)
+
+
+def _add_key(fig: go.Figure) -> None:
+    """Two grey legend entries for panel 1's two lines of a setup (width and marker fill)."""
+    for name, width, symbol in _KEY:
+        fig.add_trace(go.Scatter(x=[None], y=[None], name=name, legendgroup="panel 1 key",
+                                 mode="lines+markers", line=dict(color=GUIDE, width=width),
+                                 marker=dict(symbol=symbol, size=7, color=GUIDE),
+                                 hoverinfo="skip"), row=1, col=1)  # fmt: skip
+
+
 def _figure(runs: list[RunResult], title: str = "") -> go.Figure:
     fig = make_subplots(rows=1, cols=3, subplot_titles=_TITLES, horizontal_spacing=0.07)
     by_setup: dict[str, list[RunResult]] = {}
@@ -100,11 +115,11 @@ def _figure(runs: list[RunResult], title: str = "") -> go.Figure:
     drawn: set[int] = set()  # panels with a line
     for setup, group in by_setup.items():
         colour = setup_colour(setup, order)
-        symbol = setup_symbol(setup, order)
+        symbol, dash = setup_symbol(setup, order), setup_dash(setup, order)
         n = len({r.seed for r in group})
         name = setup if n == 1 else f"{setup} (mean of {n} seeds, band: min-max)"
         legend_done = False
-        for kind, key, col, dotted in PANELS:
+        for kind, key, col, part in PANELS:
             steps, mean, low, high = seed_spread(group, kind, key)
             if not steps:
                 continue
@@ -116,7 +131,7 @@ def _figure(runs: list[RunResult], title: str = "") -> go.Figure:
                         fill="toself",
                         mode="lines",
                         line=dict(width=0),
-                        fillcolor=_rgba(colour, 0.12 if dotted else 0.22),
+                        fillcolor=_rgba(colour, 0.12 if part else 0.22),
                         hoverinfo="skip",
                         showlegend=False,
                         legendgroup=setup,
@@ -132,12 +147,11 @@ def _figure(runs: list[RunResult], title: str = "") -> go.Figure:
                     legendgroup=setup,
                     showlegend=not legend_done,
                     mode="lines+markers",
-                    # Setups differ by colour (Okabe-Ito) and marker; in panel 1 solid / dotted
-                    # is reported vs response-only, in the eval panels the dash is the setup's.
-                    line=dict(color=colour, width=1.2 if dotted else 2,
-                              dash="dot" if dotted else "solid" if kind == "train"
-                              else setup_dash(setup, order)),
-                    marker=dict(symbol=symbol, size=7, color=colour,
+                    # A setup: its colour (Okabe-Ito), dash and marker, in every panel; panel
+                    # 1's response-only part: a thin line and open markers (see _KEY).
+                    line=dict(color=colour, width=1.2 if part else 2.5 if kind == "train" else 2,
+                              dash=dash),
+                    marker=dict(symbol=f"{symbol}-open" if part else symbol, size=7, color=colour,
                                 maxdisplayed=12 if kind == "train" else 0),
                     hovertemplate=f"{setup} {key}<br>step %{{x}}: %{{y:.4g}}<extra></extra>",
                 ),
@@ -146,6 +160,8 @@ def _figure(runs: list[RunResult], title: str = "") -> go.Figure:
             )
             legend_done = True
             drawn.add(col)
+    if 1 in drawn:
+        _add_key(fig)
     for col in sorted({c for _, _, c, _ in PANELS} - drawn):  # no empty panel without a word
         waiting = "waiting for the first evaluation" if col > 1 else "waiting for the first training step"
         axis = "" if col == 1 else col
