@@ -168,3 +168,39 @@ def test_followups_each_right_option_is_an_option():
 def test_attention_flops_share_matches_the_formula():
     d, length = 4096, 512
     assert 0.005 < length / (12 * d + length) < 0.015
+
+
+# ----------------------------------------------------------------------------- other right answers
+
+
+def test_review_other_forms_pass():
+    assert check_review(sorted(sol.review)).passed  # a list
+    assert check_review(tuple(b.upper() for b in sol.review)).passed  # a tuple, upper case
+    assert check_review({f" {b} " for b in sol.review}).passed  # stray spaces
+
+
+def test_q1_other_forms_pass():
+    for answer in ({"A", "B", "C", "D"}, ["d", "c", "b", "a", "i"], "ABCD", "A, B, C, D, I"):
+        fb = check_q1_answer(answer)
+        assert fb.passed, (answer, fb)
+    assert "red flag" in _text(check_q1_answer("ABCDE"))  # a string is read letter by letter, E included
+
+
+def test_diagnosis_other_forms_pass():
+    assert check_diagnosis({k.upper(): v.upper() for k, v in sol.diagnosis.items()}).passed
+    assert check_diagnosis({f"{k} ": f" {v}" for k, v in reversed(sol.diagnosis.items())}).passed
+
+
+def test_followups_other_forms_pass():
+    shorter = {**sol.followups, "f1": "dq", "f5": "no", "f6": "Too  Small", "f9": "About 1%", "f10": "NO"}
+    fb = check_followups(shorter)
+    assert fb.passed, fb
+    spaced = {k: f"  {v.upper()} " for k, v in sol.followups.items()}
+    assert check_followups(spaced).passed
+
+
+def test_followups_ambiguous_or_wrong_start_is_not_an_option():
+    fb = check_followups({**sol.followups, "f9": "about 1"})  # the start of "about 1%" and of "about 10%"
+    assert not fb.passed and "not one of its options" in _text(fb)
+    fb = check_followups({**sol.followups, "f5": "yes"})  # a whole option, the wrong one
+    assert not fb.passed and f"1 of {len(FOLLOWUPS)} wrong" in _text(fb) and "relative positions" in _text(fb)

@@ -140,6 +140,7 @@ def check_review(review) -> Feedback:
     found = _as_id_set(review, "review")
     if isinstance(found, Feedback):
         return found
+    found = {f.lower() for f in found}  # "EOS_masked" names the same bug
     unknown = sorted(found - set(BUGS))
     if unknown:
         return fail(
@@ -217,6 +218,9 @@ _Q1_WRONG = {
 @check("interview question 1: the ingredients")
 def check_q1_answer(q1_answer) -> Feedback:
     """``q1_answer``: the set of letters of :data:`Q1_STATEMENTS` a strong answer contains."""
+    if isinstance(q1_answer, str):  # "ABCD" or "A, B, C, D": its letters
+        text = q1_answer.replace(",", " ").strip()
+        q1_answer = set(text.split()) if " " in text else set(text)
     chosen = _as_id_set(q1_answer, "q1_answer")
     if isinstance(chosen, Feedback):
         return chosen
@@ -299,7 +303,7 @@ def check_diagnosis(diagnosis) -> Feedback:
             f"diagnosis should be a dict like {{'s1': 'attention', ...}}, got {type(diagnosis).__name__}.",
             f"map every symptom id {sorted(SYMPTOMS)} to one of {list(CAUSES)}.",
         )
-    answer = {str(k).strip(): str(v).strip().lower() for k, v in diagnosis.items()}
+    answer = {str(k).strip().lower(): str(v).strip().lower() for k, v in diagnosis.items()}
     missing = [s for s in SYMPTOMS if s not in answer or answer[s] in ("", "...", "none")]
     if missing:
         return fail(
@@ -376,6 +380,17 @@ FOLLOWUPS = {
 }
 
 
+def _option(answer, options: tuple[str, ...]):
+    """The option ``answer`` names: the same words in any case and spacing, or the start of exactly
+    one option ("no" for "no (up to float round-off)"); else ``answer`` unchanged."""
+    def norm(x):
+        return " ".join(str(x).split()).lower()
+
+    said = norm(answer)
+    found = [o for o in options if norm(o) == said] or [o for o in options if said and norm(o).startswith(said)]
+    return found[0] if len(found) == 1 else answer
+
+
 @check("follow-up drills")
 def check_followups(followups) -> Feedback:
     """``followups``: a dict drill id -> one of that drill's options (see :data:`FOLLOWUPS`)."""
@@ -385,6 +400,7 @@ def check_followups(followups) -> Feedback:
     missing = [k for k in FOLLOWUPS if k not in followups]
     if missing:
         return fail(f"no answer for {missing}.", f"answer every drill: {list(FOLLOWUPS)}.")
+    followups = {k: _option(v, FOLLOWUPS[k][1]) if k in FOLLOWUPS else v for k, v in followups.items()}
     for k, v in followups.items():
         if k in FOLLOWUPS and v not in FOLLOWUPS[k][1]:
             return fail(f"{k}: {v!r} is not one of its options.", f"choose one of {list(FOLLOWUPS[k][1])}.")
