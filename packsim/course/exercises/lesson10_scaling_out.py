@@ -9,7 +9,10 @@
 The checks compare with :mod:`packsim.experiment.normalisation` on hand-built tables: unequal
 counts between ranks and between micro-batches, a micro-batch with no counted target, and a step
 with none at all, so the usual shortcuts (mean of means, per-rank count, forgetting DDP's average)
-fail with a message that names them.
+fail with a message that names them. Only values are judged: a loss may be a float, a 0-d tensor
+or a numpy scalar within 1e-6 relative or 5e-5 absolute (4 decimals); factors any (R, M)-shaped,
+broadcastable or scalar numbers within 1e-6 relative, any finite value where a micro-batch counts
+nothing (its sum is 0).
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ def check_global_loss(fn) -> Feedback:
         if value is None:
             return fail(f"{where} you returned something that is not a number.", "return a float or a 0-d tensor.")
         want = float(objective(sums, counts, "global"))
-        if math.isclose(value, want, rel_tol=1e-6, abs_tol=1e-12):
+        if math.isclose(value, want, rel_tol=1e-6, abs_tol=5e-5):  # the slips below are >= 0.04 away
             continue
         if math.isnan(value):
             return fail(f"{where} you returned nan: 0 counted targets divided by 0.",
