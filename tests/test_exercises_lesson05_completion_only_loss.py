@@ -289,6 +289,7 @@ def test_loss_other_right_answers_pass():
         "one cat, one mean": lambda mbs: torch.cat(mbs).mean(),
         "Python floats": lambda mbs: sum(float(t.sum()) for t in mbs) / sum(len(t) for t in mbs),
         "float32": lambda mbs: torch.cat(mbs).float().sum() / sum(t.numel() for t in mbs),
+        "rounded to 4 decimals": lambda mbs: round(float(torch.cat(mbs).mean()), 4),
     }
     for what, fn in answers.items():
         fb = check_per_token_loss(fn)
@@ -322,3 +323,8 @@ def test_response_start_other_right_answers_pass():
     for fn in (first_difference, by_characters):
         fb = check_response_start(fn)
         assert fb.passed, (fn.__name__, fb)
+
+
+def test_loss_coarse_rounding_fails():
+    fb = check_per_token_loss(lambda mbs: round(float(torch.cat(mbs).mean()), 1))
+    assert not fb.passed and "expected" in _text(fb)

@@ -13,7 +13,9 @@
 
 The checks compare with answers computed independently: :func:`packsim.core.loss.make_labels` on
 packs built by :class:`packsim.PackedBatch`, plain sums over the token losses, and the BPE's
-character offsets.
+character offsets. Values are judged, not forms: labels in place or not, any formula; a loss as a
+float, 0-d tensor or numpy scalar within 1e-6 relative or 5e-5 absolute (4 decimals); the letter
+in any case; the start index as any integer (an int, numpy or 0-d tensor integer).
 """
 
 from __future__ import annotations
@@ -180,7 +182,7 @@ def check_per_token_loss(fn) -> Feedback:
         except (TypeError, ValueError):
             return fail(f"{where} you returned a {type(got).__name__}, not a number.",
                         "return a float or a 0-d tensor.")
-        if math.isclose(value, want, rel_tol=1e-6):
+        if math.isclose(value, want, rel_tol=1e-6, abs_tol=5e-5):  # slips: >= 0.04 away
             continue
         means = [float(p.mean()) for p in parts if p.numel()]
         if math.isnan(value) and 0 in sizes:
