@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from packsim.course.exercises import show_solution, solution_source
-from packsim.course.exercises.lesson10_scaling_out import TABLES, check_backward_scale, check_global_loss, table
+from packsim.course.exercises.lesson10_scaling_out import (
+    TABLES,
+    check_backward_scale,
+    check_global_loss,
+    table,
+)
 from packsim.course.solutions import lesson10_scaling_out as sol
 
 
