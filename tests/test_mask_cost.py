@@ -1,4 +1,4 @@
-"""packsim.core.mask_cost: the mask each backend passes for a pack, against ground truth built here."""
+"""packsim.exhibits.mask_cost: the mask each backend passes for a pack, against ground truth built here."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from packsim.core.errors import PacksimError
-from packsim.core.mask_cost import _attention_module, captured_mask, mask_cost, unpacked_mask_cost
+from packsim.exhibits.mask_cost import _attention_module, captured_mask, mask_cost, unpacked_mask_cost
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 LENGTHS = [10, 13, 9]  # one row, N = 32
