@@ -125,7 +125,7 @@ def _as_id_set(answer, name: str) -> set[str] | Feedback:
     if isinstance(answer, str):
         answer = {answer}
     try:
-        items = {str(a).strip() for a in answer}
+        items = {str(a).strip().lower() for a in answer}  # "EOS_masked" names the same bug
     except TypeError:
         return fail(
             f"{name} should be a set of strings, got {type(answer).__name__}.",
@@ -140,7 +140,6 @@ def check_review(review) -> Feedback:
     found = _as_id_set(review, "review")
     if isinstance(found, Feedback):
         return found
-    found = {f.lower() for f in found}  # "EOS_masked" names the same bug
     unknown = sorted(found - set(BUGS))
     if unknown:
         return fail(
@@ -219,8 +218,7 @@ _Q1_WRONG = {
 def check_q1_answer(q1_answer) -> Feedback:
     """``q1_answer``: the set of letters of :data:`Q1_STATEMENTS` a strong answer contains."""
     if isinstance(q1_answer, str):  # "ABCD" or "A, B, C, D": its letters
-        text = q1_answer.replace(",", " ").strip()
-        q1_answer = set(text.split()) if " " in text else set(text)
+        q1_answer = set(q1_answer.replace(",", "").replace(" ", ""))
     chosen = _as_id_set(q1_answer, "q1_answer")
     if isinstance(chosen, Feedback):
         return chosen
@@ -381,13 +379,9 @@ FOLLOWUPS = {
 
 
 def _option(answer, options: tuple[str, ...]):
-    """The option ``answer`` names: the same words in any case and spacing, or the start of exactly
-    one option ("no" for "no (up to float round-off)"); else ``answer`` unchanged."""
-    def norm(x):
-        return " ".join(str(x).split()).lower()
-
-    said = norm(answer)
-    found = [o for o in options if norm(o) == said] or [o for o in options if said and norm(o).startswith(said)]
+    """The option ``answer`` names in any case and spacing, or by the start of just one ("no")."""
+    said = " ".join(str(answer).split()).lower()
+    found = [o for o in options if o.lower() == said] or [o for o in options if said and o.lower().startswith(said)]
     return found[0] if len(found) == 1 else answer
 
 
