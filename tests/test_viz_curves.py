@@ -112,7 +112,8 @@ def test_each_reported_loss_sits_beside_its_own_response_only_loss(results):
     panel2 = [t for t in setup_lines if t.xaxis == "x2"]
     assert len({t.line.dash for t in panel2}) == 2 and len({t.marker.symbol for t in panel2}) == 2
     assert all("isolated_response_loss" in t.hovertemplate for t in panel2)
-    assert "thick" in fig.layout.annotations[0].text and "open markers" in fig.layout.annotations[0].text
+    assert "(thick)" in fig.layout.annotations[0].text and "(thin)" in fig.layout.annotations[0].text
+    assert "<br>" in fig.layout.annotations[0].text and fig.layout.annotations[0].text.count("<br>") == 1  # 2 lines
 
 
 def test_panels_without_data_say_what_they_wait_for():

@@ -41,7 +41,7 @@ PANELS = (
     ("eval", "isolated_exact_match", 3, False),
 )
 _TITLES = (
-    "training packs: reported loss (thick)<br>vs its response-only part (thin, open markers)",
+    "training packs: reported (thick)<br>vs response-only part (thin)",  # fits one column
     "response-only loss<br>(held-out, run alone)",
     "exact match<br>(held-out, run alone)",
 )
