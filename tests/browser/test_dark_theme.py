@@ -1,18 +1,28 @@
-"""Two widgets under JupyterLab's dark theme, read and driven from the keyboard (issue 23).
+"""Every packsim widget under JupyterLab's dark theme, read, driven from the keyboard and
+announced to screen readers (issues 23, 32).
 
 A second JupyterLab (fixture ``dark_lab_server``) starts with ``JupyterLab Dark`` set in its
-user settings and runs a notebook showing the leakage explorer and the spot-the-bug quiz. For
-every visible piece of text in each widget the test computes, from the browser's computed
-styles, the text colour and the background it sits on (ancestors' backgrounds composited, the
-element's opacity applied) and checks WCAG's contrast ratio (4.5:1, or 3:1 for bold or large
-text; disabled controls are exempt, as WCAG says). Then it uses only the keyboard: Tab to the
-leakage explorer's query slider, arrow keys move the query; Tab to quiz words, Enter / Space
-mark them, Enter on Submit grades. Screenshots: ``test-artifacts/browser/test_dark_*.png``.
+user settings and runs a notebook (built here, ``_DARK_CELLS``) showing the leakage explorer, the
+quiz, the packing playground, the training curves (fed step records, no training), the tile
+map, the trap explorer and the mask explorer. For every visible piece of HTML text in a widget
+the test computes, from the browser's computed styles, the text colour and the background it
+sits on (ancestors' backgrounds composited, the element's opacity applied) and checks WCAG's
+contrast ratio (4.5:1; 3:1 for large text: 24 px, or bold from 18.66 px; disabled controls are
+exempt, as WCAG says). For every text of each plotly figure (ticks, axis titles of every subplot,
+titles, legend, colorbar, annotations) it does the same with the SVG fill over what lies under
+the text: the page, a plot area or the legend box. Then the keyboard: Tab to the leakage
+explorer's query slider, arrow keys move the query; Tab to quiz words, Enter / Space mark them,
+Enter on Submit grades. Screen readers: quiz words carry ``aria-pressed`` that follows the marks,
+the query slider's handle an ``aria-label``, toggle buttons ``aria-pressed``. The trap explorer's
+tolerance line stands out from its plot area (3:1), its picked options differ from the others by
+more than a shade, and its log axis is in exponent format like the tolerance label.
+Screenshots: ``test-artifacts/browser/test_dark_*.png``; each check prints its lowest ratio.
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -53,8 +63,114 @@ _CONTRAST_JS = r"""root => {
     const fg = parse(st.color);
     const text = over([fg[0], fg[1], fg[2], fg[3] * opacity], bg);
     const size = parseFloat(st.fontSize), bold = Number(st.fontWeight) >= 600;
-    const needed = (size >= 24 || (bold && size >= 18.66)) ? 3 : (bold ? 3 : 4.5);
+    const needed = (size >= 24 || (bold && size >= 18.66)) ? 3 : 4.5;  // WCAG 'large text' or not
     rows.push([ratio(text, bg), needed, own.slice(0, 40), st.color, 'rgb(' + bg.slice(0, 3).map(Math.round) + ')']);
+  }
+  return rows;
+}"""
+
+
+# The cells of the dark-theme notebook: every widget whose look the theme can break.
+DONE_MARKER = "packsim-e2e: all cells ran"  # what conftest's runner waits for
+_CURVES = """from packsim.experiment.results import StepRecord
+live = viz.curves()
+for seed in (0, 1):  # made-up records: the figure's look is under test, not training
+    for setup in ("buggy", "correct"):
+        for step in range(1, 7):
+            live.callback(StepRecord("train", setup, seed, step,
+                                     {"reported_loss": 3 / step + seed + (setup == "buggy"),
+                                      "response_loss": 2 / step}))
+            if step % 3 == 0:
+                live.callback(StepRecord("eval", setup, seed, step, {
+                    "isolated_response_loss": 1 / step, "isolated_exact_match": step / 10}))
+live.redraw()
+live"""
+_DARK_CELLS = (
+    "from packsim import viz\nfrom packsim.core.data import make_examples",
+    "viz.leakage_explorer(make_examples(6, seed=0))  # untrained tiny model: only the mask differs",
+    "viz.quiz(0)",
+    "viz.packing_playground(n=40)  # a plotly figure inside a widget",
+    _CURVES,
+    "viz.tile_map()",
+    "viz.trap_explorer()",
+    "viz.mask_explorer()",
+    f"print({DONE_MARKER!r})",
+)
+FIGURE_WIDGETS = ("packsim-playground", "packsim-curves", "packsim-tiles", "packsim-traps",
+                  "packsim-mask-explorer")
+
+
+def _browser_conftest(config):
+    """tests/browser/conftest.py as loaded by pytest (its notebook runner, ``_open_and_run``)."""
+    here = Path(__file__).with_name("conftest.py")
+    for plugin in config.pluginmanager.get_plugins():
+        if getattr(plugin, "__file__", None) and Path(plugin.__file__) == here:
+            return plugin
+    raise RuntimeError(f"{here} is not loaded as a pytest plugin")
+
+
+@pytest.fixture(scope="module")
+def dark_notebook_page(browser, dark_lab_server, request):
+    """The widgets of ``_DARK_CELLS``, run in the dark-theme JupyterLab (overrides conftest's
+    two-widget notebook of the same name)."""
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    lab = _browser_conftest(request.config)
+    assert lab.DONE_MARKER == DONE_MARKER
+    nb = new_notebook(cells=[new_code_cell(src) for src in _DARK_CELLS])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, dark_lab_server.root / "notebooks" / "dark_all_widgets.ipynb")
+    # a second kernel next to the first server's, and a model build per widget: allow it time
+    yield from lab._open_and_run(browser, dark_lab_server, "dark_all_widgets.ipynb", "dark",
+                                 run_s=4 * lab.RUN_ALL_S)
+
+
+# Worst contrast of the text of the plotly figures inside a root element: rows as _CONTRAST_JS.
+# The figure's paper is transparent, so a text's background is the page under the figure, with,
+# where the text's centre lies inside them, the plot areas (.bglayer .bg) and the legend box on top.
+_SVG_CONTRAST_JS = r"""root => {
+  const parse = c => { const m = (c || '').match(/rgba?\(([^)]*)\)/); if (!m) return [0, 0, 0, 0];
+    const p = m[1].split(/[ ,\/]+/).filter(Boolean).map(Number); return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1]; };
+  const over = (top, base) => [0, 1, 2].map(i => top[3] * top[i] + (1 - top[3]) * base[i]).concat([1]);
+  const lin = c => { c /= 255; return c <= 0.04045 ? c / 12.92 : Math.pow((c + 0.055) / 1.055, 2.4); };
+  const lum = c => 0.2126 * lin(c[0]) + 0.7152 * lin(c[1]) + 0.0722 * lin(c[2]);
+  const ratio = (a, b) => { const [x, y] = [lum(a), lum(b)].sort((p, q) => q - p); return (x + 0.05) / (y + 0.05); };
+  const page = el => {
+    const layers = [];
+    for (let e = el; e; e = e.parentElement) {
+      const c = parse(getComputedStyle(e).backgroundColor);
+      if (c[3] > 0) { layers.push(c); if (c[3] >= 1) break; }
+    }
+    let bg = [255, 255, 255, 1];
+    for (let i = layers.length - 1; i >= 0; i--) bg = over(layers[i], bg);
+    return bg;
+  };
+  const fillOf = el => { const st = getComputedStyle(el); const c = parse(st.fill);
+    c[3] *= Number(st.fillOpacity); return c; };
+  const rows = [];
+  for (const plot of root.querySelectorAll('.js-plotly-plot')) {
+    const base = page(plot);
+    const boxes = [...plot.querySelectorAll('.bglayer .bg, .legend .bg')].map(r => [r.getBoundingClientRect(), fillOf(r)]);
+    for (const t of plot.querySelectorAll('text')) {
+      const own = t.textContent.trim();
+      if (!own || t.closest('.hoverlayer')) continue;
+      const b = t.getBoundingClientRect();
+      const st = getComputedStyle(t);
+      if (!b.width || st.visibility === 'hidden' || st.display === 'none') continue;
+      const cx = b.x + b.width / 2, cy = b.y + b.height / 2;
+      let bg = base;
+      for (const [r, c] of boxes) {
+        if (cx >= r.left && cx <= r.right && cy >= r.top && cy <= r.bottom) bg = over(c, bg);
+      }
+      let opacity = 1;  // the text's fill-opacity (in fillOf) and every ancestor's opacity
+      for (let e = t; e && e !== plot; e = e.parentElement) opacity *= Number(getComputedStyle(e).opacity);
+      const fg = fillOf(t);
+      const text = over([fg[0], fg[1], fg[2], fg[3] * opacity], bg);
+      const size = parseFloat(st.fontSize), bold = Number(st.fontWeight) >= 600;
+      const needed = (size >= 24 || (bold && size >= 18.66)) ? 3 : 4.5;
+      rows.push([ratio(text, bg), needed, own.slice(0, 40), st.fill, 'rgb(' + bg.slice(0, 3).map(Math.round) + ')']);
+    }
   }
   return rows;
 }"""
@@ -66,13 +182,17 @@ def expect(locator):
     return _expect(locator)
 
 
-def _check_contrast(root, what: str) -> int:
-    rows = root.evaluate(_CONTRAST_JS)
+def _check_contrast(root, what: str, script: str = _CONTRAST_JS) -> float:
+    """Every text of ``root`` (HTML, or with ``_SVG_CONTRAST_JS`` its figures') reads; the lowest
+    ratio, printed."""
+    rows = root.evaluate(script)
     assert len(rows) >= 5, f"{what}: only {len(rows)} text elements found"
     bad = [r for r in rows if r[0] < r[1]]
     assert not bad, f"{what}: text below WCAG contrast under the dark theme: " + "; ".join(
         f"{t!r} {c} on {b}: {ratio:.2f} < {need}" for ratio, need, t, c, b in bad[:8])
-    return len(rows)
+    worst = min(rows, key=lambda r: r[0])
+    print(f"contrast {what}: {len(rows)} texts, lowest {worst[0]:.2f} ({worst[2]!r} {worst[3]} on {worst[4]})")
+    return worst[0]
 
 
 def test_lab_runs_the_dark_theme(dark_notebook_page, request):
@@ -98,6 +218,9 @@ def test_leakage_explorer_reads_and_works_from_the_keyboard(dark_notebook_page, 
     page.keyboard.press("Tab")
     focused = page.evaluate("document.activeElement.closest('.packsim-query-slider') !== null")
     assert focused, "Tab from the head control did not reach the query token slider"
+    # a screen reader names the handle it landed on (packsim/viz/frontend/aria.js)
+    assert page.evaluate("document.activeElement.getAttribute('role')") == "slider"
+    assert page.evaluate("document.activeElement.getAttribute('aria-label')") == "query token"
     for _ in range(3):
         page.keyboard.press("ArrowRight")
     expect(share).to_have_text(PERCENT, timeout=TIMEOUT_MS)
@@ -122,15 +245,21 @@ def test_quiz_reads_and_works_from_the_keyboard(dark_notebook_page, request):
     expect(quiz).to_be_visible(timeout=TIMEOUT_MS)
     _check_contrast(quiz, "quiz before marking")
     words = quiz.locator(".packsim-quiz-word")
+    n_words = words.count()
+    pressed = words.evaluate_all("ws => ws.map(w => w.getAttribute('aria-pressed'))")
+    assert pressed == ["false"] * n_words, pressed  # every word says it is a toggle, not pressed
     words.nth(0).focus()
     page.keyboard.press("Enter")  # mark the first word
     expect(words.nth(0)).to_have_class(re.compile(r"\bpacksim-marked\b"), timeout=TIMEOUT_MS)
+    expect(words.nth(0)).to_have_attribute("aria-pressed", "true", timeout=TIMEOUT_MS)
     page.keyboard.press("Tab")
     page.keyboard.press("Space")  # and the next one
     expect(words.nth(1)).to_have_class(re.compile(r"\bpacksim-marked\b"), timeout=TIMEOUT_MS)
+    expect(words.nth(1)).to_have_attribute("aria-pressed", "true", timeout=TIMEOUT_MS)
     assert "marked as wrong" in (words.nth(1).get_attribute("title") or "")
     page.keyboard.press("Enter")  # unmark it again
     expect(words.nth(1)).not_to_have_class(re.compile(r"\bpacksim-marked\b"), timeout=TIMEOUT_MS)
+    expect(words.nth(1)).to_have_attribute("aria-pressed", "false", timeout=TIMEOUT_MS)
     quiz.locator(".packsim-quiz-submit").focus()
     page.keyboard.press("Enter")
     expect(quiz.locator(".packsim-quiz-result")).to_contain_text(re.compile(r"Score:\s*\d+\s*/\s*\d+"),
@@ -159,3 +288,68 @@ def test_plotly_figure_in_a_widget_follows_the_theme(dark_notebook_page, request
         " const v = getComputedStyle(d).color; d.remove(); return v; }", theme)
     assert set(fills) == {probe}, (set(fills), probe)
     _check_contrast(root.locator(".packsim-table").first, "playground table")
+
+
+@pytest.mark.parametrize("widget", FIGURE_WIDGETS)
+def test_figure_and_html_text_reads_under_the_dark_theme(dark_notebook_page, request, widget):
+    """Every text of the widget's plotly figure (all subplots' ticks and axis titles, legend,
+    colorbar, annotations) and of its HTML reads on what lies under it; no legend box is
+    left opaque (it was white, its labels in the theme's light text)."""
+    nb = dark_notebook_page
+    root = nb.page.locator(f".{widget}").first
+    plot = root.locator(".js-plotly-plot svg.main-svg").first
+    expect(plot).to_be_visible(timeout=TIMEOUT_MS)
+    root.scroll_into_view_if_needed()
+    nb.screenshot(request.node.name, "figure", root)
+    _check_contrast(root, f"{widget} figure", _SVG_CONTRAST_JS)
+    legends = root.locator(".legend .bg").evaluate_all("rs => rs.map(r => getComputedStyle(r).fill)")
+    assert all(f in ("rgba(0, 0, 0, 0)", "transparent", "none") for f in legends), legends
+    if root.locator(".widget-html-content").count():
+        rows = root.evaluate(_CONTRAST_JS)
+        if len(rows) >= 5:  # the widget's own HTML (status, numbers, verdict)
+            _check_contrast(root, f"{widget} HTML")
+
+
+_LINE_VS_PLOT_JS = r"""root => {
+  const parse = c => { const m = (c || '').match(/rgba?\(([^)]*)\)/); if (!m) return [0, 0, 0, 0];
+    const p = m[1].split(/[ ,\/]+/).filter(Boolean).map(Number); return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1]; };
+  const lin = c => { c /= 255; return c <= 0.04045 ? c / 12.92 : Math.pow((c + 0.055) / 1.055, 2.4); };
+  const lum = c => 0.2126 * lin(c[0]) + 0.7152 * lin(c[1]) + 0.0722 * lin(c[2]);
+  const ratio = (a, b) => { const [x, y] = [lum(a), lum(b)].sort((p, q) => q - p); return (x + 0.05) / (y + 0.05); };
+  const line = root.querySelector('.shapelayer path');
+  const area = root.querySelector('.bglayer .bg');
+  const stroke = parse(getComputedStyle(line).stroke), fill = parse(getComputedStyle(area).fill);
+  return [ratio(stroke, fill), getComputedStyle(line).stroke, getComputedStyle(area).fill];
+}"""
+
+
+def test_trap_explorer_line_toggles_and_axis_read_under_the_dark_theme(dark_notebook_page, request):
+    """The tolerance line stands out from the plot area (WCAG non-text 3:1; #444 vanished), each
+    toggle group's picked option is bold with a check mark and a bar and says aria-pressed (the
+    others not), and the log axis writes powers of ten as the tolerance label does (1e-5, no
+    SI prefix such as 100µ)."""
+    nb = dark_notebook_page
+    root = nb.page.locator(".packsim-traps")
+    expect(root.locator(".js-plotly-plot svg.main-svg").first).to_be_visible(timeout=TIMEOUT_MS)
+    root.scroll_into_view_if_needed()
+    nb.screenshot(request.node.name, "traps", root)
+    line_ratio, stroke, area = root.evaluate(_LINE_VS_PLOT_JS)
+    print(f"contrast tolerance line {stroke} on plot area {area}: {line_ratio:.2f}")
+    assert line_ratio >= 3, (line_ratio, stroke, area)
+    buttons = root.locator(".widget-toggle-button").evaluate_all("""bs => bs.map(b => [
+        b.classList.contains('mod-active'), b.getAttribute('aria-pressed'),
+        Number(getComputedStyle(b).fontWeight), getComputedStyle(b, '::before').content,
+        getComputedStyle(b).boxShadow, b.textContent.trim()])""")
+    picked = [b for b in buttons if b[0]]
+    assert len(picked) == 5, buttons  # one per group: attention, positions, mask, use_cache, rows
+    for active, pressed, weight, before, shadow, text in buttons:
+        assert pressed == ("true" if active else "false"), (text, pressed)
+        if active:
+            assert weight >= 600 and "\u2713" in before and "inset" in shadow, (text, weight, before, shadow)
+        else:
+            assert weight < 600 and before in ("none", "normal", ""), (text, weight, before)
+    texts = "ts => ts.map(t => t.textContent)"  # (SVG text has no innerText)
+    ticks = root.locator(".yaxislayer-above text").evaluate_all(texts)
+    assert ticks and not any("\u00b5" in t or t.endswith(("m", "n", "p")) for t in ticks), ticks
+    assert any(re.search(r"1e[\u2212-]5", t) for t in ticks), ticks  # as 'tolerance 1e-5'
+    assert "tolerance 1e-5" in root.locator(".annotation-text").evaluate_all(texts)
