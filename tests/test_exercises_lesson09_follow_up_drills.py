@@ -269,11 +269,13 @@ def test_bad_inputs():
 
 def test_scenario_numbers_come_from_the_committed_runs():
     from packsim.core.paths import repo_path
+    from packsim.experiment.committed_models import committed_metadata
     from packsim.experiment.results import Results
 
     tasks = Results.load(repo_path("results/tasks-full"))
     text = q2_scenario()
-    assert f"{tasks.summary('isolated_exact_match')['buggy']['mean']:.1%}" in text
+    assert f"scores {committed_metadata('buggy')['isolated_exact_match']:.1%} exact match" in text
+    assert f"score {tasks.summary('isolated_exact_match')['padded']['mean']:.1%} (mean over 3 seeds)" in text
     assert f"{tasks.config['train']['steps']} steps" in text
 
 

@@ -93,8 +93,7 @@ def packed_logp_cases() -> tuple[LogpCase, LogpCase]:
 
 
 def _spans(case: LogpCase):
-    bounds = case.cu_seqlens.tolist()
-    return list(itertools.pairwise(bounds))
+    return list(itertools.pairwise(case.cu_seqlens.tolist()))
 
 
 def _row_logp(logits, ids, shift=True):
@@ -291,13 +290,13 @@ def _distractors() -> dict[str, str]:
     return {
         "corrected_probe": "every model passes a block-diagonal forward, trained leaky or not (the cell below shows it "
                            "on the suspect): the leak lived in the run's call. Probe the reconstructed call instead (probe).",
-        "loss_curve": f"both bugs are silent there. In results/tasks-full the suspect reports {rep['buggy']:.3f} against "
-                      f"{rep['correct']:.3f} because it counts prompt tokens; in results/facts-full the buggy runs report "
+        "loss_curve": f"both bugs are silent there. In results/tasks-full the buggy runs report {rep['buggy']:.3f} against "
+                      f"{rep['correct']:.3f} because they count prompt tokens; in results/facts-full the buggy runs report "
                       f"{frep['buggy']:.3f} against the correct runs' {frep['correct']:.3f} "
                       f"({'the lower' if frep['buggy'] < frep['correct'] else 'not the lower'} loss) and score "
                       f"{fem['buggy']:.1%} against {fem['correct']:.1%} alone.",
-        "packed_eval": f"deployment sees one example at a time: in packs the suspect scores {packed['buggy']:.1%} "
-                       f"against {iso['buggy']:.1%} alone (results/tasks-full), a number nobody deploys.",
+        "packed_eval": f"deployment sees one example at a time: in packs the buggy runs score {packed['buggy']:.1%} "
+                       f"against {iso['buggy']:.1%} alone (results/tasks-full, mean over seeds), a number nobody deploys.",
         "throughput": f"it says packing removed padding ({tp['buggy']['real_tokens_per_s'] / tp['padded']['real_tokens_per_s']:.1f}x "
                       "the padded run's real tokens per second here), nothing about whether examples saw each other.",
     }
@@ -307,16 +306,19 @@ Q2_DISTRACTORS = ("corrected_probe", "loss_curve", "packed_eval", "throughput")
 
 
 def q2_scenario() -> str:
-    """The case of exercise 4, from the committed runs (results/tasks-full)."""
+    """The case of exercise 4, from the committed runs (results/tasks-full and its committed models)."""
+    from packsim.experiment.committed_models import COMMITTED_DIR, committed_metadata
+
     tasks, _ = _runs()
-    cfg, iso = tasks.config, tasks.summary("isolated_exact_match")
+    cfg, padded = tasks.config, tasks.summary("isolated_exact_match")["padded"]
     train, seeds = cfg["train"], cfg["seeds"]
-    return (f"A packed SFT run has finished: the {cfg['model_size']} Llama of results/tasks-full, {train['steps']} steps of "
-            f"{train['examples_per_step']} examples in rows of {train['capacity']} tokens ({train['strategy']} packing). "
-            f"Held out and run alone it scores {iso['buggy']['mean']:.1%} exact match (mean over {len(seeds)} seeds), "
-            f"the padded baseline {iso['padded']['mean']:.1%}. You have its checkpoint, config and logs (per-example "
-            f"losses with their place in the row), the data, and {len(seeds)} correctly packed runs from the same base "
-            "and data. Did packed examples contaminate each other?")
+    return (f"A packed SFT run has finished: the {cfg['model_size']} Llama of results/tasks-full, {train['steps']} steps "
+            f"of {train['examples_per_step']} examples in rows of {train['capacity']} tokens ({train['strategy']} packing). "
+            f"Held out and run alone, its checkpoint (in {COMMITTED_DIR}) scores "
+            f"{committed_metadata('buggy')['isolated_exact_match']:.1%} exact match; the padded runs of the same "
+            f"comparison score {padded['mean']:.1%} (mean over {len(seeds)} seeds). You have the checkpoint, its config "
+            "and logs (per-example losses with their place in the row), the data, a correctly packed run from the same "
+            f"base and data, and {len(seeds)} seeds of every setup. Did packed examples contaminate each other?")
 
 
 def q2_orders_count() -> int:
