@@ -95,7 +95,7 @@ IDS = [f"{lesson}.{name}" for lesson, name, _ in COURSE_CHECKS]
 
 
 def test_every_lesson_has_checks():
-    assert len({lesson for lesson, _, _ in COURSE_CHECKS}) == 11 and len(COURSE_CHECKS) >= 18
+    assert len({lesson[:8] for lesson, _, _ in COURSE_CHECKS}) == 11 and len(COURSE_CHECKS) >= 18  # lessons 00-10
 
 
 @pytest.mark.parametrize(("lesson", "name", "check_fn"), COURSE_CHECKS, ids=IDS)

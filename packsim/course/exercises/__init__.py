@@ -171,15 +171,16 @@ def check(exercise: str) -> Callable:
     return wrap
 
 
-def lesson_module(lesson: int | str) -> str:
-    """The solutions/exercises module of a lesson: its number (1) or the module name itself."""
+def lesson_modules(lesson: int | str) -> list[str]:
+    """The solutions modules of a lesson: every ``lessonNN_*`` of its number (a lesson and the
+    appendices it owns may have several), or the module name itself."""
     names = sorted(i.name for i in pkgutil.iter_modules(_solutions_path()))
     if isinstance(lesson, int) and not isinstance(lesson, bool):
         found = [n for n in names if n.startswith(f"lesson{lesson:02d}_")]
         if found:
-            return found[0]
+            return found
     elif lesson in names:
-        return lesson
+        return [lesson]
     numbers = sorted(int(n[6:8]) for n in names)
     raise PacksimError(
         f"no solutions for lesson {lesson!r}: pass the lesson number, one of {numbers}, "
@@ -192,13 +193,13 @@ def _solutions_path():
 
 
 def solution_source(lesson: int | str, name: str) -> str:
-    """The source of reference solution ``name`` in ``packsim.course.solutions.<lesson>``."""
-    lesson = lesson_module(lesson)
-    module = importlib.import_module(f"packsim.course.solutions.{lesson}")
-    obj = getattr(module, name, None)
+    """The source of reference solution ``name`` in the lesson's ``packsim.course.solutions`` module(s)."""
+    modules = [importlib.import_module(f"packsim.course.solutions.{m}") for m in lesson_modules(lesson)]
+    obj = next((getattr(m, name) for m in modules if hasattr(m, name)), None)
     if obj is None:
-        names = [n for n in vars(module) if not n.startswith("_") and n != "annotations"]
-        raise PacksimError(f"packsim.course.solutions.{lesson} has no {name!r}; it has {names}.")
+        names = [n for m in modules for n in vars(m) if not n.startswith("_") and n != "annotations"]
+        where = ", ".join(m.__name__ for m in modules)
+        raise PacksimError(f"{where} has no {name!r}; it has {names}.")
     if inspect.isfunction(obj) or inspect.isclass(obj):
         return inspect.getsource(obj)
     return f"{name} = {obj!r}\n"

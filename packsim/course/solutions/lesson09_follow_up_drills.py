@@ -1,17 +1,12 @@
 """Reference answers for appendix A8_follow_up_drills (checks: packsim.course.exercises.lesson09_follow_up_drills).
 
-``show_solution(9, name)`` opens the first ``lesson09_`` module in name order, which is this one, so
-lesson 09's other answers (``review``, ``q1_answer``, ``diagnosis``, ``followups``) are re-exported
-from packsim.course.solutions.lesson09_interview_drills below: the same objects, one source.
-"""
+``show_solution(9, name)`` looks in every ``lesson09_`` module, this one and lesson 09's own."""
 
 from __future__ import annotations
 
 import itertools
 
 import torch
-
-from packsim.course.solutions.lesson09_interview_drills import *  # noqa: F403 (show_solution(9, ...) finds them here)
 
 
 def packed_token_logps(logits, input_ids, cu_seqlens, completion_mask):
