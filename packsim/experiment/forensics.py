@@ -189,7 +189,7 @@ def flag_comparison(out: str | Path, control_setup: str = "correct", n_examples:
 
 
 @torch.no_grad()
-def by_position(model, examples: Sequence, capacity: int = 256) -> dict[int, dict]:
+def by_position(model, examples: Sequence, capacity: int = 256, setup=_LEAKY) -> dict[int, dict]:
     """The run's natural control: response loss by an example's place in its causal pack.
 
     The first example of every row has nothing before it, in training as here, so it is never
@@ -197,13 +197,15 @@ def by_position(model, examples: Sequence, capacity: int = 256) -> dict[int, dic
     loss alone. Later places sit after neighbours. Packed ``sequential``ly into rows of ``capacity``
     tokens, returns ``{place: {"n", "alone", "packed", "gap"}}`` (place 1 = first in its row; mean
     response losses in nats; gap = packed - alone). A model that never saw neighbours in training
-    shows a gap that jumps after place 1; one trained on leaky packs barely moves.
+    shows a gap that jumps after place 1; one trained on leaky packs barely moves. ``setup``: the
+    forward the packs are scored under (default the leaky one; a run's own setup gives what its
+    per-example log would hold).
     """
     exs = _examples(examples)
     longest = max(len(ex.tokens) for ex in exs)
     capacity = max(int(capacity), longest)
     alone, _ = _scores(model, exs, "padded", longest)
-    batch = PackedBatch.from_examples(exs, capacity, setup=_LEAKY, strategy="sequential")
+    batch = PackedBatch.from_examples(exs, capacity, setup=setup, strategy="sequential")
     packed, _ = example_scores(model, batch.to(model_device(model)))
     place = torch.zeros(len(exs), dtype=torch.long)
     seen: dict[int, int] = {}

@@ -379,29 +379,15 @@ def loss_by_place(model_setup: str, scored_under: str, n_examples: int | None = 
     in fast mode, as lesson 09's row E), packed in data
     order into rows of the run's capacity, scored in the packs and alone:
     ``{place: {"n", "alone", "packed", "gap"}}`` (place 1 = first in its row; mean nats; gap = packed -
-    alone), as :func:`packsim.experiment.forensics.by_position`, which scores under a causal pack only.
+    alone), through :func:`packsim.experiment.forensics.by_position`.
     Under the run's own setup it is what a per-example log would hold at its last step.
     """
-    from packsim.core.batch import PackedBatch
     from packsim.core.data import make_dataset
     from packsim.experiment.committed_models import committed_metadata, load_committed_model
-    from packsim.experiment.evaluation import example_scores
+    from packsim.experiment.forensics import by_position
     from packsim.experiment.run_mode import fast_mode
 
     n_examples = n_examples or (128 if fast_mode() else 256)
     model, meta = load_committed_model(model_setup), committed_metadata(model_setup)
     sample = make_dataset(n_examples, 0, seed=meta["seed"])[0]
-    longest = max(len(ex.tokens) for ex in sample)
-    alone, _ = example_scores(model, PackedBatch.from_examples(sample, longest, setup="padded"))
-    batch = PackedBatch.from_examples(sample, max(meta["capacity"], longest), setup=scored_under, strategy="sequential")
-    packed, _ = example_scores(model, batch)
-    place, seen = torch.zeros(len(sample), dtype=torch.long), {}
-    for seg in batch.segments:  # row-major: the k-th segment of a row is at place k
-        seen[seg.row] = seen.get(seg.row, 0) + 1
-        place[seg.example] = seen[seg.row]
-    out = {}
-    for k in sorted(set(place.tolist())):
-        at = place == k
-        out[k] = {"n": int(at.sum()), "alone": float(alone[at].mean()), "packed": float(packed[at].mean()),
-                  "gap": float((packed - alone)[at].mean())}
-    return out
+    return by_position(model, sample, meta["capacity"], setup=scored_under)
