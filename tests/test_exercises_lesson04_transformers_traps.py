@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+import warnings
+
 import pytest
 import torch
 
+from packsim.course.exercises import lesson04_backend_cases as bc
 from packsim.course.exercises.lesson04_transformers_traps import (
     HYBRID_CASES,
+    check_forward_kwargs_for,
     check_mrope_position_ids,
     check_position_ids_from_lengths,
     check_seq_idx_from_position_ids,
@@ -209,3 +214,185 @@ def test_positions_list_and_wrong_count_are_named():
     assert not fb.passed and "torch.long tensor" in _text(fb)
     fb = check_position_ids_from_lengths(lambda ls: torch.cat([torch.arange(n - 1) for n in ls]))
     assert not fb.passed and "positions for" in _text(fb)
+
+
+# ---- step 2: forward_kwargs_for, run on every backend ----------------------------------------
+# Ground truth by the test's own loop: its own tiny Llama per backend (the trap table's config,
+# use_cache=True as LlamaConfig gives it), its own packed forward and its own run of each example
+# alone; the check's verdict must be "passed" exactly when every case is isolated here.
+
+FLASH = "flash_attention_2"
+
+
+@functools.cache
+def _truth_model(impl):
+    from packsim.core.flash_emulation import emulate_flash
+    from packsim.exhibits.trap_cases import build_family
+
+    model = build_family("llama", "eager")
+    assert model.config.use_cache is True  # the default a hand-written loop gets
+    model.set_attn_implementation(emulate_flash(force_reference=True).name if impl == FLASH else impl)
+    return model
+
+
+def _truth(fields, impl, rows) -> float:
+    """Max |packed - alone| over every example of the case (inf if the forward raises)."""
+    from packsim.exhibits.traps import _flex_mode  # flex uncompiled on CPU (the same masking code)
+
+    model, B = _truth_model(impl), len(rows)
+    gen = torch.Generator().manual_seed(sum(len(r) for r in rows))  # the check's tokens, drawn the same way
+    ids = torch.randint(3, 96, (B, 32), generator=gen)
+    worst = 0.0
+    with _flex_mode(impl != "flex_attention"), torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            packed = model(input_ids=ids, **fields).logits
+        except Exception:  # noqa: BLE001 - fields the backend cannot run: not isolated
+            return float("inf")
+        for b, row in enumerate(rows):
+            start = 0
+            for n in row:
+                alone = model(input_ids=ids[b : b + 1, start : start + n], use_cache=False).logits[0]
+                d = float((packed[b, start : start + n] - alone).abs().max())
+                worst = max(worst, d if d == d else float("inf"))
+                start += n
+    return worst
+
+
+def _truth_by_case(answer) -> dict:
+    return {(impl, rows): _truth(answer([list(r) for r in rows], impl), impl, rows) for impl, rows in bc.KWARGS_CASES}
+
+
+def _restart(rows):  # (B, 32) position ids, 0..L-1 per example, by a plain loop
+    return torch.tensor([[p for n in row for p in range(n)] for row in rows])
+
+
+def _varlen(rows):  # cu_seq_lens over the flattened batch (S+1,) int32, and the longest example
+    cu, total = [0], 0
+    for row in rows:
+        for n in row:
+            total += n
+            cu.append(total)
+    cu, longest = torch.tensor(cu, dtype=torch.int32), max(n for row in rows for n in row)
+    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu.clone(), "max_length_q": longest, "max_length_k": longest}
+
+
+def _block_diagonal(rows):  # (B, 1, 32, 32) bool, True = attend: same example and key <= query
+    seq = torch.tensor([[e for e, n in enumerate(row) for _ in range(n)] for row in rows])
+    q, k = torch.arange(32)[:, None], torch.arange(32)[None]
+    return ((seq[:, :, None] == seq[:, None, :]) & (k <= q))[:, None]
+
+
+def _additive(rows):
+    return torch.where(_block_diagonal(rows), 0.0, torch.finfo(torch.float32).min)
+
+
+def _collator_everywhere(rows, impl):  # what DataCollatorWithFlattening(return_flash_attn_kwargs=True) carries
+    return {"position_ids": _restart(rows), "use_cache": False, **_varlen(rows)}
+
+
+def _masks_and_boundaries(rows, impl):  # a float 4D mask (the cache does not matter then); flash: offsets only
+    if impl == FLASH:
+        return _varlen(rows)  # no positions (0..31 per row: RoPE reads differences), use_cache left on
+    return {"attention_mask": _additive(rows)}
+
+
+def _mixed(rows, impl):  # bool 4D on sdpa; float 4D + continuous positions on eager/flex; flash: ones mask dropped
+    if impl == "sdpa":
+        return {"attention_mask": _block_diagonal(rows), "use_cache": False}
+    if impl == FLASH:
+        extra = {} if len(rows) == 1 else _varlen(rows)
+        return {"position_ids": _restart(rows), "attention_mask": torch.ones(len(rows), 32, dtype=torch.long), **extra}
+    return {"attention_mask": _additive(rows), "position_ids": torch.arange(32).expand(len(rows), 32), "use_cache": False}
+
+
+CORRECT = {"reference": sol.forward_kwargs_for, "collator_everywhere": _collator_everywhere,
+           "masks_and_boundaries": _masks_and_boundaries, "mixed": _mixed}
+
+
+def test_every_backend_gets_two_or_more_different_correct_answers():
+    for impl in {impl for impl, _ in bc.KWARGS_CASES}:
+        rows = next(r for i, r in bc.KWARGS_CASES if i == impl and len(r) > 1)
+        forms = {tuple(sorted((k, str(v.dtype) if isinstance(v, torch.Tensor) else v) for k, v in
+                              answer([list(r) for r in rows], impl).items())) for answer in CORRECT.values()}
+        assert len(forms) >= 2, impl
+
+
+@pytest.mark.parametrize("name", list(CORRECT))
+def test_forward_kwargs_correct_answers_pass(name):
+    truth = _truth_by_case(CORRECT[name])
+    assert max(truth.values()) <= 1e-5, truth  # isolated on every case, by the test's own runs
+    fb = check_forward_kwargs_for(CORRECT[name])
+    assert fb.passed, fb
+    assert fb.message.count("e-0") >= len(bc.KWARGS_CASES), fb  # each case's number is shown
+
+
+def test_forward_kwargs_notes_fields_a_backend_never_reads():
+    fb = check_forward_kwargs_for(_collator_everywhere)
+    assert fb.passed and "cu_seq_lens_q on sdpa" in fb.message and "only the flash path reads" in fb.message, fb
+    assert "never reads" not in check_forward_kwargs_for(sol.forward_kwargs_for).message
+
+
+def _without(key):
+    return lambda rows, impl: {k: v for k, v in sol.forward_kwargs_for(rows, impl).items() if k != key}
+
+
+def _with(**extra):
+    return lambda rows, impl: {**sol.forward_kwargs_for(rows, impl), **{k: f(rows, impl) for k, f in extra.items()}}
+
+
+def _flash_only(**extra):  # change the reference only on two flash rows
+    return lambda rows, impl: {**sol.forward_kwargs_for(rows, impl),
+                               **({k: f(rows) for k, f in extra.items()} if impl == FLASH and len(rows) > 1 else {})}
+
+
+def _not_flash(answer):  # an answer off the flash path, the reference on it
+    return lambda rows, impl: sol.forward_kwargs_for(rows, impl) if impl == FLASH else answer(rows, impl)
+
+
+WRONG = {  # answer, words the verdict must hold, the first case that leaks (by the check's order)
+    "cache_left_on": (_without("use_cache"), "you left use_cache out", ("sdpa", 1)),
+    "cache_true": (_with(use_cache=lambda r, i: True), "trap 1", ("sdpa", 1)),
+    "ones_mask": (_with(attention_mask=lambda r, i: torch.ones(len(r), 32, dtype=torch.long)), "all-ones 2D attention_mask, trap 2", ("sdpa", 1)),
+    "bool_4d": (_not_flash(lambda r, i: {"attention_mask": _block_diagonal(r), "use_cache": False}), "bool 4D mask under eager, trap 3", ("eager", 1)),
+    "causal_4d": (_not_flash(lambda r, i: {"attention_mask": torch.where(torch.ones(32, 32, dtype=torch.bool).tril(), 0.0, -1e30).expand(len(r), 1, 32, 32)}), "trap 4", ("sdpa", 1)),
+    "positions_only": (lambda r, i: {"position_ids": _restart(r), "use_cache": False}, "positions only, on a 2-row batch", (FLASH, 2)),
+    "offsets_per_row": (_flash_only(**{k: (lambda key: lambda r: _varlen(r[:1])[key])(k) for k in bc.VARLEN}), "covers row 0 only", (FLASH, 2)),
+    "offsets_int64": (_flash_only(cu_seq_lens_q=lambda r: _varlen(r)["cu_seq_lens_q"].long(), cu_seq_lens_k=lambda r: _varlen(r)["cu_seq_lens_k"].long()), "int32", (FLASH, 2)),
+    "no_max_length": (lambda r, i: {k: v for k, v in sol.forward_kwargs_for(r, i).items() if not k.startswith("max_length")}, "all four are given", (FLASH, 2)),
+    "max_length_short": (_flash_only(max_length_q=lambda r: 5, max_length_k=lambda r: 5), "max_length_q=5", (FLASH, 2)),
+    "offsets_only_everywhere": (lambda r, i: {**_varlen(r), "use_cache": False}, "never reads cu_seq_lens", ("sdpa", 1)),
+    "one_row_of_positions": (_with(position_ids=lambda r, i: _restart(r[:1])), "expands it to every row", ("sdpa", 2)),
+    "continuous": (_with(position_ids=lambda r, i: torch.arange(32).expand(len(r), 32)), "nothing restarts", ("sdpa", 1)),
+    "4d_on_flash": (lambda r, i: {"attention_mask": _additive(r), "use_cache": False}, "a 4D mask on the flash path", (FLASH, 1)),
+}
+
+
+@pytest.mark.parametrize(("name"), list(WRONG))
+def test_forward_kwargs_wrong_answers_name_their_trap(name):
+    answer, named, (impl, B) = WRONG[name]
+    truth = _truth_by_case(answer)
+    first = next(case for case in bc.KWARGS_CASES if truth[case] > 1e-5)  # the test's own runs
+    assert (first[0], len(first[1])) == (impl, B), (first, truth)
+    fb = check_forward_kwargs_for(answer)
+    assert not fb.passed and fb.attempted, fb
+    assert named in fb.message, fb
+    assert fb.message.startswith(bc.where(*first)), fb  # the case it names is the first that leaks
+
+
+@pytest.mark.parametrize(("answer", "named"), [
+    (lambda r, i: [("position_ids", _restart(r))], "return a dict"),
+    (lambda r, i: {"input_ids": torch.zeros(len(r), 32, dtype=torch.long), **sol.forward_kwargs_for(r, i)}, "input_ids"),
+    (lambda r, i: {"position_id": _restart(r), "use_cache": False}, "no attention backend reads ['position_id']"),
+], ids=["not_a_dict", "input_ids", "typo"])
+def test_forward_kwargs_malformed_answers_are_named_before_running(answer, named):
+    fb = check_forward_kwargs_for(answer)
+    assert not fb.passed and fb.attempted and named in fb.message, fb
+
+
+def test_a_misspelt_field_really_changes_nothing():
+    """What the typo message says, measured: the model takes the unknown name silently."""
+    rows = bc.KWARGS_CASES[0][1]
+    typo = _truth({"position_id": _restart(rows), "use_cache": False}, "sdpa", rows)
+    none = _truth({"use_cache": False}, "sdpa", rows)
+    assert typo == none > 1e-2

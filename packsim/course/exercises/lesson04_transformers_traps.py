@@ -1,7 +1,11 @@
 """Checks for the exercise of notebook 04_transformers_traps.
 
 - :func:`check_position_ids_from_lengths`: example lengths -> position ids (sum(lengths),) long
-  that restart at 0 in every example, the form transformers needs to detect a pack.
+  that restart at 0 in every example, the form transformers needs to detect a pack (step 1);
+- :func:`check_forward_kwargs_for`: (rows of example lengths, attn_implementation) -> the dict of
+  fields for ``model(input_ids=ids, **fields)`` that keeps every example isolated on that backend
+  (step 2). It RUNS them: the trap table's tiny Llama, packed vs each example alone, on nine
+  (backend, rows) cases (``lesson04_backend_cases``: the cases, the runs, the traps it names).
 
 Appendix A3 (A3_flash_path_and_hybrids) has two more, below the line ``appendix A3``:
 
@@ -24,7 +28,7 @@ import torch
 
 from packsim.course.exercises import Feedback, check, fail, ok
 
-__all__ = ["check_position_ids_from_lengths", "LENGTH_CASES"]
+__all__ = ["check_forward_kwargs_for", "check_position_ids_from_lengths", "LENGTH_CASES"]
 
 # Packs the check tries, as example lengths: several examples, one example, many length-1
 # examples (the same packs as lesson 03's checks).
@@ -76,6 +80,40 @@ def check_position_ids_from_lengths(fn) -> Feedback:
         return fail(f"{where} you returned {values}, expected {want}.",
                     "concatenate 0..L-1 for each example length L.")
     return ok(f"right on {len(LENGTH_CASES)} packs: positions restart at 0 in every example.")
+
+
+@check("forward kwargs for a backend")
+def check_forward_kwargs_for(fn) -> Feedback:
+    """``fn(rows: list[list[int]], attn_implementation: str) -> dict`` of forward fields; passes when
+    every example of every case matches its run alone within ``TOL``, whichever fields did it."""
+    from packsim.course.exercises import lesson04_backend_cases as bc
+
+    runs, by_impl = [], {}
+    for impl, rows in bc.KWARGS_CASES:
+        fields = fn([list(r) for r in rows], impl)
+        problem = bc.fields_problem(fields)
+        if problem:
+            return fail(f"{bc.where(impl, rows)}: {problem[0]}", problem[1])
+        try:
+            diffs, error = bc.isolation(fields, impl, rows), None
+        except Exception as err:  # noqa: BLE001 - a forward your fields break is a verdict, not a crash
+            diffs, error = None, err
+        worst = max(diffs, key=lambda d: d if d == d else float("inf")) if diffs else float("nan")
+        runs.append((impl, rows, fields, worst <= bc.TOL, error))  # nan (or an error): not isolated
+        shown = f"{type(error).__name__} raised" if error else f"{worst:.1e}"
+        by_impl.setdefault(impl, []).append(f"{shown} ({len(rows)} row{'s' * (len(rows) > 1)})")
+    measured = ("Measured, max |packed - alone| per case: " + "; ".join(f"{i} {', '.join(v)}" for i, v in by_impl.items())
+                + f" (tolerance {bc.TOL:.0e}).")
+    leaking = [run for run in runs if not run[3]]
+    if leaking:
+        impl, rows, fields, _, error = leaking[0]
+        message, hint = bc.trap_in(fields, impl, rows, error)
+        more = f" ({len(leaking) - 1} more case{'s' * (len(leaking) > 2)} not isolated.)" if len(leaking) > 1 else ""
+        return fail(message + more + " " + measured, hint)
+    ignored = sorted({f"{k} on {impl}" for impl, _, fields, _, _ in runs for k in bc.ignored_fields(fields, impl)})
+    note = (" Some fields did nothing where they went (" + ", ".join(ignored) + ": only the flash path reads "
+            "them); the other fields isolated those cases.") if ignored else ""
+    return ok(f"every example of all {len(runs)} cases matches its run alone. " + measured + note)
 
 
 # ---- appendix A3: the fields a packed row needs beyond attention ------------------------------

@@ -10,6 +10,24 @@ def position_ids_from_lengths(lengths: list[int]) -> torch.Tensor:
     return torch.cat([torch.arange(n) for n in lengths])
 
 
+def forward_kwargs_for(rows: list[list[int]], attn_implementation: str) -> dict:
+    """Rows of example lengths (each row the same total T) -> the fields of ``model(input_ids (B, T),
+    **fields)`` that keep every example isolated on ``attn_implementation``.
+
+    Everywhere: position_ids (B, T) restarting in every row, no attention_mask, use_cache=False
+    (sdpa / eager / flex detect the pack from them only with no mask and no cache). flash_attention_2
+    reads a pack from positions only in a one-row batch, so two rows also get the boundaries over
+    the flattened batch: cu_seq_lens_q/k (S+1,) int32 and max_length_q/k.
+    """
+    fields = {"position_ids": torch.stack([position_ids_from_lengths(r) for r in rows]), "use_cache": False}
+    if attn_implementation == "flash_attention_2" and len(rows) > 1:
+        lengths = torch.tensor([n for r in rows for n in r])  # (S,): every example, row after row
+        cu = torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0).to(torch.int32)])  # (S+1,)
+        longest = int(lengths.max())
+        fields.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
+    return fields
+
+
 # ---- appendix A3 ------------------------------------------------------------------------------
 
 
