@@ -110,9 +110,9 @@ def check_forward_kwargs_for(fn) -> Feedback:
         message, hint = bc.trap_in(fields, impl, rows, error)
         more = f" ({len(leaking) - 1} more case{'s' * (len(leaking) > 2)} not isolated.)" if len(leaking) > 1 else ""
         return fail(message + more + " " + measured, hint)
-    ignored = sorted({f"{k} on {impl}" for impl, _, fields, _, _ in runs for k in bc.ignored_fields(fields, impl)})
-    note = (" Some fields did nothing where they went (" + ", ".join(ignored) + ": only the flash path reads "
-            "them); the other fields isolated those cases.") if ignored else ""
+    ignored = list(dict.fromkeys(impl for impl, _, fields, _, _ in runs if bc.ignored_fields(fields, impl)))
+    note = (f" Your `cu_seq_lens_*` / `max_length_*` also went to {', '.join(ignored)}, which never read them "
+            "(only the flash path does): your other fields isolated those cases.") if ignored else ""
     return ok(f"every example of all {len(runs)} cases matches its run alone. " + measured + note)
 
 
