@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--setups", help="comma-separated presets or mask+positions+loss combinations "
                    "(default: buggy,correct in fast mode; buggy,correct,mask_fix,loss_fix,padded in full)")
     p.add_argument("--seeds", type=int, help="number of seeds (default: 1 fast, 3 full)")
-    p.add_argument("--steps", type=int, help="optimizer steps per run (default: 240 fast, 600 full)")
+    p.add_argument("--steps", type=int, help="optimizer steps per run (default: 220 fast, 600 full)")
     p.add_argument("--examples-per-step", type=int, help="examples per step (default 224)")
     p.add_argument("--n-test", type=int, help="held-out examples per test set (default 256 fast, 512 full)")
     p.add_argument("--throughput-steps", type=int, help="steps of the long-tailed throughput measurement")
