@@ -31,9 +31,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser]
 TIMEOUT_MS = 15_000
 PERCENT = re.compile(r"(\d+(?:\.\d+)?)\s*%")
 
-# Worst text contrast inside a root element: [ratio, needed, text, colour, background] rows.
-_CONTRAST_JS = r"""root => {
-  const parse = c => { const m = c.match(/rgba?\(([^)]*)\)/); if (!m) return [0, 0, 0, 0];
+# WCAG 2 contrast in the browser: colour parsing, alpha compositing, relative luminance, the
+# ratio, and the opaque background an element's text sits on (its ancestors' backgrounds composited).
+_WCAG_JS = r"""
+  const parse = c => { const m = (c || '').match(/rgba?\(([^)]*)\)/); if (!m) return [0, 0, 0, 0];
     const p = m[1].split(/[ ,\/]+/).filter(Boolean).map(Number); return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1]; };
   const over = (top, base) => [0, 1, 2].map(i => top[3] * top[i] + (1 - top[3]) * base[i]).concat([1]);
   const lin = c => { c /= 255; return c <= 0.04045 ? c / 12.92 : Math.pow((c + 0.055) / 1.055, 2.4); };
@@ -49,6 +50,10 @@ _CONTRAST_JS = r"""root => {
     for (let i = layers.length - 1; i >= 0; i--) bg = over(layers[i], bg);
     return bg;
   };
+"""
+
+# Worst text contrast inside a root element: [ratio, needed, text, colour, background] rows.
+_CONTRAST_JS = r"""root => {""" + _WCAG_JS + r"""
   const rows = [];
   const all = [root, ...root.querySelectorAll('*')];
   for (const el of all) {
@@ -129,23 +134,8 @@ def dark_notebook_page(browser, dark_lab_server, request):
 # Worst contrast of the text of the plotly figures inside a root element: rows as _CONTRAST_JS.
 # The figure's paper is transparent, so a text's background is the page under the figure, with,
 # where the text's centre lies inside them, the plot areas (.bglayer .bg) and the legend box on top.
-_SVG_CONTRAST_JS = r"""root => {
-  const parse = c => { const m = (c || '').match(/rgba?\(([^)]*)\)/); if (!m) return [0, 0, 0, 0];
-    const p = m[1].split(/[ ,\/]+/).filter(Boolean).map(Number); return [p[0], p[1], p[2], p.length > 3 ? p[3] : 1]; };
-  const over = (top, base) => [0, 1, 2].map(i => top[3] * top[i] + (1 - top[3]) * base[i]).concat([1]);
-  const lin = c => { c /= 255; return c <= 0.04045 ? c / 12.92 : Math.pow((c + 0.055) / 1.055, 2.4); };
-  const lum = c => 0.2126 * lin(c[0]) + 0.7152 * lin(c[1]) + 0.0722 * lin(c[2]);
-  const ratio = (a, b) => { const [x, y] = [lum(a), lum(b)].sort((p, q) => q - p); return (x + 0.05) / (y + 0.05); };
-  const page = el => {
-    const layers = [];
-    for (let e = el; e; e = e.parentElement) {
-      const c = parse(getComputedStyle(e).backgroundColor);
-      if (c[3] > 0) { layers.push(c); if (c[3] >= 1) break; }
-    }
-    let bg = [255, 255, 255, 1];
-    for (let i = layers.length - 1; i >= 0; i--) bg = over(layers[i], bg);
-    return bg;
-  };
+_SVG_CONTRAST_JS = r"""root => {""" + _WCAG_JS + r"""
+  const page = background;
   const fillOf = el => { const st = getComputedStyle(el); const c = parse(st.fill);
     c[3] *= Number(st.fillOpacity); return c; };
   const rows = [];
