@@ -90,6 +90,12 @@ for seed in (0, 1):  # made-up records: the figure's look is under test, not tra
                     "isolated_response_loss": 1 / step, "isolated_exact_match": step / 10}))
 live.redraw()
 live"""
+_FEEDBACK = """from IPython.display import display
+from packsim.course.exercises import Feedback
+for fb in (Feedback(True, "your share 0.25 is the padding's", exercise="padding_share"),
+           Feedback(False, "you returned 0.75, the share of real tokens", "one minus it", "padding_share"),
+           Feedback(False, "not done yet", "write the function", "padding_share", attempted=False)):
+    display(fb)  # a check's verdict box, outside any widget"""
 _DARK_CELLS = (
     "from packsim import viz\nfrom packsim.core.data import make_examples",
     "viz.leakage_explorer(make_examples(6, seed=0))  # untrained tiny model: only the mask differs",
@@ -99,6 +105,7 @@ _DARK_CELLS = (
     "viz.tile_map()",
     "viz.trap_explorer()",
     "viz.mask_explorer()",
+    _FEEDBACK,
     f"print({DONE_MARKER!r})",
 )
 FIGURE_WIDGETS = ("packsim-playground", "packsim-curves", "packsim-tiles", "packsim-traps",
@@ -343,3 +350,22 @@ def test_trap_explorer_line_toggles_and_axis_read_under_the_dark_theme(dark_note
     assert ticks and not any("\u00b5" in t or t.endswith(("m", "n", "p")) for t in ticks), ticks
     assert any(re.search(r"1e[\u2212-]5", t) for t in ticks), ticks  # as 'tolerance 1e-5'
     assert "tolerance 1e-5" in root.locator(".annotation-text").evaluate_all(texts)
+
+
+def test_check_feedback_reads_under_the_dark_theme(dark_notebook_page, request):
+    """A check's verdict box renders outside the widgets' CSS: its own <style> switches the verdict
+    colours (packsim.viz.style OK_TEXT / BAD_TEXT) to their dark-theme values, and every text reads."""
+    from packsim.viz.style import BAD_TEXT, OK_TEXT
+
+    def rgb(hex_colour):
+        return "rgb({}, {}, {})".format(*(int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)))
+
+    nb = dark_notebook_page
+    boxes = nb.page.locator(".packsim-feedback")
+    expect(boxes.nth(2)).to_be_visible(timeout=TIMEOUT_MS)
+    area = nb.page.locator(".jp-OutputArea", has=boxes.first).first
+    nb.screenshot(request.node.name, "feedback", area)
+    for status, colour in (("correct", OK_TEXT["dark"]), ("wrong", BAD_TEXT["dark"])):
+        word = nb.page.locator(f".packsim-feedback-{status} span").first
+        assert word.evaluate("e => getComputedStyle(e).color") == rgb(colour), status
+    _check_contrast(area, "check feedback")

@@ -63,19 +63,11 @@ class Feedback:
     __repr__ = __str__
 
     def _repr_html_(self) -> str:
-        # Colours readable on JupyterLab's light and dark themes (Okabe-Ito blue / vermillion,
-        # the theme's own secondary text colour), and the mark says the status without colour.
-        colour = ("#0072b2" if self.passed
-                  else "#d55e00" if self.attempted else "var(--jp-ui-font-color2, #757575)")  # fmt: skip
-        mark = "&#10004;" if self.passed else ("&#10008;" if self.attempted else "&#9998;")
+        from packsim.viz.feedback import feedback_html  # the box's markup and theme colours
+
         head = f"<b>{html.escape(self.exercise)}</b>: " if self.exercise else ""
         hint = f"<br><i>hint:</i> {marks_to_html(self.hint)}" if self.hint and not self.passed else ""
-        return (
-            f'<div class="packsim-feedback packsim-feedback-{self.status.replace(" ", "-")}" '
-            f'style="border-left:5px solid {colour};padding:4px 10px;margin:4px 0">'
-            f'<span style="color:{colour};font-weight:bold">{mark} {self.status}</span> {head}'
-            f"{marks_to_html(self.message)}{hint}</div>"
-        )
+        return feedback_html(self.status, head, marks_to_html(self.message), hint)
 
 
 # ``*word*`` / ``**word**`` emphasis and ```code``` marks that feedback texts may use.
