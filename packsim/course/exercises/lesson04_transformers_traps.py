@@ -278,6 +278,17 @@ def _seq_idx_mistake(got, lengths) -> tuple[str, str] | None:
     return (f"{where} you returned {values}, expected {want}.", "add 1 at each restart of the position ids.")
 
 
+def _first_mistake(fn, mistake) -> tuple | None:
+    """(lengths, answer, message, hint) for the first pack of HYBRID_CASES on which ``mistake`` finds
+    ``fn``'s answer wrong; None when it is right on all of them."""
+    for lengths in HYBRID_CASES:
+        got = fn(_restarting_positions(lengths))
+        found = mistake(got, lengths)
+        if found is not None:
+            return (lengths, got, *found)
+    return None
+
+
 @check("seq_idx from position ids")
 def check_seq_idx_from_position_ids(fn) -> Feedback:
     """``fn(position_ids (1, T) long, restarting at 0) -> seq_idx (1, T) int32``, the example index
@@ -285,12 +296,9 @@ def check_seq_idx_from_position_ids(fn) -> Feedback:
     from packsim.exhibits.hybrid_traps import FRONTIER_TOL
 
     tol = FRONTIER_TOL["hybrid"]
-    for lengths in HYBRID_CASES:
-        got = fn(_restarting_positions(lengths))
-        mistake = _seq_idx_mistake(got, lengths)
-        if mistake is None:
-            continue
-        message, hint = mistake
+    found = _first_mistake(fn, _seq_idx_mistake)
+    if found is not None:
+        lengths, got, message, hint = found
         if lengths == HYBRID_CASES[0] and isinstance(got, torch.Tensor) and tuple(got.shape) == (1, sum(lengths)) \
                 and not got.is_floating_point():
             message += " Measured: " + _run_words(seq_idx_isolation(got), tol, "the tiny Bamba with your seq_idx") + "."
@@ -360,12 +368,9 @@ def check_mrope_position_ids(fn) -> Feedback:
     from packsim.exhibits.hybrid_traps import FRONTIER_TOL
 
     tol = FRONTIER_TOL["mrope"]
-    for lengths in HYBRID_CASES:
-        got = fn(_restarting_positions(lengths))
-        mistake = _mrope_mistake(got, lengths)
-        if mistake is None:
-            continue
-        message, hint = mistake
+    found = _first_mistake(fn, _mrope_mistake)
+    if found is not None:
+        lengths, got, message, hint = found
         if lengths == HYBRID_CASES[0] and isinstance(got, torch.Tensor) and got.dtype == torch.long \
                 and tuple(got.shape) in ((1, sum(lengths)), (3, 1, sum(lengths)), (4, 1, sum(lengths))):
             changes = mrope_isolation(got)
