@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import nbformat
+import pytest
+
 from packsim.course.exercises.lesson09_interview_drills import (
     BUGS,
     CAUSES,
     FOLLOWUPS,
-    Q1_STATEMENTS,
     REVIEW_SNIPPET,
     SYMPTOMS,
     check_diagnosis,
@@ -15,6 +19,8 @@ from packsim.course.exercises.lesson09_interview_drills import (
     check_review,
 )
 from packsim.course.solutions import lesson09_interview_drills as sol
+
+NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "09_interview_drills.ipynb"
 
 
 def _text(fb) -> str:
@@ -85,31 +91,80 @@ def test_review_stub_not_attempted():
 # ----------------------------------------------------------------------------- q1
 
 
-def test_q1_reference_passes():
-    fb = check_q1_answer(sol.q1_answer)
-    assert fb.passed, fb
-    assert check_q1_answer({"a", "b", "c", "d"}).passed  # I is optional; case does not matter
+def _model_answer_of_lesson_09() -> str:
+    """The folded model answer to question 1 in the notebook itself: a right answer not written for the check."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    return next(c.source for c in nb.cells if c.source.startswith("<details><summary><b>Model answer to question 1"))
 
 
-def test_q1_dense_mask_red_flag():
-    fb = check_q1_answer({"A", "B", "C", "D", "E"})
-    assert not fb.passed and "red flag" in _text(fb) and "e is false" in _text(fb)
+RIGHT_ANSWERS = {
+    "reference": sol.q1_answer,
+    "terse": "Tiling plus an online softmax, so no N x N matrix. Input: cu_seqlens offsets. Tiles "
+    "across examples are skipped. Cost: sum of L_i^2 instead of N^2.",
+    "paraphrase": "FlashAttention splits Q and K into blocks and keeps a running max and sum per row, so "
+    "the scores are never written to HBM. You hand it the cumulative sequence lengths. A block never "
+    "computes scores between two documents, and the work is quadratic in each sequence rather than "
+    "in the pack.",
+    "denies the red flags": "Tiles with an online softmax and cu_seqlens; cross-example tiles are "
+    "skipped, so the work is the sum of squared lengths. It does not build a dense mask in SRAM and "
+    "does not multiply scores by zero; position ids alone never isolate anything.",
+    "as a list": ["Tiles and an online softmax.", "cu_seqlens gives the offsets.",
+                  "Cross-example tiles are never computed.", "Work: Σ L_i²."],
+}
 
 
-def test_q1_zeroing_scores_red_flag():
-    fb = check_q1_answer({"A", "B", "C", "D", "F"})
-    assert not fb.passed and "never computed" in _text(fb)
+@pytest.mark.parametrize("name", [*RIGHT_ANSWERS, "the notebook's model answer"])
+def test_q1_right_answers_pass(name):
+    answer = RIGHT_ANSWERS.get(name) or _model_answer_of_lesson_09()
+    fb = check_q1_answer(answer)
+    assert fb.passed and fb.attempted, fb
+    assert "all four ingredients" in _text(fb)
 
 
-def test_q1_missing_cost_model():
-    fb = check_q1_answer({"A", "B", "C"})
-    assert not fb.passed and "missing" in _text(fb) and "d (" in _text(fb)
+BASE = "Tiles with an online softmax; it takes cu_seqlens; cross-example tiles are skipped; work is the sum of squared lengths."
+RED_FLAGS = {  # a junior answer's false claim, and a word of the check's reason it is false
+    "It builds the block-diagonal boolean mask once in fast on-chip memory.": "not even on chip",
+    "It builds the mask in shared memory and reuses it for every head.": "not even on chip",
+    "Cross-example scores are multiplied by zero before the softmax.": "exp(0) = 1",
+    "Resetting position_ids to 0 at each example is what isolates the examples.": "do not restrict",
+    "Each example is padded to max_seqlen inside the kernel.": "there is no padding",
+}
 
 
-def test_q1_unknown_letter_and_stub():
-    assert "not among" in _text(check_q1_answer({"Z"}))
+@pytest.mark.parametrize("claim", RED_FLAGS)
+def test_q1_red_flag_fails_and_says_why(claim):
+    fb = check_q1_answer(BASE + " " + claim)
+    assert not fb.passed and "red flag" in _text(fb), fb
+    assert RED_FLAGS[claim] in _text(fb) and claim.lower().rstrip(".") in _text(fb)  # the sentence quoted
+
+
+def test_q1_right_answers_with_a_red_flag_added_fail():
+    for answer in (sol.q1_answer, _model_answer_of_lesson_09()):
+        assert not check_q1_answer(answer + " It multiplies the cross-example scores by zero.").passed
+
+
+@pytest.mark.parametrize(("cut", "missing"), [
+    ("work is the sum of squared lengths", "what it costs"),
+    ("it takes cu_seqlens", "with what"),
+    ("cross-example tiles are skipped", "what is skipped"),
+    ("Tiles with an online softmax", "how"),
+])
+def test_q1_missing_ingredient_named(cut, missing):
+    fb = check_q1_answer(BASE.replace(cut, "it is fast"))
+    assert not fb.passed and f"missing: {missing}" in _text(fb).replace("*", ""), fb
+
+
+def test_q1_depth_named_when_present_and_asked_next_when_absent():
+    assert "depth you added" in _text(check_q1_answer(sol.q1_answer))
+    fb = check_q1_answer(BASE)
+    assert fb.passed and "may ask next" in _text(fb) and "backward" in _text(fb)
+
+
+def test_q1_not_text_and_stub():
+    fb = check_q1_answer({"A", "B", "C", "D"})  # the old multiple-choice form
+    assert not fb.passed and "as text" in _text(fb)
     assert check_q1_answer(...).attempted is False
-    assert set(Q1_STATEMENTS) >= sol.q1_answer
+    assert not check_q1_answer("").passed
 
 
 # ----------------------------------------------------------------------------- diagnosis
@@ -177,13 +232,6 @@ def test_review_other_forms_pass():
     assert check_review(sorted(sol.review)).passed  # a list
     assert check_review(tuple(b.upper() for b in sol.review)).passed  # a tuple, upper case
     assert check_review({f" {b} " for b in sol.review}).passed  # stray spaces
-
-
-def test_q1_other_forms_pass():
-    for answer in ({"A", "B", "C", "D"}, ["d", "c", "b", "a", "i"], "ABCD", "A, B, C, D, I"):
-        fb = check_q1_answer(answer)
-        assert fb.passed, (answer, fb)
-    assert "red flag" in _text(check_q1_answer("ABCDE"))  # a string is read letter by letter, E included
 
 
 def test_diagnosis_other_forms_pass():

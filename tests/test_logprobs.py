@@ -237,7 +237,7 @@ def test_rows_without_boundary_fields_are_split_at_the_special_tokens(llama):
         logits = llama(**batch, use_cache=False).logits  # (2, T, V)
         for b in range(2):
             starts = [t for t in range(ids.shape[1]) if ids[b, t] == 1] + [ids.shape[1]]
-            for s, e in zip(starts, starts[1:]):
+            for s, e in zip(starts, starts[1:], strict=False):
                 alone = llama(input_ids=ids[b:b + 1, s:e], use_cache=False).logits[0]
                 worst = max(worst, float((logits[b, s:e] - alone).abs().max()))
     assert worst > 1e-3  # the ground truth: the rows leak across the BOS inside them

@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from packsim.core.errors import PacksimError
-from packsim.exhibits.mask_cost import _attention_module, captured_mask, mask_cost, unpacked_mask_cost
+from packsim.exhibits.mask_cost import (
+    _attention_module,
+    captured_mask,
+    mask_cost,
+    unpacked_mask_cost,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 LENGTHS = [10, 13, 9]  # one row, N = 32

@@ -3,8 +3,9 @@
 Four exercises:
 
 - ``review``: the set of bug ids (from :data:`BUGS`) hiding in :data:`REVIEW_SNIPPET`;
-- ``q1_answer``: the statements (letters of :data:`Q1_STATEMENTS`) that belong in a strong answer
-  to "how does FlashAttention do block-diagonal masking without a dense mask?";
+- ``q1_answer``: the learner's own answer to "how does FlashAttention do block-diagonal masking
+  without a dense mask?", read against :data:`Q1_RUBRIC` (``lesson09_rubric``: its four
+  ingredients, the red flags of a junior answer, the depth an interviewer asks for next);
 - ``diagnosis``: for each symptom in :data:`SYMPTOMS`, which bug causes it: ``"attention"``
   (cross-example attention), ``"loss"`` (loss on the wrong tokens) or ``"neither"``;
 - ``followups``: one option per follow-up drill of :data:`FOLLOWUPS` (varlen backward, sliding
@@ -17,11 +18,11 @@ items were missed and why each false alarm is not a bug, never just "wrong".
 from __future__ import annotations
 
 from packsim.course.exercises import Feedback, check, fail, ok
+from packsim.course.exercises.lesson09_rubric import Q1_RUBRIC, read
 
 __all__ = [
     "BUGS",
     "REVIEW_SNIPPET",
-    "Q1_STATEMENTS",
     "SYMPTOMS",
     "CAUSES",
     "check_review",
@@ -175,80 +176,44 @@ def check_review(review) -> Feedback:
 
 # ----------------------------------------------------------------------------- interview Q1
 
-Q1_STATEMENTS = {
-    "A": "The kernel cuts queries and keys into tiles (e.g. 128 x 128) and keeps a running "
-    "softmax per query row, so the N x N score matrix is never written to memory.",
-    "B": "It takes cu_seqlens, int32 offsets [0, L0, L0+L1, ...], plus max_seqlen; each thread "
-    "block reads its example's start and length from them.",
-    "C": "Tiles that would cross an example boundary are never formed, and key tiles above the "
-    "diagonal are never loaded; only diagonal tiles (and an example's shorter last tile) need a "
-    "mask per element.",
-    "D": "Work grows with the sum of squared example lengths, not the square of the pack "
-    "length, and memory with N.",
-    "E": "It builds the block-diagonal N x N boolean mask once in fast on-chip memory and reuses "
-    "it for every head.",
-    "F": "It computes every tile of the pack and multiplies the cross-example scores by zero "
-    "before the softmax.",
-    "G": "Resetting position_ids to 0 at each example is what isolates the examples; the kernel "
-    "then uses a plain causal mask.",
-    "H": "Each example is padded to max_seqlen inside the kernel, so the work is "
-    "num_examples x max_seqlen².",
-    "I": "max_seqlen sizes the launch grid; thread blocks past the end of a short example exit "
-    "at once.",
-}
-_Q1_NEEDED = {
-    "A": "tiling with an online softmax is why no N x N matrix (scores or mask) ever exists",
-    "B": "cu_seqlens is the whole interface: the kernel learns the boundaries from it",
-    "C": "skipping cross-example and above-diagonal tiles is the block-diagonal mask itself",
-    "D": "the cost model (sum of L_i^2, memory O(N)) is what the interviewer wants to hear next",
-}
-_Q1_WRONG = {
-    "E": "no mask is built at all, not even on chip: the boundaries come from cu_seqlens",
-    "F": "multiplying by zero would still pay for every tile; the point is that those tiles are "
-    "never computed (and zeroing scores before a softmax does not mask them: exp(0) = 1)",
-    "G": "position ids do not restrict which keys a query reads; isolation comes from the "
-    "per-example tiles (RoPE positions are a separate matter)",
-    "H": "there is no padding: an example of length L costs about L^2/2 pairs; the grid is sized "
-    "by max_seqlen but blocks past a short example exit immediately",
-}
-# "I" is true but optional: neither required nor penalised.
+def _quote(phrases: list[str]) -> str:
+    return " + ".join(f"'{p}'" for p in phrases)
 
 
-@check("interview question 1: the ingredients")
+@check("interview question 1 in your words")
 def check_q1_answer(q1_answer) -> Feedback:
-    """``q1_answer``: the set of letters of :data:`Q1_STATEMENTS` a strong answer contains."""
-    if isinstance(q1_answer, str):  # "ABCD" or "A, B, C, D": its letters
-        q1_answer = set(q1_answer.replace(",", "").replace(" ", ""))
-    chosen = _as_id_set(q1_answer, "q1_answer")
-    if isinstance(chosen, Feedback):
-        return chosen
-    chosen = {c.upper() for c in chosen}
-    unknown = sorted(chosen - set(Q1_STATEMENTS))
-    if unknown:
+    """``q1_answer``: your answer to question 1, a string (or a list of sentences), read against
+    :data:`Q1_RUBRIC`."""
+    if isinstance(q1_answer, (list, tuple)) and all(isinstance(s, str) for s in q1_answer):
+        q1_answer = "\n".join(q1_answer)
+    if not isinstance(q1_answer, str):
         return fail(
-            f"{unknown} not among the statements.",
-            f"choose letters from {', '.join(Q1_STATEMENTS)}.",
+            f"q1_answer should be your answer as text, got {type(q1_answer).__name__}.",
+            'write it as a string: q1_answer = """The kernel works in tiles ..."""',
         )
-    wrong = sorted(chosen & set(_Q1_WRONG))
-    missing = sorted(set(_Q1_NEEDED) - chosen)
-    if not wrong and not missing:
-        extra = " (I is true too: a good detail, not a must.)" if "I" in chosen else ""
-        return ok("a complete answer: tiles, cu_seqlens, skipped tiles, cost model." + extra)
+    reading = read(q1_answer, Q1_RUBRIC)
+    heard = "; ".join(f"{name} ({_quote(p)})" for name, p in reading.found.items())
+    if reading.passed:
+        more = "; ".join(f"{name} ({_quote(p)})" for name, p in reading.extras.items())
+        next_up = "; ".join(f"{i.name}: {i.what}" for i in reading.extras_missing)
+        return ok(
+            f"all four ingredients, read as: {heard}."
+            + (f" Depth you added: {more}." if more else "")
+            + (f" An interviewer may ask next about {next_up}." if next_up else "")
+        )
     parts = []
-    if wrong:
-        parts.append(
-            "Red flag" + ("s" if len(wrong) > 1 else "") + ": "
-            + "; ".join(f"{w} is false: {_Q1_WRONG[w]}" for w in wrong) + "."
-        )
-    if missing:
-        parts.append(
-            "Missing: "
-            + "; ".join(f"{m} ({_Q1_NEEDED[m]})" for m in missing) + "."
-        )
+    if reading.flags:
+        parts.append(" ".join(
+            f"Red flag, {flag.claim}: \"{sentence}\" is false: {flag.why}." for flag, sentence in reading.flags
+        ))
+    if reading.missing:
+        parts.append("Missing: " + "; ".join(f"*{i.name}*: {i.what}" for i in reading.missing) + ".")
+    if heard:
+        parts.append(f"Read so far: {heard}.")
     return fail(
         " ".join(parts),
-        "a strong answer says how (tiles + online softmax), with what (cu_seqlens), what is "
-        "skipped, and what it costs.",
+        "say how (tiles, online softmax), with what (cu_seqlens), what is skipped and what it costs. "
+        "The check reads words, not meaning: if it misread a right part, say it more plainly.",
     )
 
 
