@@ -67,3 +67,36 @@ def test_bad_input():
         forensics(model, sample, threshold=2.0)
     with pytest.raises(PacksimError, match="example 0 is a dict with keys .*'prompt_ids' and 'response_ids'"):
         forensics(model, [{"input_ids": [1, 2]}] * 4)
+
+
+def test_paired_gap_is_the_mean_difference_with_a_bootstrap_interval():
+    # ground truth computed here: the differences on the shared examples, their mean, and the
+    # interval from the same resamples drawn independently of the module
+    import numpy as np
+
+    from packsim.experiment.forensics import paired_gap
+
+    suspect = {0: 0.10, 1: 0.30, 2: -0.20, 5: 0.05, 7: 0.40}
+    control = {0: 0.50, 1: 0.60, 2: 0.35, 5: 0.45, 9: 9.0}  # 7 and 9 are not shared: left out
+    d = np.array([0.10 - 0.50, 0.30 - 0.60, -0.20 - 0.35, 0.05 - 0.45])
+    got = paired_gap(suspect, control, resamples=500, seed=3)
+    picks = np.random.default_rng(3).integers(0, 4, size=(500, 4))
+    lo, hi = np.percentile(d[picks].mean(axis=1), [2.5, 97.5])
+    assert (got.n, got.resamples) == (4, 500)
+    assert got.mean == pytest.approx(d.mean()) and (got.low, got.high) == pytest.approx((lo, hi))
+    assert got.low <= got.mean <= got.high < 0
+    assert paired_gap({0: 1.0}, {0: 2.0}) is None  # one pair: no interval
+
+
+def test_paired_gap_of_two_runs_pairs_the_same_examples(runs):
+    models, sample = runs
+    report = forensics(models["buggy", 0], sample, control=models["correct", 1], capacity=128)
+    s, c = report.suspect, report.control
+    assert set(s.gaps) == set(c.gaps) and len(s.gaps) == s.n  # the same examples, model-independent
+    paired = report.paired_gap()
+    # the mean of differences is the difference of means on the same examples
+    assert paired.n == s.n and paired.mean == pytest.approx(s.pack_gap - c.pack_gap, abs=1e-6)
+    assert paired.high < 0, paired  # the leaky run's gap is smaller, beyond the interval
+    assert "paired, suspect minus control pack gap" in report.table()
+    bare = Evidence(c.n, c.alone_loss, c.packed_loss, c.pack_gap, c.neighbour_influence)  # no per-example gaps
+    assert forensics(models["buggy", 0], sample, control=bare, capacity=128).paired_gap() is None

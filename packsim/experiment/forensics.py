@@ -6,7 +6,9 @@ weights. Two measurements read it, on the same examples: the **pack gap** (respo
 causal pack minus alone; small when the run leaked) and the **neighbour influence** (mean |change|
 of the loss when the neighbours change). A **control** (same base model and data, padded or packed
 correctly) calibrates the verdict: flagged below ``threshold`` times the control's gap; without
-one, numbers and no verdict. Not :func:`packsim.audit`: any model passes an isolated forward, the
+one, numbers and no verdict. The two are compared **paired**, example by example
+(:meth:`ForensicsReport.paired_gap`: suspect minus control pack gap on the same examples, with a
+seeded bootstrap 95% interval), not as two means side by side. Not :func:`packsim.audit`: any model passes an isolated forward, the
 leak lived in the run's forward. Examples: ``Example`` objects or ``prompt_ids``/``response_ids``
 dicts; per-example losses (N,).
 
@@ -17,9 +19,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from packsim.core.batch import PackedBatch
@@ -30,7 +33,7 @@ from packsim.core.text_table import text_table
 from packsim.core.token_example import as_example
 from packsim.experiment.evaluation import example_scores
 
-__all__ = ["Evidence", "ForensicsReport", "measure", "forensics", "flag_comparison", "by_position"]
+__all__ = ["Evidence", "ForensicsReport", "PairedGap", "measure", "forensics", "flag_comparison", "by_position"]
 
 # The contaminated forward: one causal mask over the pack, positions continuing (preset "loss_fix").
 _LEAKY = Setup("causal", "continuous", "completion", name="causal pack")
@@ -38,13 +41,43 @@ _LEAKY = Setup("causal", "continuous", "completion", name="causal pack")
 
 @dataclass(frozen=True)
 class Evidence:
-    """What one model's weights show on a sample: losses in nats, means over ``n`` examples."""
+    """What one model's weights show on a sample: losses in nats, means over ``n`` examples;
+    ``gaps`` maps each of those examples' index in the sample to its own pack gap (for pairing)."""
 
     n: int
     alone_loss: float
     packed_loss: float
     pack_gap: float
     neighbour_influence: float
+    gaps: Mapping[int, float] = field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class PairedGap:
+    """Suspect minus control pack gap, example by example: the mean over ``n`` shared examples and
+    its 95% bootstrap interval [``low``, ``high``] (``resamples`` resamples, seeded)."""
+
+    n: int
+    mean: float
+    low: float
+    high: float
+    resamples: int
+
+    def __str__(self) -> str:
+        return (f"{self.mean:+.3f} nats, 95% bootstrap interval [{self.low:+.3f}, {self.high:+.3f}] "
+                f"over {self.n} examples")
+
+
+def paired_gap(suspect: Mapping[int, float], control: Mapping[int, float], resamples: int = 2000,
+               seed: int = 0) -> PairedGap | None:
+    """Pair two models' per-example pack gaps on the examples both have (None: fewer than 2)."""
+    shared = sorted(set(suspect) & set(control))
+    if len(shared) < 2:
+        return None
+    d = np.array([suspect[i] - control[i] for i in shared])  # (n,)
+    picks = np.random.default_rng(seed).integers(0, len(d), size=(resamples, len(d)))  # (R, n)
+    low, high = np.percentile(d[picks].mean(axis=1), [2.5, 97.5])
+    return PairedGap(len(d), float(d.mean()), float(low), float(high), resamples)
 
 
 @dataclass(frozen=True)
@@ -67,6 +100,13 @@ class ForensicsReport:
         """True: the weights read past neighbours far more than the control's (None: uncalibrated)."""
         return None if self.control is None else self.gap_ratio < self.threshold
 
+    def paired_gap(self, resamples: int = 2000, seed: int = 0) -> PairedGap | None:
+        """Suspect minus control pack gap on the same examples, with its bootstrap interval (None:
+        no control, or a control given as :class:`Evidence` without per-example gaps)."""
+        if self.control is None:
+            return None
+        return paired_gap(self.suspect.gaps, self.control.gaps, resamples, seed)
+
     @property
     def verdict(self) -> str:
         s = self.suspect
@@ -86,7 +126,9 @@ class ForensicsReport:
             if e is not None:
                 rows.append((name, f"{e.alone_loss:.3f}", f"{e.packed_loss:.3f}", f"{e.pack_gap:+.3f}",
                              f"{e.neighbour_influence:.3f}", str(e.n)))
-        return "\n".join([self.verdict, *text_table(rows)])
+        paired = self.paired_gap()
+        tail = [f"paired, suspect minus control pack gap: {paired}"] if paired is not None else []
+        return "\n".join([self.verdict, *text_table(rows), *tail])
 
     def __str__(self) -> str:
         return self.table()
@@ -126,10 +168,12 @@ def measure(model, examples: Sequence, capacity: int = 256, seed: int = 0) -> Ev
     if not bool(inner.any()):
         raise PacksimError(f"no example has a neighbour before it in a pack of {capacity} tokens: raise "
                            "capacity or pass more (shorter) examples.")
+    gap = packed - alone  # (N,)
     return Evidence(n=int(inner.sum()), alone_loss=float(alone[inner].mean()),
                     packed_loss=float(packed[inner].mean()),
-                    pack_gap=float((packed - alone)[inner].mean()),
-                    neighbour_influence=float((packed - other).abs()[inner].mean()))
+                    pack_gap=float(gap[inner].mean()),
+                    neighbour_influence=float((packed - other).abs()[inner].mean()),
+                    gaps={int(i): float(gap[i]) for i in inner.nonzero().flatten()})
 
 
 def forensics(model, examples: Sequence, control=None, *, capacity: int = 256, seed: int = 0,
