@@ -4,18 +4,23 @@ announced to screen readers (issues 23, 32).
 A second JupyterLab (fixture ``dark_lab_server``) starts with ``JupyterLab Dark`` set in its
 user settings and runs a notebook (built here, ``_DARK_CELLS``) showing the leakage explorer, the
 quiz, the packing playground, the training curves (fed step records, no training), the tile
-map, the trap explorer and the mask explorer. For every visible piece of HTML text in a widget
+map, the trap explorer, the mask explorer, a check's verdict boxes and, outside any widget, every
+figure a lesson shows on its own (``STANDALONE_FIGURES``: each builder whose call ends a lesson
+cell, and lesson 01's plain plotly histogram, from tiny made-up inputs; no widget CSS around them,
+so they keep plotly's template paper). For every visible piece of HTML text in a widget
 the test computes, from the browser's computed styles, the text colour and the background it
 sits on (ancestors' backgrounds composited, the element's opacity applied) and checks WCAG's
 contrast ratio (4.5:1; 3:1 for large text: 24 px, or bold from 18.66 px; disabled controls are
 exempt, as WCAG says). For every text of each plotly figure (ticks, axis titles of every subplot,
 titles, legend, colorbar, annotations) it does the same with the SVG fill over what lies under
-the text: the page, a plot area or the legend box. Then the keyboard: Tab to the leakage
-explorer's query slider, arrow keys move the query; Tab to quiz words, Enter / Space mark them,
-Enter on Submit grades. Screen readers: quiz words carry ``aria-pressed`` that follows the marks,
-the query slider's handle an ``aria-label``, toggle buttons ``aria-pressed``. The trap explorer's
-tolerance line stands out from its plot area (3:1), its picked options differ from the others by
-more than a shade, and its log axis is in exponent format like the tolerance label.
+the text: the figure's paper over the page, a plot area or the legend box; no legend box is
+opaque (layout() makes it transparent: it was white on the dark page). Then the keyboard: Tab
+to the leakage explorer's query slider, arrow keys move the query; Tab to quiz words, Enter /
+Space mark them, Enter on Submit grades. Screen readers: quiz words carry ``aria-pressed`` that
+follows the marks, the query slider's handle an ``aria-label``, toggle buttons ``aria-pressed``.
+The trap explorer's tolerance line stands out from its plot area (3:1), its picked options differ
+from the others by more than a shade, and its log axis is in exponent format like the tolerance
+label.
 Screenshots: ``test-artifacts/browser/test_dark_*.png``; each check prints its lowest ratio.
 """
 
@@ -75,7 +80,8 @@ _CONTRAST_JS = r"""root => {""" + _WCAG_JS + r"""
 }"""
 
 
-# The cells of the dark-theme notebook: every widget whose look the theme can break.
+# The cells of the dark-theme notebook: every widget whose look the theme can break, and every
+# figure builder whose figure a lesson shows on its own (the cell ends with it; tiny made-up inputs).
 DONE_MARKER = "packsim-e2e: all cells ran"  # what conftest's runner waits for
 _CURVES = """from packsim.experiment.results import StepRecord
 live = viz.curves()
@@ -96,6 +102,64 @@ for fb in (Feedback(True, "your share 0.25 is the padding's", exercise="padding_
            Feedback(False, "you returned 0.75, the share of real tokens", "one minus it", "padding_share"),
            Feedback(False, "not done yet", "write the function", "padding_share", attempted=False)):
     display(fb)  # a check's verdict box, outside any widget"""
+_FIGURE_INPUTS = """import plotly.graph_objects as go
+import torch
+from types import SimpleNamespace
+from packsim.core.data import long_tailed_lengths
+from packsim.core.masks import block_diagonal_mask, causal_mask
+from packsim.experiment.results import Results, RunResult, StepRecord
+from packsim.viz import report
+viz.use_figure_config()  # as each lesson's first cell
+SEQ = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, -1, -1])  # (T,): three examples, then padding
+runs = []  # made-up records (facts design): the figures' look is under test, not training
+for setup in ("buggy", "correct"):
+    for seed in (0, 1):
+        run = RunResult(setup=setup, seed=seed, data="facts")
+        for s in range(1, 7):
+            run.add(StepRecord("train", setup, seed, s, {
+                "reported_loss": 3 / s + seed, "response_loss": 2 / s + (setup == "buggy"),
+                "response_loss_first": 2 / s, "response_loss_repeat": 2 / s - (setup == "buggy") / 2}))
+            if s % 3 == 0:
+                run.add(StepRecord("eval", setup, seed, s, {
+                    "isolated_response_loss": 1 / s, "isolated_exact_match": s / 10}))
+        runs.append(run)
+results = Results(runs=runs, config={}, env={})
+def train_output(losses, normalise, weight):  # what load_output returns, reduced to what is drawn
+    return {"losses": {"response_loss": losses}, "run": SimpleNamespace(extra={"normalise": normalise}),
+            "state": {"w": torch.tensor([weight])}}"""
+# (builder, cell, a text the figure shows): every figure a lesson displays on its own, outside any
+# widget (the builders' calls that end a cell in notebooks/*.ipynb): lesson 01's histogram (plain
+# plotly, no builder), 02 allowed_pairs_figure and reported_loss_figure, 06 and A5
+# report.curves_figure, A5 report.copies_figure, A2 outside_share_figure, 10 ranks_vs_one_figure and
+# rank_loads_figure, A7 tile_figure (colorbar) and varlen_bench_figure.
+STANDALONE_FIGURES = (
+    ("lesson01_histogram", """lengths = long_tailed_lengths(2000, median=90, sigma=0.9, max_len=1024, seed=0)
+fig = go.Figure(go.Histogram(x=lengths, nbinsx=80, marker_color="#1f77b4"))  # lesson 01's own figure
+fig.update_layout(title="Example lengths: most are short, a few are long",
+                  xaxis_title="tokens per example", yaxis_title="examples", height=300)
+fig""", "Example lengths"),
+    ("allowed_pairs_figure", """viz.allowed_pairs_figure({"causal (buggy)": causal_mask(len(SEQ)),
+                          "block-diagonal (correct)": block_diagonal_mask(SEQ)}, SEQ)""", "Who may attend"),
+    ("reported_loss_figure", "viz.reported_loss_figure(runs[0])", "Loss reported"),
+    ("report.curves_figure", "report.curves_figure(results)", "Training side by side"),
+    ("report.copies_figure", "report.copies_figure(results)", "repeated copy"),
+    ("outside_share_figure", """shares = {"buggy, 20 steps": torch.linspace(0, 0.6, len(SEQ)),
+          "buggy, fully trained": torch.linspace(0, 0.9, len(SEQ)), "uniform attention": torch.arange(len(SEQ)) / 10}
+viz.outside_share_figure(shares, SEQ, reference="uniform attention")""", "outside its example"),
+    ("ranks_vs_one_figure", """viz.ranks_vs_one_figure({"one": train_output([2.0, 1.5, 1.2], None, 0.0),
+                         "2x2-global": train_output([2.0, 1.5, 1.2], "global", 1e-7),
+                         "2x2-local": train_output([2.0, 1.7, 1.3], "local", 0.01),
+                         "2x2-mean": train_output([2.0, 1.6, 1.25], "mean", 0.003)}, reference="one")""",
+     "R ranks"),
+    ("rank_loads_figure", """viz.rank_loads_figure({"each rank packs its share": [9, 3, 5, 7], "round_robin": [6, 7, 5, 6],
+                        "attention": [6, 6, 6, 6]})""", "per rank"),
+    ("tile_figure", "viz.tile_figure([300, 40, 500, 120, 64], tile=32)", "skipped"),
+    ("varlen_bench_figure", """sizes = [256, 512, 1024]
+bench = {(p, n): {"times": [n * (4e-6 if p == "dense" else 1e-6) * k for k in (1, 1.1, 0.9)],
+                  "mem": n * (0.02 if p == "dense" else 0.004)} for p in ("dense", "blocked") for n in sizes}
+viz.varlen_bench_figure(bench, sizes)""", "measured here"),
+)
+
 _DARK_CELLS = (
     "from packsim import viz\nfrom packsim.core.data import make_examples",
     "viz.leakage_explorer(make_examples(6, seed=0))  # untrained tiny model: only the mask differs",
@@ -106,6 +170,8 @@ _DARK_CELLS = (
     "viz.trap_explorer()",
     "viz.mask_explorer()",
     _FEEDBACK,
+    _FIGURE_INPUTS,
+    *(cell for _, cell, _ in STANDALONE_FIGURES),
     f"print({DONE_MARKER!r})",
 )
 FIGURE_WIDGETS = ("packsim-playground", "packsim-curves", "packsim-tiles", "packsim-traps",
@@ -138,16 +204,18 @@ def dark_notebook_page(browser, dark_lab_server, request):
                                  run_s=4 * lab.RUN_ALL_S)
 
 
-# Worst contrast of the text of the plotly figures inside a root element: rows as _CONTRAST_JS.
-# The figure's paper is transparent, so a text's background is the page under the figure, with,
-# where the text's centre lies inside them, the plot areas (.bglayer .bg) and the legend box on top.
+# Worst contrast of the text of the plotly figures in a root element (or of the root, a figure):
+# rows as _CONTRAST_JS. A text's background is the figure's paper (the first svg.main-svg's
+# background: transparent in a widget, the template's white in a figure shown on its own) over the
+# page under the figure, with, where the text's centre lies inside them, the plot areas
+# (.bglayer .bg) and the legend box on top.
 _SVG_CONTRAST_JS = r"""root => {""" + _WCAG_JS + r"""
-  const page = background;
   const fillOf = el => { const st = getComputedStyle(el); const c = parse(st.fill);
     c[3] *= Number(st.fillOpacity); return c; };
   const rows = [];
-  for (const plot of root.querySelectorAll('.js-plotly-plot')) {
-    const base = page(plot);
+  const plots = root.matches('.js-plotly-plot') ? [root] : root.querySelectorAll('.js-plotly-plot');
+  for (const plot of plots) {
+    const base = background(plot.querySelector('svg.main-svg') || plot);
     const boxes = [...plot.querySelectorAll('.bglayer .bg, .legend .bg')].map(r => [r.getBoundingClientRect(), fillOf(r)]);
     for (const t of plot.querySelectorAll('text')) {
       const own = t.textContent.trim();
@@ -305,6 +373,73 @@ def test_figure_and_html_text_reads_under_the_dark_theme(dark_notebook_page, req
         rows = root.evaluate(_CONTRAST_JS)
         if len(rows) >= 5:  # the widget's own HTML (status, numbers, verdict)
             _check_contrast(root, f"{widget} HTML")
+
+
+# A figure shown on its own: the output itself is the plot (plotly's mime renderer,
+# .jp-RenderedPlotly), not inside a packsim widget.
+STANDALONE_PLOT = '.jp-OutputArea-output.js-plotly-plot:not([class*="packsim-"] *)'
+_PAPER_JS = r"""plot => {""" + _WCAG_JS + r"""
+  const svg = plot.querySelector('svg.main-svg');
+  return ['rgb(' + background(svg).slice(0, 3).map(Math.round) + ')',
+          'rgb(' + background(plot).slice(0, 3).map(Math.round) + ')',
+          lum(background(plot)) < 0.2];
+}"""
+
+
+@pytest.mark.parametrize("builder", [name for name, _, _ in STANDALONE_FIGURES])
+def test_standalone_figure_reads_under_the_dark_theme(dark_notebook_page, request, builder):
+    """A figure a lesson shows on its own (no widget CSS around it): every text (ticks and axis
+    titles of every subplot, titles, legend, colorbar, annotations) reads on what lies under it,
+    its paper included, and no legend box is an opaque box on the dark page."""
+    nb = dark_notebook_page
+    plots = nb.page.locator(STANDALONE_PLOT)
+    expect(plots).to_have_count(len(STANDALONE_FIGURES), timeout=TIMEOUT_MS)  # in cell order
+    index = [name for name, _, _ in STANDALONE_FIGURES].index(builder)
+    plot = plots.nth(index)
+    plot.scroll_into_view_if_needed()
+    expect(plot.locator("svg.main-svg").first).to_be_visible(timeout=TIMEOUT_MS)
+    shows = STANDALONE_FIGURES[index][2]
+    texts = plot.locator("svg text").evaluate_all("ts => ts.map(t => t.textContent)")
+    assert any(shows in t for t in texts), (builder, shows, texts[:12])  # the cell's figure
+    nb.screenshot(request.node.name, "figure", plot)
+    paper, page, dark = plot.evaluate(_PAPER_JS)
+    assert dark, f"the page under {builder} is {page}: not the dark theme's"
+    print(f"{builder}: paper {paper} on the page's {page}")
+    _check_contrast(plot, f"{builder} standalone figure", _SVG_CONTRAST_JS)
+    opaque = _drawn_legend_boxes(plot)
+    assert not opaque, f"{builder}: a legend box is drawn ({opaque}), not transparent"
+
+
+def _drawn_legend_boxes(plot) -> list:
+    """The figure's legend boxes that are drawn: [fill, fill-opacity] of each (plotly draws
+    layout()'s rgba(0,0,0,0) box as fill rgb(0, 0, 0) with fill-opacity 0)."""
+    legends = plot.locator(".legend .bg").evaluate_all(
+        "rs => rs.map(r => [getComputedStyle(r).fill, Number(getComputedStyle(r).fillOpacity)])")
+    return [[fill, alpha] for fill, alpha in legends
+            if alpha > 0 and fill not in ("rgba(0, 0, 0, 0)", "transparent", "none")]
+
+
+def test_standalone_checks_catch_a_transparent_paper_and_a_white_legend(dark_notebook_page):
+    """The cases the standalone figure checks are for: with its paper made transparent, a figure's
+    template text (#2a3f5f) falls below 4.5:1 on the dark page; a legend box filled white is found.
+    (The page is restored afterwards.)"""
+    plots = dark_notebook_page.page.locator(STANDALONE_PLOT)
+    plot = plots.nth([name for name, _, _ in STANDALONE_FIGURES].index("rank_loads_figure"))
+    plot.scroll_into_view_if_needed()
+    svg, legend = plot.locator("svg.main-svg").first, plot.locator(".legend .bg").first
+    styles = [el.evaluate("e => e.getAttribute('style')") for el in (svg, legend)]  # plotly's own
+    try:
+        svg.evaluate("s => { s.style.background = 'transparent'; }")
+        legend.evaluate("r => { r.style.fill = '#ffffff'; r.style.fillOpacity = '1'; }")
+        rows = plot.evaluate(_SVG_CONTRAST_JS)
+        bad = [r for r in rows if r[0] < r[1]]
+        assert bad and all(r[4] == "rgb(17,17,17)" for r in bad), bad[:3]  # on the page
+        assert _drawn_legend_boxes(plot) == [["rgb(255, 255, 255)", 1]]
+    finally:
+        for el, style in zip((svg, legend), styles, strict=True):
+            el.evaluate("(e, st) => e.setAttribute('style', st)", style)
+    assert not _drawn_legend_boxes(plot)
+    assert all(r[0] >= r[1] for r in plot.evaluate(_SVG_CONTRAST_JS))
 
 
 _LINE_VS_PLOT_JS = r"""root => {
