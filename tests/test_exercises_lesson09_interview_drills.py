@@ -108,6 +108,12 @@ RIGHT_ANSWERS = {
     "denies the red flags": "Tiles with an online softmax and cu_seqlens; cross-example tiles are "
     "skipped, so the work is the sum of squared lengths. It does not build a dense mask in SRAM and "
     "does not multiply scores by zero; position ids alone never isolate anything.",
+    "per CTA": "Instead of a mask, FlashAttention-2's varlen API takes cu_seqlens. Each CTA handles a "
+    "query block of one sequence and iterates over key blocks of the same sequence only, using online "
+    "softmax. So cost is proportional to sum of L_i^2.",
+    "in words": "It tiles Q, K, V into SRAM with an online softmax and gets boundaries from cu_seqlens; "
+    "a query tile only loops over key tiles within its own document, so attention is quadratic only "
+    "within each document: the sum over documents of L squared.",
     "as a list": ["Tiles and an online softmax.", "cu_seqlens gives the offsets.",
                   "Cross-example tiles are never computed.", "Work: Σ L_i²."],
 }

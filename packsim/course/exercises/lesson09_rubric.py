@@ -140,7 +140,9 @@ Q1_RUBRIC = Rubric(
             (
                 r"\bskip|\bexit\w* (early|immediately|at once)|never (cross|mix|span|straddl)\w*|"
                 rf"(never|not|n't|no) (be |get |even )?{_SKIP_VERB}|"
-                r"only (the |its |their )?(own|diagonal|within)",
+                r"only (the |its |their )?(own|diagonal|within)|"
+                r"(same|own|single) (example|sequence|document)|within (its|each|one|the same|a) "
+                r"(example|sequence|document)",
             ),
         ),
         Ingredient(
@@ -149,7 +151,8 @@ Q1_RUBRIC = Rubric(
             (
                 r"sum of (the )?(squared|squares)|squared (example |sequence |document )?lengths|[Σ∑]|"
                 r"\bsum\b.{0,24}(\^ ?2|²|\*\* ?2)|\bl_?i ?(\^ ?2|²|\*\* ?2)|"
-                r"quadratic (in|per) (each|every|the) (example|sequence|document)",
+                r"\bsum\b.{0,30}\bsquared?\b|"
+                r"quadratic\w*.{0,30}\b(each|every|per|its own|individual) (example|sequence|document)",
             ),
         ),
     ),
