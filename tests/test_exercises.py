@@ -74,6 +74,18 @@ def test_every_show_solution_a_notebook_names_is_the_number_form_and_exists():
         assert solution_source(int(lesson), name.strip("\"'")), (notebook, name)
 
 
+def test_a_notebook_that_names_show_solution_imports_it():
+    """A hint that says ``show_solution(...)`` works as written: a code cell of that notebook imports it."""
+    missing = []
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        named = any("show_solution(" in "".join(c["source"]) for c in cells)
+        code = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+        if named and not re.search(r"from packsim\.course\.exercises import [^\n]*\bshow_solution\b", code):
+            missing.append(path.name)
+    assert not missing, f"these notebooks name show_solution(...) but never import it: {missing}"
+
+
 # ---- every lesson's checks -------------------------------------------------------------------
 
 ROOT = Path(__file__).resolve().parent.parent

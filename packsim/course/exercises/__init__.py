@@ -11,7 +11,7 @@ exception is reported, so a notebook with empty exercises runs top to bottom. In
 verdict is a coloured box (``*emphasis*`` and ```code``` rendered); from a script it prints as
 text. ``tests/test_exercises.py`` runs every check on its solution and on typical wrong answers.
 
-Lessons: 01, 02, 03, 04, 05, 06, 07, 08, 09, 10, A5, A6, A7, A8.
+Lessons: 00, 01, 02, 03, 04, 05, 06, 07, 08, 09, 10, A1, A2, A3, A4, A5, A6, A7, A8.
 """
 
 from __future__ import annotations
