@@ -73,6 +73,19 @@ def test_the_map_in_lesson_00_states_the_measured_minutes():
     assert f"about {total} minutes" in text
 
 
+def test_the_readme_states_the_measured_minutes():
+    """The README's lesson table (minutes column) and its core / appendix totals are the tool's."""
+    text = (ROOT / "README.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+)` \| (?:core|appendix)[^|]*\|(?:[^|]*\|){4} (\d+) \| [^|]* \|$", text, re.M))
+    times = {p.stem: lt.lesson_time(p).minutes for p in NOTEBOOKS.glob("*.ipynb")}
+    assert set(rows) == set(times), "the README's table lists every notebook once"
+    wrong = {stem: (int(m), round(times[stem])) for stem, m in rows.items() if int(m) != round(times[stem])}
+    assert not wrong, f"the README's minutes (stated, measured) are stale: {wrong}"
+    core = round(sum(t for stem, t in times.items() if lt.is_core(NOTEBOOKS / f"{stem}.ipynb")))
+    rest = round(sum(t for stem, t in times.items() if not lt.is_core(NOTEBOOKS / f"{stem}.ipynb")))
+    assert f"the core path: {core} min; the\nappendices: {rest} min" in text
+
+
 def test_cli_prints_every_notebook_and_the_core_total(capsys):
     assert lt.main([str(NOTEBOOKS)]) == 0
     out = capsys.readouterr().out
