@@ -89,18 +89,14 @@ def read(answer: str, rubric: Rubric) -> Reading:
     """Read ``answer`` against ``rubric``: which ingredients it has, which red flags it raises."""
     text = " ".join(answer.split())  # one line: a pattern may span the answer's line breaks
     reading = Reading()
-    for ing in rubric.required:
-        phrases = _matches(ing, text)
-        if phrases is None:
-            reading.missing.append(ing)
-        else:
-            reading.found[ing.name] = phrases
-    for ing in rubric.optional:
-        phrases = _matches(ing, text)
-        if phrases is None:
-            reading.extras_missing.append(ing)
-        else:
-            reading.extras[ing.name] = phrases
+    for ingredients, found, missing in ((rubric.required, reading.found, reading.missing),
+                                        (rubric.optional, reading.extras, reading.extras_missing)):
+        for ing in ingredients:
+            phrases = _matches(ing, text)
+            if phrases is None:
+                missing.append(ing)
+            else:
+                found[ing.name] = phrases
     for sentence in sentences(answer):
         if NEGATION.search(sentence):
             continue
