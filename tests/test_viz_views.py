@@ -447,3 +447,27 @@ def test_tile_figure_draws_every_boundary_on_both_views():
     for t in dotted:
         verticals = {x for x, y in zip(t.x, t.y, strict=True) if x is not None and y == 0}
         assert verticals == {30, 80}
+
+
+def test_packing_figure_draws_every_piece_once_and_hatches_only_cut_ones_with_scalar_colours():
+    """Each piece is one bar (ground truth: the wrapped packs cut here by hand); a cut piece is hatched
+    in a trace of one colour (plotly.js warns on a hatch over an array marker.color), whole ones not."""
+    from packsim.viz.style import chip_text, example_colour
+
+    lengths, capacity = [30, 50, 70, 20, 90], 100  # wrapped: [30, 50, 20 of 70], [50 of 70, 20, 30 of 90], [60 of 90]
+    fig = packing_figure(lengths, capacity, strategy="wrapped")
+    bars = [(x, y, t) for tr in fig.data if tr.type == "bar" for x, y, t in zip(tr.x, tr.y, tr.hovertext, strict=True)]
+    assert sorted((x, y) for x, y, _ in bars) == sorted([(0, 30), (0, 50), (0, 20), (1, 50), (1, 20), (1, 30), (2, 60)])
+    cut = {(x, y) for x, y, t in bars if t.endswith("(cut)")}
+    assert cut == {(0, 20), (1, 50), (1, 30), (2, 60)}
+    for tr in (t for t in fig.data if t.type == "bar"):
+        hatched = tr.marker.pattern.shape is not None
+        assert hatched == all(t.endswith("(cut)") for t in tr.hovertext)
+        if hatched:
+            colour = tr.marker.color
+            assert isinstance(colour, str) and tr.marker.pattern.bgcolor == colour
+            assert tr.marker.pattern.fgcolor == chip_text(colour)
+    example_of = {t: int(t.split(":")[0].split()[1]) for _, _, t in bars}
+    for tr in (t for t in fig.data if t.type == "bar"):  # every bar in its example's colour
+        colours = [tr.marker.color] * len(tr.x) if isinstance(tr.marker.color, str) else list(tr.marker.color)
+        assert colours == [example_colour(example_of[t]) for t in tr.hovertext]

@@ -20,7 +20,7 @@ from packsim.core.data import long_tailed_lengths, uniform_lengths
 from packsim.core.errors import PacksimError
 from packsim.core.pack_stats import examples_cut, packing_stats
 from packsim.core.packing import STRATEGIES, as_piece, pack
-from packsim.viz.style import LEAK_RED, example_colour, layout
+from packsim.viz.style import LEAK_RED, chip_text, example_colour, layout
 from packsim.viz.widget import PacksimWidget, escape, show_figure, style_html
 
 __all__ = ["PackingPlayground", "packing_playground", "packing_figure", "draw_lengths"]
@@ -77,23 +77,29 @@ def packing_figure(lengths, capacity: int, strategy: str = "bfd") -> go.Figure:
     fig = go.Figure()
     depth = max((len(r) for r in rows), default=0)
     for slot in range(depth):
-        xs, ys, colours, text, hatch = [], [], [], [], []
+        whole_bars, cut_bars = [], []  # (x, tokens, colour, hover text) of the slot-th segment of each row
         for p, row in enumerate(rows):
             if slot < len(row):
                 ex, a, b = row[slot]
                 whole = b - a == int(lengths[ex])
-                xs.append(p)
-                ys.append(b - a)
-                colours.append(example_colour(ex))
-                hatch.append("" if whole else "/")
-                text.append(
-                    f"example {ex}: tokens {a}-{b} of {int(lengths[ex])}"
-                    + ("" if whole else " (cut)")
-                )
-        marker = dict(color=colours, line=dict(color="#555", width=0.5), pattern=dict(shape=hatch))
-        fig.add_trace(
-            go.Bar(x=xs, y=ys, marker=marker, hovertext=text, hoverinfo="text+x", showlegend=False)
-        )
+                text = f"example {ex}: tokens {a}-{b} of {int(lengths[ex])}" + ("" if whole else " (cut)")
+                (whole_bars if whole else cut_bars).append((p, b - a, example_colour(ex), text))
+        # Whole pieces: one trace, a colour per bar. Cut pieces: hatched, one trace per colour, with
+        # scalar colours (plotly.js reads a hatch's default colours from an array marker.color as
+        # invalid: a browser console warning per bar); chip_text: a hatch that reads on the piece.
+        by_colour = {}
+        for bar in cut_bars:
+            by_colour.setdefault(bar[2], []).append(bar)
+        for bars, hatched in ((whole_bars, False), *((group, True) for group in by_colour.values())):
+            if not bars:
+                continue
+            xs, ys, colours, text = (list(v) for v in zip(*bars, strict=True))
+            marker = dict(color=colours if not hatched else colours[0], line=dict(color="#555", width=0.5))
+            if hatched:
+                marker["pattern"] = dict(shape="/", bgcolor=colours[0], fgcolor=chip_text(colours[0]))
+            fig.add_trace(
+                go.Bar(x=xs, y=ys, marker=marker, hovertext=text, hoverinfo="text+x", showlegend=False)
+            )
     fig.add_hline(
         y=capacity,
         line=dict(color=LEAK_RED, dash="dash"),
