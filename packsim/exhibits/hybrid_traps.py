@@ -238,18 +238,6 @@ class _Bound(torch.nn.Module):
         return self.inner(input_ids=input_ids, inputs_embeds=inputs_embeds, **self.fields, **kwargs)
 
 
-def _alone_changes(model, batch: dict, seq: torch.Tensor) -> list[float]:
-    """Max |packed logits - logits of the example run alone| per example (input_ids (1, L) only)."""
-    with torch.no_grad():
-        packed = model(**batch, use_cache=False).logits.float()[0]  # (T, V)
-        out = []
-        for e in dict.fromkeys(seq[0].tolist()):
-            where = seq[0] == e  # (T,)
-            alone = model(input_ids=batch["input_ids"][:, where], use_cache=False).logits.float()[0]  # (L, V)
-            out.append(float((packed[where] - alone).abs().max()))
-    return out
-
-
 def cell_kernel(model, family: str) -> str:
     """What the stateful layers' kernels of ``model`` run on now ('' for a model without any), and for
     Mamba2ForCausalLM why no packing field reaches them (:func:`family_why`)."""
@@ -292,14 +280,14 @@ def _measure(model, family: str, condition: str, tol: float, seed: int, impl: st
     """One cell on whatever kernels transformers has bound now (the callers wire them)."""
     from packsim.auditing.auditor import audit_pipeline
     from packsim.auditing.pipeline import dict_pipeline, logits_of
-    from packsim.exhibits.traps import LEAK_PROBES
+    from packsim.exhibits.traps import LEAK_PROBES, alone_change
 
     batch, seq = frontier_batch(condition, seed)
     model.eval()  # the audit of the previous cell may leave it in train mode (Bamba's fused path)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            changes = _alone_changes(model, batch, seq)
+            changes = alone_change(model, batch, {"use_cache": False}, seq)
     except ValueError as err:
         reason = needs_cuda_reason(err)
         if not reason:

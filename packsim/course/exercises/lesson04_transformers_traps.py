@@ -155,20 +155,17 @@ def _tiny(family: str):
 
 def _packed_vs_alone(model, lengths, **fields) -> list[float]:
     """Max |packed logits - logits of the example run alone| per example: the pack of ``lengths``
-    (the tiny models' seeded tokens) with ``fields``, each example alone with its input_ids only."""
+    (the tiny models' seeded tokens) with ``fields``, each example alone with its input_ids only
+    (:func:`packsim.exhibits.traps.alone_change`)."""
     from packsim.exhibits.hybrid_traps import frontier_batch
+    from packsim.exhibits.traps import alone_change
 
     ids = frontier_batch("positions")[0]["input_ids"][:, : sum(lengths)]  # (1, T)
+    seq = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))[None]  # (1, T)
     model.eval()
-    out, start = [], 0
-    with torch.no_grad(), warnings.catch_warnings():
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        packed = model(input_ids=ids, use_cache=False, **fields).logits.float()[0]  # (T, V)
-        for n in lengths:
-            alone = model(input_ids=ids[:, start : start + n], use_cache=False).logits.float()[0]  # (n, V)
-            out.append(float((packed[start : start + n] - alone).abs().max()))
-            start += n
-    return out
+        return alone_change(model, {"input_ids": ids, **fields}, {"use_cache": False}, seq)
 
 
 def seq_idx_isolation(seq_idx: torch.Tensor | None, lengths=HYBRID_CASES[0]) -> list[float]:

@@ -63,9 +63,8 @@ def _case(model, name: str, examples: list, masks: list) -> LogpCase:
                    max_length_q=longest, max_length_k=longest, use_cache=False).logits[0]  # (T, V)
     alone = []
     for x, m in zip(examples, masks, strict=True):
-        own = model(input_ids=x[None], use_cache=False).logits[0].double()  # (L, V): the example alone
-        logp = torch.log_softmax(own[:-1], -1).gather(-1, x[1:, None])[:, 0]  # (L-1,): tokens 1..L-1
-        alone.append(logp[m[1:]])  # the first token has no prediction inside the example
+        own = model(input_ids=x[None], use_cache=False).logits[0]  # (L, V): the example alone
+        alone.append(_row_logp(own, x)[1:][m[1:]])  # tokens 1..L-1: the first has no prediction inside it
     return LogpCase(name, logits.float(), ids, cu, mask, tuple(alone))
 
 
