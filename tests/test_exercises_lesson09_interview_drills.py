@@ -134,6 +134,11 @@ RED_FLAGS = {  # a junior answer's false claim, and a word of the check's reason
     "Cross-example scores are multiplied by zero before the softmax.": "exp(0) = 1",
     "Resetting position_ids to 0 at each example is what isolates the examples.": "do not restrict",
     "Each example is padded to max_seqlen inside the kernel.": "there is no padding",
+    # a negation in the sentence that denies something else (issue 32 review)
+    "It builds the block-diagonal mask in SRAM, not in HBM.": "not even on chip",
+    "Cross-example scores are multiplied by zero, so no extra memory is needed.": "exp(0) = 1",
+    "It multiplies the cross-example scores by zero instead of computing a mask.": "exp(0) = 1",
+    "Position ids are what isolate the examples, no mask needed.": "do not restrict",
 }
 
 

@@ -35,12 +35,16 @@ def test_patterns_span_line_breaks_and_ignore_case():
     ("Tiles, softmax, offsets. Nothing is multiplied by zero.", False),
     ("Tiles, softmax, offsets. It isn't multiplying by zero.", False),
     ("Tiles, softmax, offsets; without multiplying by zero.", False),
+    # a negation that denies something else does not hide the claim
+    ("Tiles, softmax, offsets. Scores are multiplied by zero, so no extra memory is needed.", True),
+    ("Tiles, softmax, offsets. Scores are multiplied by zero instead of masked.", True),
+    ("Tiles, softmax, offsets. Never mind the cost, scores are multiplied by zero.", True),
 ])
-def test_a_red_flag_counts_only_in_a_sentence_without_negation(text, flagged):
+def test_a_red_flag_counts_unless_a_negation_denies_it(text, flagged):
     r = read(text, RUBRIC)
     assert bool(r.flags) is flagged and r.passed is not flagged
-    if flagged:
-        assert r.flags[0][1] == "Scores are multiplied by zero."  # the sentence, for the check to quote
+    if flagged:  # the sentence, for the check to quote
+        assert r.flags[0][1] == next(x for x in sentences(text) if "by zero" in x)
 
 
 def test_optional_ingredients_never_decide_the_verdict():

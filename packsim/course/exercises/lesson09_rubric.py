@@ -3,8 +3,10 @@
 
 A :class:`Rubric` holds the ingredients an answer must contain and the red flags it must not.
 An :class:`Ingredient` is found when each of its regular expressions matches somewhere in the
-answer (e.g. "tiles" *and* "online softmax"); a :class:`RedFlag` counts only in a sentence with
-no negation in it ("no mask is built on chip" is right, "it builds the mask on chip" is not).
+answer (e.g. "tiles" *and* "online softmax"); a :class:`RedFlag` counts unless a negation denies
+it, inside the claim or earlier in its clause ("it does not build the mask on chip" is right;
+"it builds the mask on chip, not in HBM" is not: that "not" denies something else).
+Ingredients ignore negation (an answer that denies them all would pass).
 Optional ingredients are the depth an interviewer asks for next: named when present or absent,
 never required. The reading is of words, not meaning, so :func:`read` keeps what it matched and
 the check quotes it back: a learner sees why a part was or was not recognised.
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 
 __all__ = ["Ingredient", "RedFlag", "Rubric", "Reading", "read", "sentences", "Q1_RUBRIC"]
 
-# A sentence that says "not", "never", "no", "without" ... denies what it names.
+# "not", "never", "no", "without" ...: a word that denies the claim after it in its clause.
 NEGATION = re.compile(
     r"\b(not|never|no|nor|none|nothing|neither|without|cannot|instead|rather|unlike)\b|n't\b", re.I
 )
@@ -98,13 +100,19 @@ def read(answer: str, rubric: Rubric) -> Reading:
             else:
                 found[ing.name] = phrases
     for sentence in sentences(answer):
-        if NEGATION.search(sentence):
-            continue
         flat = " ".join(sentence.split())
         for flag in rubric.flags:
-            if re.search(flag.pattern, flat, re.I):
+            if any(not _denied(flat, m) for m in re.finditer(flag.pattern, flat, re.I)):
                 reading.flags.append((flag, flat))
     return reading
+
+
+def _denied(sentence: str, match: re.Match) -> bool:
+    """True when a negation denies the claim ``match`` found: inside it ("position ids never
+    isolate"), or earlier in its clause ("it does not build ..."). A "no" after it ("..., so no
+    extra memory") or in another clause denies nothing."""
+    clause = re.split(r"[,;:()]", sentence[: match.start()])[-1]
+    return bool(NEGATION.search(clause) or NEGATION.search(match.group(0)))
 
 
 # ----------------------------------------------------------------------------- question 1
