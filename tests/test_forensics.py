@@ -71,7 +71,9 @@ def test_bad_input():
 
 def test_paired_gap_is_the_mean_difference_with_a_bootstrap_interval():
     # ground truth computed here: the differences on the shared examples, their mean, and the
-    # interval from the same resamples drawn independently of the module
+    # interval of the exact bootstrap distribution (sampled resamples must come close to it)
+    import itertools
+
     import numpy as np
 
     from packsim.experiment.forensics import paired_gap
@@ -79,11 +81,12 @@ def test_paired_gap_is_the_mean_difference_with_a_bootstrap_interval():
     suspect = {0: 0.10, 1: 0.30, 2: -0.20, 5: 0.05, 7: 0.40}
     control = {0: 0.50, 1: 0.60, 2: 0.35, 5: 0.45, 9: 9.0}  # 7 and 9 are not shared: left out
     d = np.array([0.10 - 0.50, 0.30 - 0.60, -0.20 - 0.35, 0.05 - 0.45])
-    got = paired_gap(suspect, control, resamples=500, seed=3)
-    picks = np.random.default_rng(3).integers(0, 4, size=(500, 4))
-    lo, hi = np.percentile(d[picks].mean(axis=1), [2.5, 97.5])
-    assert (got.n, got.resamples) == (4, 500)
-    assert got.mean == pytest.approx(d.mean()) and (got.low, got.high) == pytest.approx((lo, hi))
+    got = paired_gap(suspect, control, resamples=20000, seed=3)
+    # the exact bootstrap distribution of the mean: all 4**4 equally likely resamples, enumerated
+    exact = np.array([d[list(pick)].mean() for pick in itertools.product(range(4), repeat=4)])
+    lo, hi = np.percentile(exact, [2.5, 97.5])
+    assert (got.n, got.resamples) == (4, 20000)
+    assert got.mean == pytest.approx(d.mean()) and (got.low, got.high) == pytest.approx((lo, hi), abs=0.01)
     assert got.low <= got.mean <= got.high < 0
     assert paired_gap({0: 1.0}, {0: 2.0}) is None  # one pair: no interval
 
@@ -100,3 +103,9 @@ def test_paired_gap_of_two_runs_pairs_the_same_examples(runs):
     assert "paired, suspect minus control pack gap" in report.table()
     bare = Evidence(c.n, c.alone_loss, c.packed_loss, c.pack_gap, c.neighbour_influence)  # no per-example gaps
     assert forensics(models["buggy", 0], sample, control=bare, capacity=128).paired_gap() is None
+    # a control measured on other examples, or in other packs, has nothing to pair with
+    other = measure(models["correct", 1], sample[::-1], capacity=128)
+    assert forensics(models["buggy", 0], sample, control=other, capacity=128).paired_gap() is None
+    wider = measure(models["correct", 1], sample, capacity=256)
+    report = forensics(models["buggy", 0], sample, control=wider, capacity=128)
+    assert report.paired_gap() is None and "paired" not in report.table()

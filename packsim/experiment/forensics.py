@@ -42,14 +42,15 @@ _LEAKY = Setup("causal", "continuous", "completion", name="causal pack")
 @dataclass(frozen=True)
 class Evidence:
     """What one model's weights show on a sample: losses in nats, means over ``n`` examples;
-    ``gaps`` maps each of those examples' index in the sample to its own pack gap (for pairing)."""
+    ``gaps`` maps each of those examples to its own pack gap, keyed by (its index, its tokens, the
+    pack capacity): two models pair only on the same examples scored in the same packs."""
 
     n: int
     alone_loss: float
     packed_loss: float
     pack_gap: float
     neighbour_influence: float
-    gaps: Mapping[int, float] = field(default_factory=dict, compare=False, repr=False)
+    gaps: Mapping[tuple, float] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -68,9 +69,9 @@ class PairedGap:
                 f"over {self.n} examples")
 
 
-def paired_gap(suspect: Mapping[int, float], control: Mapping[int, float], resamples: int = 2000,
+def paired_gap(suspect: Mapping, control: Mapping, resamples: int = 2000,
                seed: int = 0) -> PairedGap | None:
-    """Pair two models' per-example pack gaps on the examples both have (None: fewer than 2)."""
+    """Pair two models' per-example pack gaps on the keys both have (None: fewer than 2 shared)."""
     shared = sorted(set(suspect) & set(control))
     if len(shared) < 2:
         return None
@@ -102,7 +103,8 @@ class ForensicsReport:
 
     def paired_gap(self, resamples: int = 2000, seed: int = 0) -> PairedGap | None:
         """Suspect minus control pack gap on the same examples, with its bootstrap interval (None:
-        no control, or a control given as :class:`Evidence` without per-example gaps)."""
+        no control, a control given as :class:`Evidence` without per-example gaps, or one measured
+        on other examples or packs: nothing to pair)."""
         if self.control is None:
             return None
         return paired_gap(self.suspect.gaps, self.control.gaps, resamples, seed)
@@ -173,7 +175,13 @@ def measure(model, examples: Sequence, capacity: int = 256, seed: int = 0) -> Ev
                     packed_loss=float(packed[inner].mean()),
                     pack_gap=float(gap[inner].mean()),
                     neighbour_influence=float((packed - other).abs()[inner].mean()),
-                    gaps={int(i): float(gap[i]) for i in inner.nonzero().flatten()})
+                    gaps={_pair_key(exs, int(i), capacity): float(gap[i]) for i in inner.nonzero().flatten()})
+
+
+def _pair_key(exs: list, i: int, capacity: int) -> tuple:
+    """What makes two models' gaps a pair: the same example at the same place of the same sample,
+    scored in packs of the same capacity."""
+    return i, tuple(int(t) for t in exs[i].tokens), capacity
 
 
 def forensics(model, examples: Sequence, control=None, *, capacity: int = 256, seed: int = 0,
