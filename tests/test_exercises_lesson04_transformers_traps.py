@@ -365,7 +365,27 @@ WRONG = {  # answer, words the verdict must hold, the first case that leaks (by 
     "one_row_of_positions": (_with(position_ids=lambda r, i: _restart(r[:1])), "expands it to every row", ("sdpa", 2)),
     "continuous": (_with(position_ids=lambda r, i: torch.arange(32).expand(len(r), 32)), "nothing restarts", ("sdpa", 1)),
     "4d_on_flash": (lambda r, i: {"attention_mask": _additive(r), "use_cache": False}, "a 4D mask on the flash path", (FLASH, 1)),
+    "offsets_restart_per_row": (_flash_only(**{k: (lambda key: lambda r: _restarting_offsets(r) if key.startswith("cu") else max(map(max, r)))(k) for k in bc.VARLEN}), "starts again in every row", (FLASH, 2)),
+    "padding_mask_on_flash": (lambda r, i: {**sol.forward_kwargs_for(r, i), **({"attention_mask": _padding_mask(r)} if i == FLASH else {})}, "zeros in a 2D attention_mask mark padding", (FLASH, 1)),
+    "padding_mask_on_sdpa": (_with(attention_mask=lambda r, i: _padding_mask(r)), "a 2D attention_mask.", ("sdpa", 1)),
+    "row_0_4d_mask": (_not_flash(lambda r, i: {"attention_mask": _block_diagonal(r[:1]), "use_cache": False}), "the batch needs (2, 1, 32, 32)", ("sdpa", 2)),
 }
+
+
+def _restarting_offsets(rows):  # cu_seq_lens that start again at 0 in every row: not the flattened batch's
+    cu = [0]
+    for row in rows:
+        total = 0
+        for n in row:
+            total += n
+            cu.append(total)
+    return torch.tensor(cu, dtype=torch.int32)
+
+
+def _padding_mask(rows):  # (B, 32): a 2D mask whose last two tokens are padding
+    mask = torch.ones(len(rows), 32, dtype=torch.long)
+    mask[:, -2:] = 0
+    return mask
 
 
 @pytest.mark.parametrize(("name"), list(WRONG))
@@ -384,7 +404,8 @@ def test_forward_kwargs_wrong_answers_name_their_trap(name):
     (lambda r, i: [("position_ids", _restart(r))], "return a dict"),
     (lambda r, i: {"input_ids": torch.zeros(len(r), 32, dtype=torch.long), **sol.forward_kwargs_for(r, i)}, "input_ids"),
     (lambda r, i: {"position_id": _restart(r), "use_cache": False}, "no attention backend reads ['position_id']"),
-], ids=["not_a_dict", "input_ids", "typo"])
+    (lambda r, i: {**sol.forward_kwargs_for(r, i), "past_key_values": object()}, "you passed a past_key_values"),
+], ids=["not_a_dict", "input_ids", "typo", "cache_object"])
 def test_forward_kwargs_malformed_answers_are_named_before_running(answer, named):
     fb = check_forward_kwargs_for(answer)
     assert not fb.passed and fb.attempted and named in fb.message, fb
