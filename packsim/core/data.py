@@ -9,7 +9,7 @@ sequence is ``[<bos>] + prompt + response + [<eos>]`` and ``tokens[n_prompt:]`` 
 stretches to any length, so :func:`make_long_tailed_examples` uses it for examples whose lengths
 follow :func:`long_tailed_lengths` exactly (throughput studies).
 
-Lessons: 00, 01, 02, 03, 04, 05, 06, 07, 08, 09, A1, A2, A3, A4, A6, A7.
+Lessons: 00, 01, 02, 03, 04, 05, 06, 07, 08, 09, A1, A2, A3, A4, A6, A7, A8.
 """
 
 from __future__ import annotations
