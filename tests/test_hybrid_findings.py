@@ -5,6 +5,7 @@ import importlib.util
 
 import pytest
 import torch
+from installed import mamba2_drops_seq_idx
 
 from packsim import audit
 from packsim.auditing.hybrid_findings import hybrid_state, stateful_layers
@@ -149,6 +150,23 @@ def test_a_refused_forward_is_said_refused_with_how_to_get_the_probe(bamba):
 
 # ---- on packsim's reference kernels (emulate_hybrid_kernels): measured on CPU --------------------------
 
+class _DropsSeqIdx(torch.nn.Module):
+    """Mamba2ForCausalLM.forward the transformers 5.24 way: the backbone is called without seq_idx."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.config = inner, inner.config
+
+    def get_input_embeddings(self):
+        return self.inner.get_input_embeddings()
+
+    def forward(self, input_ids=None, inputs_embeds=None, use_cache=None, **kwargs):
+        from transformers.modeling_outputs import CausalLMOutput
+
+        hidden = self.inner.backbone(input_ids=input_ids, inputs_embeds=inputs_embeds, use_cache=use_cache)[0]
+        return CausalLMOutput(logits=self.inner.lm_head(hidden))
+
+
 def _each_example_moves(model, batch, seq) -> float:
     """Ground truth here: max |logit change| of the other examples when one example's tokens change."""
     ids, rest = batch["input_ids"], {k: v for k, v in batch.items() if k != "input_ids"}
@@ -248,11 +266,14 @@ def test_a_trainer_whose_collator_gives_seq_idx_is_measured_on_the_reference_ker
 
 
 def test_seq_idx_that_never_reaches_a_kernel_is_the_cause_on_the_reference_kernel():
-    """Mamba2ForCausalLM drops seq_idx before its mixers (hybrid_traps.family_why): on the reference kernels
-    the batch with seq_idx still leaks, and the cause says seq_idx does not reach a kernel that reads it."""
+    """A forward that drops seq_idx before its mixers (Mamba2ForCausalLM up to transformers 5.24,
+    hybrid_traps.family_why; on 5.25 a head written the 5.24 way): on the reference kernels the batch
+    with seq_idx still leaks, and the cause says seq_idx does not reach a kernel that reads it."""
     from packsim.core.reference_hybrid import emulate_hybrid_kernels
 
     mamba2 = build_frontier("mamba2")
+    if not mamba2_drops_seq_idx():
+        mamba2 = _DropsSeqIdx(mamba2)
     batch, seq = frontier_batch("seq_idx")
     with emulate_hybrid_kernels():
         assert _each_example_moves(mamba2, batch, seq) > 1e-3  # ground truth: the state crosses

@@ -5,6 +5,7 @@ reference_kernels=False the seq_idx cells are transformers' refusal ("needs CUDA
 
 import pytest
 import torch
+from installed import mamba2_drops_seq_idx as measured_mamba2_drops
 
 from packsim import audit
 from packsim.auditing.hybrid_findings import stateful_layers
@@ -20,10 +21,12 @@ from packsim.exhibits.hybrid_traps import (
     frontier_cell,
     frontier_needs,
     frontier_table,
+    mamba2_drops_seq_idx,
 )
 from packsim.exhibits.trap_cases import VOCAB
 
 HYBRID = [f for f, spec in FRONTIER_FAMILIES.items() if spec[0] == "hybrid"]
+MAMBA2_DROPS = measured_mamba2_drops()  # True on transformers <= 5.24 (measured: tests/installed.py)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -96,25 +99,34 @@ def test_what_the_installed_transformers_does(table):
     seq_idx_families = {"seq_idx", "seq_idx_cu_seq_lens", "seq_idx_block_mask"}
     assert isolated == {"bamba": seq_idx_families, "lfm2": seq_idx_families, "zamba2": seq_idx_families,
                         "falcon_h1": seq_idx_families, "qwen3_next": {"seq_idx_cu_seq_lens"},
-                        "granitemoehybrid": {"seq_idx_block_mask"}, "mamba2": set()}
+                        "granitemoehybrid": {"seq_idx_block_mask"},
+                        "mamba2": set() if MAMBA2_DROPS else seq_idx_families}
     needs = frontier_needs(table)
     assert needs["bamba"] == needs["lfm2"] == needs["zamba2"] == needs["falcon_h1"] == "seq_idx"
     assert needs["qwen3_next"].startswith("seq_idx + cu_seq_lens_q/k: Qwen3NextGatedDeltaNet hands cu_seq_lens_q")
     assert needs["granitemoehybrid"].startswith("seq_idx + a 4D block-diagonal attention_mask: "
                                                 "GraniteMoeHybridModel.forward builds its attention mask without")
-    assert needs["mamba2"].startswith("nothing in this table isolates it: Mamba2ForCausalLM.forward calls "
-                                      "self.backbone without seq_idx")
+    if MAMBA2_DROPS:
+        assert needs["mamba2"].startswith("nothing in this table isolates it: Mamba2ForCausalLM.forward calls "
+                                          "self.backbone without seq_idx")
+    else:
+        assert needs["mamba2"] == "seq_idx"
     assert "sdpa kernel: conv / scan kernels on the reference kernel (packsim, pure torch)" in table.text()
 
 
 def test_the_cells_that_cannot_isolate_say_why_with_the_transformers_line():
-    """Mamba2ForCausalLM's cells name the file:line of the backbone call that drops seq_idx: read it here."""
+    """Mamba2ForCausalLM's cells name the file:line of the backbone call that drops seq_idx: read it here.
+    Where the installed transformers passes it (5.25), the cell isolates and names no such line."""
     from pathlib import Path
 
     from transformers.models.mamba2 import modeling_mamba2
 
     table = frontier_table("hybrid", families="mamba2", run_audit=False)
     kernel = table.cell("mamba2", "sdpa", "seq_idx").kernel
+    assert mamba2_drops_seq_idx() == MAMBA2_DROPS  # the source reading agrees with the measurement
+    if not MAMBA2_DROPS:
+        assert "(transformers/" not in kernel and table.cell("mamba2", "sdpa", "seq_idx").status == "isolated"
+        return
     path, line = kernel.split("(transformers/")[1].split(")")[0].rsplit(":", 1)
     assert modeling_mamba2.__file__.endswith(path)
     text = Path(modeling_mamba2.__file__).read_text().splitlines()
@@ -166,7 +178,8 @@ def test_without_the_reference_kernels_seq_idx_is_refused():
     """reference_kernels=False: transformers as loaded; seq_idx reaches its torch fallback and is refused."""
     old = frontier_table("hybrid", families=("bamba", "mamba2"), reference_kernels=False)
     assert old.cell("bamba", "sdpa", "seq_idx").status == "needs CUDA"
-    assert old.cell("mamba2", "sdpa", "seq_idx").status == "leaks"  # seq_idx never reaches the mixer
+    # seq_idx never reaches the mixer where the ForCausalLM drops it; else transformers refuses it as for bamba
+    assert old.cell("mamba2", "sdpa", "seq_idx").status == ("leaks" if MAMBA2_DROPS else "needs CUDA")
     assert "needs CUDA: `causal_conv1d_fn` can't keep packed sequences apart" in old.text()
     assert "needs CUDA" in old.to_html()
     bamba = build_frontier("bamba")

@@ -13,6 +13,7 @@ import warnings
 
 import pytest
 import torch
+from installed import mamba2_drops_seq_idx
 
 from packsim.auditing.hybrid_findings import CUDA_REFUSAL, stateful_layers
 from packsim.core.errors import PacksimError
@@ -26,6 +27,7 @@ from packsim.core.reference_hybrid import (
     kernels_in_use,
 )
 from packsim.core.segments import cu_seqlens_from_lengths
+from packsim.core.upstream.hub_kernels import wrapper_cells
 from packsim.exhibits.hybrid_traps import build_frontier, frontier_batch
 from packsim.exhibits.trap_cases import ROWS
 
@@ -117,28 +119,7 @@ def _sharpened(family):
     return model
 
 
-# ---- transformers internals the wiring relies on ----------------------------------------------------
-
-def test_pin_transformers_kernel_wrapper():
-    """use_kernel_func_from_hub_with_fallback (integrations/hub_kernels.py) binds the torch function when the
-    package is missing, closes over the names packsim swaps, and refuses seq_idx / cu_seqlens there."""
-    from transformers.integrations.hub_kernels import use_kernel_func_from_hub_with_fallback
-
-    from packsim.core.reference_hybrid import _CELLS, _cells
-
-    def torch_version(x, seq_idx=None):
-        return x
-
-    wrapper = use_kernel_func_from_hub_with_fallback("causal_conv1d_fn", "packsim_no_such_package")(torch_version)
-    cells = _cells(wrapper)
-    assert cells is not None, (f"transformers moved: the wrapper of use_kernel_func_from_hub_with_fallback no longer "
-                               f"closes over {_CELLS} (it closes over {wrapper.__code__.co_freevars})")
-    assert cells["implementation"].cell_contents is torch_version and not cells["is_new_implementation"].cell_contents
-    assert cells["func_name"].cell_contents == "causal_conv1d_fn"
-    assert wrapper.__wrapped__ is torch_version
-    with pytest.raises(ValueError, match=CUDA_REFUSAL):
-        wrapper(torch.zeros(1), seq_idx=torch.zeros(1))
-
+# ---- transformers internals the wiring relies on (the wrapper itself: tests/test_upstream_hub_kernels.py) ---
 
 @pytest.mark.parametrize("family", sorted(EXPECTED))
 def test_pin_each_family_calls_its_kernels_through_module_level_wrappers(family):
@@ -214,14 +195,19 @@ def test_a_package_transformers_bound_wins(monkeypatch):
     with emulate_hybrid_kernels(modules=[modeling]) as kernels:
         assert kernels.wired == () and kernels.kept == (
             "standin_modeling.causal_conv1d_fn (causal_conv1d (the real package), bound by transformers)",)
-        assert wrapper(torch.zeros(1, 2, 3), torch.zeros(2, 4), seq_idx=torch.zeros(1, 3)) == "the real package"
+        args = (torch.zeros(1, 2, 3), torch.zeros(2, 4))
+        if "supported_devices" in wrapper_cells(wrapper):  # transformers 5.25: causal_conv1d runs on CUDA only,
+            with pytest.raises(ValueError, match=CUDA_REFUSAL):  # so CPU inputs meet the refusal
+                wrapper(*args, seq_idx=torch.zeros(1, 3))
+        else:  # 5.24: the bound package gets every input
+            assert wrapper(*args, seq_idx=torch.zeros(1, 3)) == "the real package"
         assert kernels_in_use(modeling) == {"causal_conv1d_fn": "causal_conv1d (the real package)"}
 
 
 def test_a_transformers_without_the_wrappers_fails_loudly(monkeypatch):
-    import packsim.core.reference_hybrid as rh
+    import packsim.core.upstream.hub_kernels as hk
 
-    monkeypatch.setattr(rh, "_CELLS", (*rh._CELLS, "a_name_transformers_never_had"))
+    monkeypatch.setattr(hk, "CELLS", (*hk.CELLS, "a_name_transformers_never_had"))
     with pytest.raises(PacksimError, match="transformers .* moved"):
         emulate_hybrid_kernels()
 
@@ -295,15 +281,20 @@ def test_granitemoehybrid_mamba_layer_isolates_but_its_attention_needs_a_mask(wi
     assert _change(_logits(model), *_batch("seq_idx")) > 1e-3
 
 
-def test_mamba2_for_causal_lm_drops_seq_idx_its_backbone_isolates(wired):
-    """Mamba2ForCausalLM.forward calls its backbone without **kwargs (models/mamba2/modeling_mamba2.py), so
-    seq_idx never reaches a mixer: not wireable through the ForCausalLM; Mamba2Model (the backbone) is."""
+def test_mamba2_for_causal_lm_and_its_backbone_with_seq_idx(wired):
+    """Up to transformers 5.24 Mamba2ForCausalLM.forward calls its backbone without **kwargs
+    (models/mamba2/modeling_mamba2.py), so seq_idx never reaches a mixer through it; 5.25 passes it on.
+    Mamba2Model (the backbone) isolates with seq_idx on every version, and with the fused kernel too."""
     model = _model("mamba2")
     batch, seq = _batch()
     ids = {"input_ids": batch["input_ids"]}
-    with torch.no_grad():
-        assert torch.equal(model(**ids, seq_idx=seq.int()).logits, model(**ids).logits)
-    assert _change(_logits(model), {**ids, "seq_idx": seq.int()}, seq) > 1e-3
+    through_head = _change(_logits(model), {**ids, "seq_idx": seq.int()}, seq)
+    if mamba2_drops_seq_idx():
+        with torch.no_grad():
+            assert torch.equal(model(**ids, seq_idx=seq.int()).logits, model(**ids).logits)
+        assert through_head > 1e-3
+    else:
+        assert through_head <= TOL
     head = lambda **b: model.lm_head(model.backbone(**b, use_cache=False)[0])  # noqa: E731
     assert _change(head, {**ids, "seq_idx": seq.int()}, seq) <= TOL
     assert _change(head, ids, seq) > 1e-3

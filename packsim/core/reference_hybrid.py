@@ -7,7 +7,9 @@ FalconH1, ...) calls its conv / scan / delta-rule kernels through module-level f
 looks for the package (``causal_conv1d``, ``mamba_ssm``, ``fla``) and, when it is missing, binds
 the model's own torch function instead; the wrapper it returns closes over that choice
 (``implementation``, ``is_new_implementation``, ``applicable_params``) and RAISES when ``seq_idx``
-or ``cu_seqlens`` reaches the torch function, which cannot keep packed sequences apart.
+or ``cu_seqlens`` reaches the torch function, which cannot keep packed sequences apart. How that
+wrapper is found and read on each transformers version (bare, or inside a ``kernels`` function
+module from 5.25) is :mod:`packsim.core.upstream.hub_kernels`'s, the one place that reaches in.
 
 :func:`emulate_hybrid_kernels` finds those wrappers in the loaded modeling modules and, for each
 kernel packsim has a reference for whose package is neither bound nor installed, puts the
@@ -39,6 +41,7 @@ from packsim.core.errors import PacksimError
 from packsim.core.reference_conv import REFERENCE_KERNEL, causal_conv1d_fn, causal_conv1d_update
 from packsim.core.reference_delta import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from packsim.core.reference_ssm import mamba_chunk_scan_combined, mamba_split_conv1d_scan_combined
+from packsim.core.upstream.hub_kernels import CELLS, restore, swap, wrapper_cells
 
 __all__ = ["HYBRID_MODULES", "REFERENCES", "REFERENCE_KERNEL", "HybridKernels", "emulate_hybrid_kernels",
            "kernel_sites", "kernels_in_use"]
@@ -54,22 +57,10 @@ REFERENCES = {
 }
 # the hybrid families' modeling modules, imported before the search (others count once loaded)
 HYBRID_MODULES = ("bamba", "qwen3_next", "lfm2", "mamba2", "zamba2", "granitemoehybrid", "falcon_h1")
-# the names use_kernel_func_from_hub_with_fallback's ``wrapped`` closes over (integrations/hub_kernels.py)
-_CELLS = ("implementation", "is_new_implementation", "applicable_params", "func_name", "package", "torch_function")
-_SWAPPED = ("implementation", "is_new_implementation", "applicable_params")
 _MOVED = ("transformers {v} moved: no modeling module of {mods} holds a wrapper of "
           "integrations.hub_kernels.use_kernel_func_from_hub_with_fallback that closes over "
-          f"{', '.join(_CELLS)}; packsim's reference kernels cannot be wired. Pin transformers to a version "
-          "packsim's tests pass on (tests/test_reference_hybrid.py), or update packsim.core.reference_hybrid.")
-
-
-def _cells(fn) -> dict | None:
-    """The closure cells of a transformers kernel wrapper by name, or None when ``fn`` is not one."""
-    code, closure = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
-    if code is None or not closure:
-        return None
-    cells = dict(zip(code.co_freevars, closure, strict=True))
-    return cells if all(name in cells for name in _CELLS) else None
+          f"{', '.join(CELLS)}; packsim's reference kernels cannot be wired. Pin transformers to a version "
+          "packsim's tests pass on (tests/test_upstream_hub_kernels.py), or update packsim.core.upstream.hub_kernels.")
 
 
 @dataclass(frozen=True)
@@ -98,7 +89,7 @@ def kernel_sites(modules=None) -> list[_Site]:
     sites = []
     for module in _modules(modules):
         for name, value in list(vars(module).items()):
-            cells = _cells(value)
+            cells = wrapper_cells(value)
             if cells is not None:
                 sites.append(_Site(f"{module.__name__}.{name}", cells["func_name"].cell_contents,
                                    cells["package"].cell_contents, value))
@@ -116,7 +107,7 @@ def _installed(package: str) -> bool:
 
 def _label(wrapper) -> str:
     """What runs behind one wrapper: the reference kernel, the real package, or transformers' fallback."""
-    cells = _cells(wrapper)
+    cells = wrapper_cells(wrapper)
     impl, package = cells["implementation"].cell_contents, cells["package"].cell_contents
     if getattr(impl, "__packsim_kernel__", None) == REFERENCE_KERNEL:
         return REFERENCE_KERNEL
@@ -160,9 +151,7 @@ class HybridKernels:
     def undo(self) -> None:
         """Put back what transformers had bound at the sites this call wired (idempotent)."""
         while self._saved:
-            cells, before = self._saved.pop()
-            for name, value in before.items():
-                cells[name].cell_contents = value
+            restore(*self._saved.pop())
 
     def __enter__(self) -> HybridKernels:
         return self
@@ -206,12 +195,8 @@ def emulate_hybrid_kernels(modules=None) -> HybridKernels:
             kept.append(f"{site.where} ({site.package} is installed, so packsim does not stand in for it; "
                         "transformers did not bind it at import)")
         else:
-            cells = _cells(site.wrapper)
-            saved.append((cells, {name: cells[name].cell_contents for name in _SWAPPED}))
-            kernel = reference[1]
-            cells["implementation"].cell_contents = kernel
-            cells["is_new_implementation"].cell_contents = True
-            cells["applicable_params"].cell_contents = tuple(inspect.signature(kernel).parameters)
+            cells, kernel = wrapper_cells(site.wrapper), reference[1]
+            saved.append((cells, swap(cells, kernel, tuple(inspect.signature(kernel).parameters))))
             seen.add(id(site.wrapper))
             wired.append(site.where)
             names.add(site.func_name)

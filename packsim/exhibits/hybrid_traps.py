@@ -29,8 +29,10 @@ global state; ``reference_kernels=False`` keeps transformers as loaded): packsim
   it needs both;
 - ``GraniteMoeHybridModel`` builds its attention mask without ``position_ids`` (mask_kwargs in
   models/granitemoehybrid), so its attention needs a 4D block-diagonal mask next to ``seq_idx``;
-- ``Mamba2ForCausalLM.forward`` does not pass ``**kwargs`` to its backbone (models/mamba2), so
-  ``seq_idx`` never reaches a mixer through it, with any kernel (the cells give file:line);
+- ``Mamba2ForCausalLM.forward`` passed neither ``seq_idx`` nor ``**kwargs`` to its backbone up to
+  transformers 5.24 (models/mamba2), so ``seq_idx`` never reached a mixer through it, with any kernel
+  (the cells give file:line); 5.25 passes ``**kwargs``, and it isolates with ``seq_idx`` like the
+  others. :func:`mamba2_drops_seq_idx` reads which from the installed source;
 - the Qwen2-VL text model (models/qwen2_vl, ``Qwen2VLTextModel.forward``) builds the packed mask
   only from 4-row position_ids (text positions prepended to the 3 rope rows); 2D or 3-row
   positions are expanded and the mask is plain causal over the row.
@@ -65,7 +67,8 @@ from packsim.exhibits.trap_cases import ROWS, VOCAB
 from packsim.exhibits.trap_results import Cell, TrapTable
 
 __all__ = ["CUDA_REFUSAL", "FRONTIER_CONDITIONS", "FRONTIER_FAMILIES", "FRONTIER_TOL", "build_frontier",
-           "family_why", "frontier_batch", "frontier_cell", "frontier_needs", "frontier_table", "needs_cuda_reason"]
+           "family_why", "frontier_batch", "frontier_cell", "frontier_needs", "frontier_table", "mamba2_drops_seq_idx",
+           "needs_cuda_reason"]
 
 _IDS = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 _BASE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -141,12 +144,27 @@ def _where(obj, marker: str) -> str:
     return f"{short}:{hit}" if hit else f"{short} (no {marker!r}: transformers moved)"
 
 
+def mamba2_drops_seq_idx() -> bool:
+    """Whether the installed ``Mamba2ForCausalLM.forward`` calls ``self.backbone(...)`` with neither
+    ``seq_idx`` nor ``**kwargs`` (read from its source with ``ast``: True up to transformers 5.24)."""
+    import ast
+    import textwrap
+
+    import transformers
+
+    source = textwrap.dedent(inspect.getsource(inspect.unwrap(transformers.Mamba2ForCausalLM.forward)))
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "self.backbone":
+            return not any(k.arg in (None, "seq_idx") for k in node.keywords)
+    return False
+
+
 def family_why(family: str) -> str:
     """Why a family needs more than seq_idx, or why no field isolates it through its own forward
     (file:line in the installed transformers); '' for the others."""
     import transformers
 
-    if family == "mamba2":
+    if family == "mamba2" and mamba2_drops_seq_idx():
         at = _where(transformers.Mamba2ForCausalLM.forward, "self.backbone(")
         return (f"Mamba2ForCausalLM.forward calls self.backbone without seq_idx or **kwargs ({at}), so no packing "
                 "field reaches a mixer through it, on any kernel; its backbone (Mamba2Model) isolates with seq_idx")
@@ -245,7 +263,8 @@ def cell_kernel(model, family: str) -> str:
     if not kernels:
         return ""
     words = f"conv / scan kernels on {kernel_words(kernels)}"
-    return f"{words}; {family_why(family)}" if family == "mamba2" else words
+    why = family_why(family) if family == "mamba2" else ""
+    return f"{words}; {why}" if why else words
 
 
 def _kernels(kind: str, reference_kernels: bool):
