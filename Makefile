@@ -8,6 +8,8 @@
 # see); with TORCH_SPEC set, no index is added unless you also set TORCH_INDEX.
 # packsim is installed editable with the course extra (the notebooks: jupyterlab, plotly, TRL, ...)
 # and the dev extra (the tests); `pip install packsim` alone is the library, the audit and the CLI.
+# Every install takes the lock (LOCK, constraints/lock.txt: the exact versions the tests passed on),
+# so a learner gets what was tested; `make lock` refreshes it from the newest releases, LOCK= turns it off.
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -16,6 +18,8 @@ ifeq ($(origin TORCH_SPEC)$(shell uname -s)$(shell command -v nvidia-smi),undefi
 endif
 TORCH_SPEC ?= torch>=2.6
 TORCH_INDEX ?=
+LOCK ?= constraints/lock.txt
+LOCK_FLAG := $(if $(LOCK),-c $(LOCK))
 LAB_ARGS ?=
 PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` (tests/conftest.py schedules one test file, or one notebook, per unit)
@@ -32,7 +36,7 @@ else
 endif
 STAMP := $(ENV_DIR)/.packsim-setup.stamp
 
-.PHONY: setup git-filter lab test check html clean help bench bench-quick gpu-check
+.PHONY: setup git-filter lab test check html clean help bench bench-quick gpu-check lock test-window
 
 help:
 	@echo "make lab    set up (first run only) and open the course in JupyterLab"
@@ -42,15 +46,17 @@ help:
 	@echo "make html   execute the course into static HTML in site/ (offline; PACKSIM_FAST=1 for the quick one)"
 	@echo "make bench  CPU benchmarks (packing vs TRL, attention, throughput; ~15-22 min) -> benchmarks/results"
 	@echo "make bench-quick  the same in quick mode (< 2 min) -> runs/bench-quick"
+	@echo "make lock   refresh constraints/lock.txt from the newest releases (then run make test)"
+	@echo "make test-window  the audit, kernel and trainer tests on the window's ends (Axolotl 0.19's pins, the newest releases)"
 	@echo "make gpu-check  on a CUDA machine: GPU tests, reference vs real kernels, kernels, packed vs padded, compare (< 10 min) -> benchmarks/results/gpu_check.json"
 
 .venv/bin/python:
 	$(PYTHON) -m venv .venv
 
-$(STAMP): pyproject.toml | $(NEW_VENV)
+$(STAMP): pyproject.toml $(LOCK) | $(NEW_VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(PY) -m pip install -e ".[course,dev]"
+	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install $(LOCK_FLAG) "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(PY) -m pip install $(LOCK_FLAG) -e ".[course,dev]"
 	$(PY) -m packsim.course.doctor --quiet --course
 	touch $(STAMP)
 
@@ -72,6 +78,23 @@ git-filter:
 	  git config filter.nbstripout.clean "$$strip" && \
 	  git config diff.ipynb.textconv "$$strip -t" && \
 	  echo "git filter: notebook outputs are stripped on git add (nbstripout; see README)"; fi
+
+# The lock: a fresh venv (.venv-lock) takes the newest releases pip sees for packsim[course,dev], and
+# its `pip freeze` (packsim itself and torch's local build label left out) becomes constraints/lock.txt.
+lock:
+	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/python -m pip install -q --upgrade pip
+	.venv-lock/bin/python -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	.venv-lock/bin/python -m pip install -q -e ".[course,dev]"
+	.venv-lock/bin/python -m packsim.course.tools.lock .venv-lock constraints/lock.txt
+	rm -rf .venv-lock
+
+# The window's two ends (packsim/core/upstream/window.py), each in its own venv: `low`, the stack
+# Axolotl 0.19.0 pins (constraints/axolotl-0.19.txt, with its kernels), and `new`, the newest
+# releases on the index (skipped, saying so, when they are exactly the lock the main run tested).
+test-window:
+	bash .ci/window low
+	bash .ci/window new
 
 # JupyterLab refuses to start as root (containers, some cloud VMs) without --allow-root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)

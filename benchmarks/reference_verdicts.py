@@ -98,6 +98,7 @@ def _forced_reference(module):
     bound the real package (as :func:`~packsim.core.reference_hybrid.emulate_hybrid_kernels` wires a missing
     one); returns the function that puts back what was there."""
     from packsim.core import reference_hybrid as rh
+    from packsim.core.upstream.hub_kernels import restore, swap, wrapper_cells
 
     saved, seen = [], set()
     for site in rh.kernel_sites([module]):
@@ -105,17 +106,13 @@ def _forced_reference(module):
         if ref is None or id(site.wrapper) in seen:
             continue
         seen.add(id(site.wrapper))
-        cells = rh._cells(site.wrapper)
-        saved.append((cells, {k: cells[k].cell_contents for k in rh._SWAPPED}))
-        for k, v in (("implementation", ref[1]), ("is_new_implementation", True),
-                     ("applicable_params", tuple(inspect.signature(ref[1]).parameters))):
-            cells[k].cell_contents = v
+        cells = wrapper_cells(site.wrapper)
+        saved.append((cells, swap(cells, ref[1], tuple(inspect.signature(ref[1]).parameters))))
 
-    def restore():
+    def put_back():
         for cells, before in reversed(saved):
-            for k, v in before.items():
-                cells[k].cell_contents = v
-    return restore
+            restore(cells, before)
+    return put_back
 
 
 def bamba_verdicts(dtypes, args, device, deadline, skipped) -> list[dict]:

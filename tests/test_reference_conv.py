@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from packsim.core.errors import PacksimError
 from packsim.core.reference_conv import REFERENCE_KERNEL, causal_conv1d_fn, causal_conv1d_update
+from packsim.core.upstream.hub_kernels import torch_function
 
 TOL = 1e-5
 
@@ -16,7 +17,7 @@ def _fallbacks():
     """transformers' torch functions behind its kernel wrappers (models/bamba/modeling_bamba.py)."""
     from transformers.models.bamba import modeling_bamba as mb
 
-    return mb.causal_conv1d_fn.__wrapped__, mb.causal_conv1d_update.__wrapped__
+    return torch_function(mb.causal_conv1d_fn), torch_function(mb.causal_conv1d_update)
 
 
 def _data(B=2, D=6, T=24, W=4, seed=0):

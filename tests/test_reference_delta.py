@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from packsim.core.errors import PacksimError
 from packsim.core.reference_conv import REFERENCE_KERNEL
 from packsim.core.reference_delta import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from packsim.core.upstream.hub_kernels import torch_function
 
 TOL = 1e-5
 H, HV, K, V = 2, 4, 8, 6  # GVA: each q/k head serves two value heads
@@ -71,8 +72,8 @@ def test_match_transformers_fallbacks_on_unpacked_rows():
 
     d = _data(B=2, T=100)
     S0 = torch.randn(2, HV, K, V)
-    pairs = [(chunk_gated_delta_rule, mq.torch_chunk_gated_delta_rule.__wrapped__),
-             (fused_recurrent_gated_delta_rule, mq.torch_recurrent_gated_delta_rule.__wrapped__)]
+    pairs = [(chunk_gated_delta_rule, torch_function(mq.torch_chunk_gated_delta_rule)),
+             (fused_recurrent_gated_delta_rule, torch_function(mq.torch_recurrent_gated_delta_rule))]
     unit = {n: F.normalize(d[n], dim=-1) for n in ("q", "k")}  # without the in-kernel norm: unit keys (stable)
     for mine, theirs in pairs:
         for l2, qk in ((True, d), (False, unit)):

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from packsim.core.errors import PacksimError
 from packsim.core.reference_conv import REFERENCE_KERNEL, causal_conv1d_fn
 from packsim.core.reference_ssm import mamba_chunk_scan_combined, mamba_split_conv1d_scan_combined
+from packsim.core.upstream.hub_kernels import torch_function
 
 TOL = 1e-5
 b, T, h, p, g, n = 2, 29, 4, 3, 2, 5  # T: no multiple of the chunk (8)
@@ -76,7 +77,7 @@ def test_packed_row_equals_each_segment_alone_and_the_fallback_crosses():
     assert (final - torch.stack(last_state)).abs().max() <= TOL
     # the case it must catch: without seq_idx (and in transformers' fallback, which ignores it) the state crosses
     assert (_scan(d, D=d["D"], z=d["z"], dt_bias=d["dt_bias"]) - alone).abs().max() > 1e-3
-    crossing = mb.mamba2_chunk_scan.__wrapped__(d["x"], d["dt"], d["A"], d["B"], d["C"], 8, D=d["D"],
+    crossing = torch_function(mb.mamba2_chunk_scan)(d["x"], d["dt"], d["A"], d["B"], d["C"], 8, D=d["D"],
                                                 dt_bias=d["dt_bias"], dt_softplus=True, seq_idx=seq)
     assert (crossing * F.silu(d["z"]) - alone).abs().max() > 1e-3
 
@@ -114,7 +115,7 @@ def test_matches_transformers_fallback_on_one_sequence():
     for limit in ((0.0, float("inf")), (0.05, 0.9)):
         kw = dict(D=d["D"], dt_bias=d["dt_bias"], dt_softplus=True, dt_limit=limit, initial_states=h0,
                   return_final_states=True)
-        ref, ref_final = mb.mamba2_chunk_scan.__wrapped__(d["x"], d["dt"], d["A"], d["B"], d["C"], 8, **kw)
+        ref, ref_final = torch_function(mb.mamba2_chunk_scan)(d["x"], d["dt"], d["A"], d["B"], d["C"], 8, **kw)
         y, final = mamba_chunk_scan_combined(d["x"], d["dt"], d["A"], d["B"], d["C"], 8, **kw)
         assert (y - ref).abs().max() <= TOL and (final - ref_final).abs().max() <= TOL
 

@@ -58,6 +58,7 @@ from packsim.auditing.report import AuditReport, ProbeResult, WorstPair
 from packsim.auditing.shared_pass import leak_probes, shared_baseline
 from packsim.core.batch import PackedBatch
 from packsim.core.errors import PacksimError
+from packsim.core.upstream.window import warn_outside
 
 # Float tolerance for "unchanged", by logits dtype. Measured cross-example changes of a leaking
 # tiny Llama are 1e-2..1; an isolating forward gives exactly 0 or float round-off (~1e-7).
@@ -121,6 +122,7 @@ def audit(model, batch, response_mask=None, *, examples=None, max_examples: int 
     ``packsim audit``.
     """
     start = time.perf_counter()
+    warn_outside()  # a transformers / TRL outside the tested window: one notice per process
     if isinstance(batch, Mapping):  # a batch field passed as a forward keyword is still the batch's field
         moved = {k: forward_kwargs.pop(k) for k in BATCH_FIELDS if k in forward_kwargs}
         batch = {**batch, **moved} if moved else batch

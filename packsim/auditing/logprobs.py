@@ -35,6 +35,7 @@ from packsim.auditing.report import rests_on_metadata
 from packsim.core.boundaries import ROWS_SOURCE, find_boundaries
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX
+from packsim.core.upstream.window import warn_outside
 
 __all__ = ["LOGPROB_TOL", "LogprobReport", "SequenceLogprob", "audit_logprobs", "group_names", "pair_names"]
 
@@ -146,6 +147,7 @@ def audit_logprobs(model, batch: dict, *, completion_mask=None, seq=None, exampl
     the batch's fields; ``trust_boundaries``: the batch's fields are the ground truth. Returns a
     :class:`LogprobReport`.
     """
+    warn_outside()  # a transformers / TRL outside the tested window: one notice per process
     if not isinstance(batch, dict) or "input_ids" not in batch:
         raise PacksimError("audit_logprobs takes the collator's dict with input_ids (B, T) and the fields "
                            "the forward gets.")

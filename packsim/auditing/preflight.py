@@ -258,15 +258,20 @@ def build_trainer(model, tokenizer, records, collator: str, out: str, batch_size
 
 
 def _hybrid_kernels(model):
-    """emulate_hybrid_kernels() (wired now) when ``model`` has stateful layers and one of its conv / scan /
-    delta-rule kernels is transformers' torch fallback (its package missing); else None."""
+    """(emulate_hybrid_kernels() wired now, '') when ``model`` has stateful layers and one of its conv /
+    scan / delta-rule kernels is transformers' torch fallback (its package missing); (None, '') when
+    nothing needs wiring; (None, why) when the installed transformers cannot be wired (the version
+    named: the audit then measures nothing there and says so)."""
     from packsim.auditing.hybrid_findings import boundary_kernels, stateful_layers
 
     if not stateful_layers(model) or not any(v.startswith("transformers'") for v in boundary_kernels(model).values()):
-        return None
+        return None, ""
     from packsim.core.reference_hybrid import emulate_hybrid_kernels
 
-    return emulate_hybrid_kernels()
+    try:
+        return emulate_hybrid_kernels(), ""
+    except PacksimError as err:
+        return None, str(err)
 
 
 def _hybrid_notice(model):
@@ -313,13 +318,17 @@ def preflight(model_dir, data, collator: str, attn: str | None = None, batches: 
     if refused:
         planned = run_attn = loaded
     check_tokenizer(model, tokenizer, records, f"--model {model_dir}")
-    hybrid = _hybrid_kernels(model)  # a hybrid checkpoint without its kernel packages: the reference kernels
+    hybrid, unwired = _hybrid_kernels(model)  # a hybrid checkpoint without its kernel packages: the reference kernels
     with tempfile.TemporaryDirectory(prefix="packsim-preflight-") as out, hybrid or contextlib.nullcontext():
         trainer = build_trainer(model, tokenizer, records, collator, out, batch_size, max_length, objective)
         report = audit_trainer(trainer, batches=batches, strict=strict, trust_boundaries=trust_boundaries,
                                objective=objective)
         if hybrid is not None:
             report.findings.append(_hybrid_notice(model))
+        if unwired:  # the forward met transformers' refusal: NOT MEASURED, and this is why
+            report.findings.append(Finding("hybrid_kernels", "skipped", f"packsim's reference kernels could not be "
+                                           f"wired: {unwired}", "use a transformers inside the tested window "
+                                           "(packsim doctor), or a GPU with the real kernel packages"))
         if refused:
             report.findings.append(Finding(
                 "attention", "notice", f"{type(model).__name__} refuses sdpa in the installed transformers, so the "

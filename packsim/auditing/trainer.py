@@ -63,6 +63,7 @@ from packsim.core.errors import PacksimError
 from packsim.core.loss import Role
 from packsim.core.segments import example_positions, seq_ids_from_starts
 from packsim.core.special_tokens import example_starts, is_token, start_ids, token_ids
+from packsim.core.upstream.window import warn_outside
 
 __all__ = ["audit_trainer"]
 
@@ -281,6 +282,7 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
     configuration checks; ``report.ok`` is False when a probe or a finding fails. The model's
     train/eval mode is restored afterwards; its weights are not touched.
     """
+    warn_outside()  # a transformers / TRL outside the tested window: one notice per process
     if not hasattr(trainer, "get_train_dataloader") or not hasattr(trainer, "model"):
         raise PacksimError(f"audit_trainer takes a transformers.Trainer or trl.SFTTrainer, got "
                            f"{type(trainer).__name__}: for a model and one batch use packsim.audit.")

@@ -177,7 +177,10 @@ def emulate_hybrid_kernels(modules=None) -> HybridKernels:
     if modules is None and not sites:
         import transformers
 
-        raise PacksimError(_MOVED.format(v=transformers.__version__, mods=", ".join(HYBRID_MODULES)))
+        from packsim.core.upstream.window import notice
+
+        raise PacksimError(_MOVED.format(v=transformers.__version__, mods=", ".join(HYBRID_MODULES))
+                           + f" ({notice(transformers.__version__)})")
     wired, already, kept, left, saved, seen, names = [], [], [], [], [], set(), set()
     for site in sites:
         reference = REFERENCES.get(site.func_name)

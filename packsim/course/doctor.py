@@ -5,7 +5,7 @@ missing here) and a summary; exits 1 when a required check fails. ``packsim doct
 
 Checked: the Python version, every dependency in ``pyproject.toml`` ``[project].dependencies``
 (installed version against its lower bound: the library, the audit and the CLI), the optional
-extras, the device, ``PACKSIM_FAST``, that the tokenizer builds offline, and which attention
+extras, transformers / TRL / accelerate against the tested window, the device, ``PACKSIM_FAST``, that the tokenizer builds offline, and which attention
 backends work here. The ``course`` extra's packages (jupyterlab, plotly, ...) are what the
 notebooks need, not the library: each missing one is a ``--`` line saying so, with one line
 before the summary naming the install command; ``--course`` (``make setup``) makes them required.
@@ -221,6 +221,14 @@ def _python_check(requires_python: str | None) -> Check:
     return Check("python", False, f"{have} is too old, need >={lower}: install a newer Python")
 
 
+def _window_checks() -> list[Check]:
+    """One line per package of the tested window (packsim.core.upstream.window): a version outside it is
+    a ``--`` line (the audit warns there, and may answer NOT MEASURED), never a FAIL."""
+    from packsim.core.upstream.window import window_lines
+
+    return [Check(f"window/{package}", inside, detail, required=False) for package, inside, detail in window_lines()]
+
+
 def _device_checks() -> list[Check]:
     try:
         import torch
@@ -323,6 +331,7 @@ def run_checks(course: bool = False) -> list[Check]:
         )
     checks += [_req_check(r, checkout) for r in reqs if r.extra is None]
     checks += _extra_checks(reqs, checkout, course)
+    checks += _window_checks()
     checks += _device_checks()
     checks.append(_fast_mode_check())
     checks.append(_tokenizer_check())

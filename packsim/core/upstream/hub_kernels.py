@@ -26,7 +26,7 @@ Lessons: none directly (packsim.core.reference_hybrid wires the reference kernel
 
 from __future__ import annotations
 
-__all__ = ["CELLS", "REFUSAL", "SWAPPED", "restore", "swap", "wrapper_cells"]
+__all__ = ["CELLS", "REFUSAL", "SWAPPED", "restore", "swap", "torch_function", "wrapper_cells"]
 
 # the names ``wrapped`` closes over that packsim reads (read from transformers 5.24.0 and 5.25.0)
 CELLS = ("implementation", "is_new_implementation", "applicable_params", "func_name", "package", "torch_function")
@@ -60,6 +60,15 @@ def wrapper_cells(value) -> dict | None:
     except (TypeError, ValueError):  # a C object, an odd descriptor: not a wrapper
         return None
     return cells if all(name in cells for name in CELLS) else None
+
+
+def torch_function(value):
+    """The model's own torch function behind a kernel wrapper (``value.__wrapped__`` up to 5.24; kernels'
+    function module in 5.25 has no ``__wrapped__``, its ``func`` does)."""
+    cells = wrapper_cells(value)
+    if cells is None:
+        raise TypeError(f"{value!r} is not a transformers kernel wrapper")
+    return cells["torch_function"].cell_contents
 
 
 def swap(cells: dict, kernel, params: tuple[str, ...]) -> dict:
