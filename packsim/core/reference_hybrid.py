@@ -41,7 +41,7 @@ from packsim.core.errors import PacksimError
 from packsim.core.reference_conv import REFERENCE_KERNEL, causal_conv1d_fn, causal_conv1d_update
 from packsim.core.reference_delta import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from packsim.core.reference_ssm import mamba_chunk_scan_combined, mamba_split_conv1d_scan_combined
-from packsim.core.upstream.hub_kernels import CELLS, restore, swap, wrapper_cells
+from packsim.core.upstream.hub_kernels import CELLS, kernel_names, restore, swap, wrapper_cells
 
 __all__ = ["HYBRID_MODULES", "REFERENCES", "REFERENCE_KERNEL", "HybridKernels", "emulate_hybrid_kernels",
            "kernel_sites", "kernels_in_use"]
@@ -90,9 +90,9 @@ def kernel_sites(modules=None) -> list[_Site]:
     for module in _modules(modules):
         for name, value in list(vars(module).items()):
             cells = wrapper_cells(value)
-            if cells is not None:
-                sites.append(_Site(f"{module.__name__}.{name}", cells["func_name"].cell_contents,
-                                   cells["package"].cell_contents, value))
+            names = kernel_names(cells) if cells is not None else None
+            if names is not None:
+                sites.append(_Site(f"{module.__name__}.{name}", *names, value))
     return sites
 
 
@@ -108,7 +108,7 @@ def _installed(package: str) -> bool:
 def _label(wrapper) -> str:
     """What runs behind one wrapper: the reference kernel, the real package, or transformers' fallback."""
     cells = wrapper_cells(wrapper)
-    impl, package = cells["implementation"].cell_contents, cells["package"].cell_contents
+    impl, package = cells["implementation"].cell_contents, kernel_names(cells)[1]
     if getattr(impl, "__packsim_kernel__", None) == REFERENCE_KERNEL:
         return REFERENCE_KERNEL
     if cells["is_new_implementation"].cell_contents:

@@ -3,9 +3,19 @@
 Every hybrid model in transformers calls its conv / scan / delta-rule kernels through module-level
 objects made by ``use_kernel_func_from_hub_with_fallback(func_name, package)``. Its inner function
 ``wrapped`` closes over the kernel it chose at import (``implementation``), whether that is the real
-package (``is_new_implementation``), the kernel's parameter names (``applicable_params``), and from
-transformers 5.25 on the devices the package runs on (``supported_devices``; None for the torch
-function). What the model module holds depends on the stack:
+package (``is_new_implementation``), the kernel's parameter names (``applicable_params``) and the
+model's own ``torch_function``; from transformers 5.25 on also the devices the package runs on
+(``supported_devices``; None for the torch function). Per version (read from 5.16.1, 5.24.0, 5.25.0):
+
+- 5.16.1: ``wrapped`` does not close over ``func_name`` / ``package`` (it never reads them) and never
+  refuses: ``seq_idx`` / ``cu_seqlens`` that reach the torch function are dropped by its keyword
+  filter, or ignored in its ``**kwargs``, SILENTLY (the packed state runs across); the names are read
+  from the decorator line of the torch function's source (``@use_kernel_func_from_hub_with_fallback(
+  "chunk_gated_delta_rule", "fla")``: the torch function's own name may differ, as in Qwen3-Next);
+- 5.24.0: it closes over ``func_name`` and ``package`` too, and RAISES :data:`REFUSAL` there;
+- 5.25.0: as 5.24, plus ``supported_devices``: inputs on another device take the torch function.
+
+What the model module holds depends on the stack:
 
 - transformers without the ``kernels`` package (5.24 and earlier by default): ``wrapped`` itself;
 - transformers 5.25 with ``kernels`` (a dependency of 5.25): ``kernels``' ``_create_func_module(wrapped)``
@@ -26,13 +36,18 @@ Lessons: none directly (packsim.core.reference_hybrid wires the reference kernel
 
 from __future__ import annotations
 
-__all__ = ["CELLS", "REFUSAL", "SWAPPED", "restore", "swap", "torch_function", "wrapper_cells"]
+import inspect
+import re
 
-# the names ``wrapped`` closes over that packsim reads (read from transformers 5.24.0 and 5.25.0)
-CELLS = ("implementation", "is_new_implementation", "applicable_params", "func_name", "package", "torch_function")
+__all__ = ["CELLS", "REFUSAL", "SWAPPED", "kernel_names", "refuses", "restore", "swap", "torch_function",
+           "wrapper_cells"]
+
+# the names ``wrapped`` closes over that packsim needs (5.16.1, 5.24.0, 5.25.0); func_name and package
+# are cells from 5.24 on, read from the decorator before (:func:`kernel_names`)
+CELLS = ("implementation", "is_new_implementation", "applicable_params", "torch_function")
 # the ones packsim sets to stand a reference kernel in for the package (supported_devices: 5.25 and later)
 SWAPPED = ("implementation", "is_new_implementation", "applicable_params", "supported_devices")
-# what ``wrapped`` raises when seq_idx / cu_seqlens reach the torch function (5.24.0, 5.25.0)
+# what ``wrapped`` raises when seq_idx / cu_seqlens reach the torch function (5.24.0, 5.25.0; 5.16.1 never raises)
 REFUSAL = "can't keep packed sequences apart without"
 
 
@@ -54,12 +69,49 @@ def _transformers_wrapper(value):
 
 def wrapper_cells(value) -> dict | None:
     """The closure cells of transformers' kernel wrapper behind ``value`` by name (at least :data:`CELLS`),
-    or None when ``value`` is not one (a plain function, a class, a kernels module over something else)."""
+    or None when ``value`` is not one (a plain function, a class, a kernels module over something else).
+    The wrapper function itself is under the key ``"__wrapped_fn__"`` (not a cell)."""
     try:
-        cells = _closure(_transformers_wrapper(value))
+        wrapped = _transformers_wrapper(value)
+        cells = _closure(wrapped)
     except (TypeError, ValueError):  # a C object, an odd descriptor: not a wrapper
         return None
-    return cells if all(name in cells for name in CELLS) else None
+    if not all(name in cells for name in CELLS):
+        return None
+    return {**cells, "__wrapped_fn__": _Fn(wrapped)}
+
+
+class _Fn:  # holds the wrapper function beside its cells (read with .cell_contents, as the cells are)
+    def __init__(self, fn):
+        self.cell_contents = fn
+
+
+def _transformers_wrapper_of(cells: dict):
+    return cells["__wrapped_fn__"].cell_contents
+
+
+_DECORATOR = re.compile(r"use_kernel_func_from_hub_with_fallback\(\s*['\"](\w+)['\"]\s*,\s*['\"]([\w.]+)['\"]")
+
+
+def kernel_names(cells: dict) -> tuple[str, str] | None:
+    """(func_name, package) of a wrapper: its cells (5.24 on), else the decorator line above the torch
+    function in the modeling source (5.16.1); None when neither says."""
+    if "func_name" in cells and "package" in cells:
+        return cells["func_name"].cell_contents, cells["package"].cell_contents
+    try:
+        source = inspect.getsource(cells["torch_function"].cell_contents)
+    except (OSError, TypeError):
+        return None
+    found = _DECORATOR.search(source)
+    return (found[1], found[2]) if found else None
+
+
+def refuses(cells: dict) -> bool:
+    """Whether this transformers' wrapper raises when seq_idx / cu_seqlens reach the torch function (5.24
+    on), read from ``wrapped``'s own code: its constants hold the refusal's text."""
+    wrapped = _transformers_wrapper_of(cells)
+    consts = " ".join(str(c) for c in getattr(getattr(wrapped, "__code__", None), "co_consts", ()) if isinstance(c, str))
+    return "packed sequences apart" in consts
 
 
 def torch_function(value):
