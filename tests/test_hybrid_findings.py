@@ -51,10 +51,11 @@ def test_seq_idx_refused_on_cpu_is_not_measured_naming_the_layer(bamba):
     that reads seq_idx, BambaMixer named), never PASS, never the ValueError."""
     if torch.cuda.is_available() and importlib.util.find_spec("causal_conv1d"):
         pytest.skip("the kernels are installed: seq_idx runs, the audit measures it")
-    batch, _ = frontier_batch("seq_idx")
-    with pytest.raises(ValueError, match="can't keep packed sequences apart"), torch.no_grad():
-        bamba(**batch, use_cache=False)  # ground truth: the forward itself cannot run here
+    batch, seq = frontier_batch("seq_idx")
     report = audit(bamba, batch, use_cache=False)
+    if not _refused_here(bamba, batch):  # transformers 5.16.1: no refusal to report, a leak to catch
+        _fails_as_a_silent_leak(bamba, batch, seq[0:1].long(), report)
+        return
     assert report.status == "not measured" and not report.verdict.startswith("PASS")
     finding = next(f for f in report.findings if f.name == "hybrid_state")
     assert finding.status == "skipped"
@@ -91,6 +92,10 @@ def test_a_trainer_whose_collator_gives_seq_idx_is_not_measured_on_cpu(bamba, tm
                       data_collator=DataCollatorWithFlattening(return_seq_idx=True))
     batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
     assert "seq_idx" in batch
+    fields = {k: v for k, v in batch.items() if k != "labels"}
+    if not _refused_here(bamba, fields):  # transformers 5.16.1: the step runs, seq_idx dropped silently
+        _fails_as_a_silent_leak(bamba, fields, batch["seq_idx"].long(), audit_trainer(trainer, objective="lm"))
+        return
     with pytest.raises(ValueError, match="can't keep packed sequences apart"):
         trainer.compute_loss(bamba, batch)  # ground truth: the trainer's own loss cannot run here
     report = audit_trainer(trainer)
@@ -138,9 +143,10 @@ def test_a_refused_forward_is_said_refused_with_how_to_get_the_probe(bamba):
     if torch.cuda.is_available() and importlib.util.find_spec("causal_conv1d"):
         pytest.skip("the kernels are installed: seq_idx runs, the audit measures it")
     batch, _ = frontier_batch("seq_idx")
-    with pytest.raises(ValueError, match="can't keep packed sequences apart"), torch.no_grad():
-        bamba(**batch, use_cache=False)  # ground truth: the forward refuses the batch here
     report = audit(bamba, batch, use_cache=False)
+    if not _refused_here(bamba, batch):  # transformers 5.16.1: nothing refused, nothing said refused
+        assert "refused" not in report.probes["perturbation"].summary and report.status == "fail"
+        return
     pert = report.probes["perturbation"]
     assert "the forward refused the batch" in pert.summary and "refused" in pert.details
     text = report.table()
@@ -149,6 +155,27 @@ def test_a_refused_forward_is_said_refused_with_how_to_get_the_probe(bamba):
 
 
 # ---- on packsim's reference kernels (emulate_hybrid_kernels): measured on CPU --------------------------
+
+def _refused_here(model, batch) -> bool:
+    """Ground truth: does the installed transformers refuse this forward (seq_idx on the torch fallback:
+    5.24 on), or run it (5.16.1 drops seq_idx there silently)?"""
+    try:
+        with torch.no_grad():
+            model(**batch, use_cache=False)
+    except ValueError as err:
+        assert "can't keep packed sequences apart" in str(err)
+        return True
+    return False
+
+
+def _fails_as_a_silent_leak(model, batch, seq, report):
+    """Where the fallback drops seq_idx silently: the state crosses (measured), and the audit FAILS it."""
+    assert _each_example_moves(model, batch, seq) > 1e-3  # ground truth: it leaks
+    assert report.status == "fail" and "perturbation" in report.failed, report.table()
+    finding = next(f for f in report.findings if f.name == "hybrid_state")
+    assert finding.failed and "drops seq_idx and cu_seq_lens_* there silently" in finding.evidence
+    assert "emulate_hybrid_kernels" in finding.fix
+
 
 class _DropsSeqIdx(torch.nn.Module):
     """Mamba2ForCausalLM.forward the transformers 5.24 way: the backbone is called without seq_idx."""
@@ -215,8 +242,12 @@ def test_outside_the_context_manager_the_audit_wires_nothing_and_says_how(bamba)
     from packsim.core.reference_hybrid import kernels_in_use
 
     before = kernels_in_use()
-    report = audit(bamba, frontier_batch("seq_idx")[0], use_cache=False)
+    batch, seq = frontier_batch("seq_idx")
+    report = audit(bamba, batch, use_cache=False)
     assert kernels_in_use() == before
+    if not _refused_here(bamba, batch):  # transformers 5.16.1: the fallback runs and leaks
+        _fails_as_a_silent_leak(bamba, batch, seq[0:1].long(), report)
+        return
     assert report.status == "not measured"
     finding = next(f for f in report.findings if f.name == "hybrid_state")
     assert "with packsim.core.reference_hybrid.emulate_hybrid_kernels():" in finding.fix

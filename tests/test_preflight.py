@@ -11,6 +11,7 @@ import torch
 
 pytest.importorskip("trl")  # a dev dependency: CI installs it
 
+from installed import trl_padding_free_emits_seq_idx
 from pipelines import PAIRS, one_thread, save_tiny_checkpoint  # noqa: E402, F401
 
 from packsim.auditing.preflight import COLLATORS, available_attn, load_records  # noqa: E402
@@ -120,7 +121,8 @@ def _flattened_leak(files, return_seq_idx: bool) -> float:
 
 def test_which_collator_passes_seq_idx():
     """`flattening` is DataCollatorWithFlattening() (return_seq_idx=False: no seq_idx); TRL's padding-free
-    collator (trl-padding-free, trl-bfd) emits seq_idx and cu_seq_lens_*."""
+    collator (trl-padding-free, trl-bfd) emits seq_idx and cu_seq_lens_* from TRL 1.16 on (1.9: position_ids
+    only; measured on TRL's collator itself, tests/installed.py)."""
     import tempfile
 
     from packsim.auditing.preflight import build_trainer
@@ -129,7 +131,7 @@ def test_which_collator_passes_seq_idx():
 
     records = [{"prompt": p, "completion": c} for p, c in PAIRS[:4]]
     tok, model = build_tokenizer(), build_frontier("bamba")
-    for collator, has in (("flattening", False), ("trl-padding-free", True)):
+    for collator, has in (("flattening", False), ("trl-padding-free", trl_padding_free_emits_seq_idx())):
         with tempfile.TemporaryDirectory() as out:
             trainer = build_trainer(model, tok, records, collator, out)
             batch = next(iter(trainer.get_train_dataloader()))
@@ -147,6 +149,10 @@ def test_the_gate_measures_a_hybrid_checkpoint_on_the_reference_kernel(bamba_fil
     assert _flattened_leak(bamba_files, True) <= 1e-5 and _flattened_leak(bamba_files, False) > 1e-3
     before = kernels_in_use()
     code, out = _bamba_gate(bamba_files, "trl-padding-free", capsys)
+    if not trl_padding_free_emits_seq_idx():  # TRL 1.9: position_ids only, so the state crosses: FAIL, exit 1
+        assert code == 1 and "pre-flight FAIL: perturbation, gradient, hybrid_state" in out and "no seq_idx" in out, out
+        assert "BambaMixer ran on the reference kernel (packsim, pure torch)" in out
+        return
     assert code == 0 and out.rstrip().endswith("pre-flight PASS"), out
     assert "hybrid_kernels          NOTICE   BambaMixer ran on the reference kernel (packsim, pure torch)" in out
     assert "seq_idx reaches the reference kernel (packsim, pure torch)" in out

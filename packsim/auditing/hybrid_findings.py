@@ -6,8 +6,9 @@ mixers, short convolutions, gated DeltaNet) runs straight across a boundary unle
 the CUDA packages ``causal_conv1d``, ``mamba_ssm`` and ``flash-linear-attention`` (``fla``), or
 packsim's reference kernels (pure torch, any CPU) once
 :func:`packsim.core.reference_hybrid.emulate_hybrid_kernels` has put them where transformers looks
-for those packages; the torch fallbacks ignore the boundary kwargs, and transformers raises when
-``seq_idx`` reaches one (:mod:`packsim.exhibits.hybrid_traps` measures every case).
+for those packages; the torch fallbacks ignore the boundary kwargs, and transformers (5.24 on)
+raises when ``seq_idx`` reaches one; 5.16.1 drops it silently, and the perturbation probe measures
+the leak (:mod:`packsim.exhibits.hybrid_traps` measures every case).
 :func:`hybrid_state` names the stateful layer types, asks
 :func:`packsim.core.reference_hybrid.kernels_in_use` what runs behind the model's kernels (named in
 its evidence) and fails a packed batch that cannot isolate there; it returns None for a model
@@ -32,6 +33,7 @@ import torch
 from packsim.auditing.pipeline import ForwardOutput
 from packsim.auditing.probes import loss_coverage, positions_probe
 from packsim.auditing.report import AuditReport, Finding, ProbeResult
+from packsim.core.upstream.hub_kernels import REFUSAL
 
 __all__ = ["CUDA_REFUSAL", "KERNEL_PACKAGES", "ON_CPU", "boundary_kernels", "hybrid_state", "kernel_refusal",
            "kernel_words", "needs_cuda_reason", "refusal_line", "refused_report", "stateful_layers"]
@@ -40,8 +42,8 @@ __all__ = ["CUDA_REFUSAL", "KERNEL_PACKAGES", "ON_CPU", "boundary_kernels", "hyb
 _STATEFUL = re.compile(r"(Mixer|MambaLayer|GatedDeltaNet|ShortConv|LinearAttention|Mamba\w*Block)$")
 KERNEL_PACKAGES = ("causal_conv1d", "mamba_ssm", "fla")  # import names the boundary-aware kernels live in
 # what transformers' hub_kernels wrapper raises when a packed-sequence kwarg reaches a torch fallback
-# (integrations/hub_kernels.py, use_kernel_func_from_hub_with_fallback's ``wrapped``)
-CUDA_REFUSAL = "can't keep packed sequences apart without"
+# (integrations/hub_kernels.py, use_kernel_func_from_hub_with_fallback's ``wrapped``; 5.24 on)
+CUDA_REFUSAL = REFUSAL
 NEEDS_KERNEL = ("not measured: needs a kernel that reads seq_idx (causal_conv1d / mamba_ssm / fla on CUDA, or "
                 "packsim's reference kernels on any CPU)")
 # how to measure a refused or fallback pipeline on any CPU (packsim's reference kernels, pure torch)
@@ -127,6 +129,18 @@ def refused_report(p, refused: str, tol: float, start: float, findings=None,
     return report, ForwardOutput(torch.empty((*p.input_ids.shape, 0), dtype=dtype))
 
 
+def _refuses(model) -> bool:
+    """Whether the installed transformers' kernel wrappers raise when seq_idx reaches a torch fallback
+    (5.24 on; 5.16.1 drops it silently): read from the wrappers the model's modules hold."""
+    import sys
+
+    from packsim.core.reference_hybrid import kernel_sites
+    from packsim.core.upstream.hub_kernels import refuses, wrapper_cells
+
+    modules = [sys.modules[n] for n in sorted({type(m).__module__ for m in model.modules()}) if n in sys.modules]
+    return any(refuses(wrapper_cells(site.wrapper)) for site in kernel_sites(modules))
+
+
 def boundary_kernels(model) -> dict[str, str]:
     """{kernel name: what runs it} for the kernels of ``model`` that read seq_idx / cu_seqlens
     (conv, SSM scan, delta rule: those packsim has a reference for), from
@@ -186,10 +200,11 @@ def hybrid_state(model, batch, refused: str = "") -> Finding | None:
         lack = ", ".join(missing) if missing else "a CUDA device"
         on = f"behind {', '.join(sorted(fallback))} runs transformers' torch fallback" if fallback else \
             f"{lack} is missing here"
+        raises = ("transformers raises for seq_idx, cu_seq_lens_* passes silently" if _refuses(model)
+                  else "this transformers drops seq_idx and cu_seq_lens_* there silently")
         return Finding("hybrid_state", "fail",
                        f"{where}; the batch gives {', '.join(given)}, but {on}: the torch fallbacks ignore the "
-                       "boundaries (transformers raises for seq_idx, cu_seq_lens_* passes silently)",
-                       f"{fix}; or one example per row")
+                       f"boundaries ({raises})", f"{fix}; or one example per row")
     deltanet = [n for n in layers if n.endswith("GatedDeltaNet")]
     if deltanet and not ({"cu_seq_lens_q", "cu_seqlens"} & set(given)):
         return Finding("hybrid_state", "fail",

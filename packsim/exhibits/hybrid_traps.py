@@ -32,7 +32,8 @@ global state; ``reference_kernels=False`` keeps transformers as loaded): packsim
 - ``Mamba2ForCausalLM.forward`` passed neither ``seq_idx`` nor ``**kwargs`` to its backbone up to
   transformers 5.24 (models/mamba2), so ``seq_idx`` never reached a mixer through it, with any kernel
   (the cells give file:line); 5.25 passes ``**kwargs``, and it isolates with ``seq_idx`` like the
-  others. :func:`mamba2_drops_seq_idx` reads which from the installed source;
+  others. In 5.16.1 ``Mamba2Block`` and ``FalconH1DecoderLayer`` drop it too, before their mixers.
+  :func:`dropped_seq_idx` reads which call drops it from the installed source;
 - the Qwen2-VL text model (models/qwen2_vl, ``Qwen2VLTextModel.forward``) builds the packed mask
   only from 4-row position_ids (text positions prepended to the 3 rope rows); 2D or 3-row
   positions are expanded and the mask is plain causal over the row.
@@ -67,7 +68,8 @@ from packsim.exhibits.trap_cases import ROWS, VOCAB
 from packsim.exhibits.trap_results import Cell, TrapTable
 
 __all__ = ["CUDA_REFUSAL", "FRONTIER_CONDITIONS", "FRONTIER_FAMILIES", "FRONTIER_TOL", "build_frontier",
-           "family_why", "frontier_batch", "frontier_cell", "frontier_needs", "frontier_table", "mamba2_drops_seq_idx",
+           "dropped_seq_idx", "family_why", "frontier_batch", "frontier_cell", "frontier_needs", "frontier_table",
+           "mamba2_drops_seq_idx",
            "needs_cuda_reason"]
 
 _IDS = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
@@ -144,19 +146,35 @@ def _where(obj, marker: str) -> str:
     return f"{short}:{hit}" if hit else f"{short} (no {marker!r}: transformers moved)"
 
 
-def mamba2_drops_seq_idx() -> bool:
-    """Whether the installed ``Mamba2ForCausalLM.forward`` calls ``self.backbone(...)`` with neither
-    ``seq_idx`` nor ``**kwargs`` (read from its source with ``ast``: True up to transformers 5.24)."""
+# the calls that carry seq_idx (in **kwargs) from the model down to a family's stateful layer, outermost
+# first: (class in the family's modeling module, the callee inside its forward). Up to transformers 5.24
+# Mamba2ForCausalLM drops it at its backbone; in 5.16.1 Mamba2Block and FalconH1DecoderLayer drop it too
+_CARRIERS = {"mamba2": (("Mamba2ForCausalLM", "self.backbone"), ("Mamba2Block", "self.mixer")),
+             "falcon_h1": (("FalconH1DecoderLayer", "self.mamba"),)}
+
+
+def dropped_seq_idx(family: str) -> list[str]:
+    """'<Class>.forward calls <callee> without seq_idx or **kwargs (file:line)' for each call on the way
+    to ``family``'s stateful layers that drops it in the installed transformers (read from the source
+    with ``ast``), outermost first; [] where seq_idx reaches them."""
     import ast
+    import importlib
     import textwrap
 
-    import transformers
+    module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    drops = []
+    for cls, callee in _CARRIERS.get(family, ()):
+        forward = inspect.unwrap(getattr(module, cls).forward)
+        calls = [node for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(forward))))
+                 if isinstance(node, ast.Call) and ast.unparse(node.func) == callee]
+        if calls and not any(k.arg in (None, "seq_idx") for k in calls[0].keywords):
+            drops.append(f"{cls}.forward calls {callee} without seq_idx or **kwargs ({_where(forward, callee + '(')})")
+    return drops
 
-    source = textwrap.dedent(inspect.getsource(inspect.unwrap(transformers.Mamba2ForCausalLM.forward)))
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Call) and ast.unparse(node.func) == "self.backbone":
-            return not any(k.arg in (None, "seq_idx") for k in node.keywords)
-    return False
+
+def mamba2_drops_seq_idx() -> bool:
+    """Whether ``Mamba2ForCausalLM.forward`` itself drops seq_idx at its backbone (up to transformers 5.24)."""
+    return any(d.startswith("Mamba2ForCausalLM.") for d in dropped_seq_idx("mamba2"))
 
 
 def family_why(family: str) -> str:
@@ -164,10 +182,11 @@ def family_why(family: str) -> str:
     (file:line in the installed transformers); '' for the others."""
     import transformers
 
-    if family == "mamba2" and mamba2_drops_seq_idx():
-        at = _where(transformers.Mamba2ForCausalLM.forward, "self.backbone(")
-        return (f"Mamba2ForCausalLM.forward calls self.backbone without seq_idx or **kwargs ({at}), so no packing "
-                "field reaches a mixer through it, on any kernel; its backbone (Mamba2Model) isolates with seq_idx")
+    dropped = dropped_seq_idx(family)
+    if dropped:
+        backbone = family == "mamba2" and len(dropped) == 1 and dropped[0].startswith("Mamba2ForCausalLM.")
+        return (f"{' and '.join(dropped)}, so no packing field reaches its state, on any kernel"
+                + ("; its backbone (Mamba2Model) isolates with seq_idx" if backbone else ""))
     if family == "granitemoehybrid":
         at = _where(transformers.GraniteMoeHybridModel.forward, "mask_kwargs = {")
         return (f"GraniteMoeHybridModel.forward builds its attention mask without position_ids ({at}), so restarting "
