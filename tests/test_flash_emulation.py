@@ -36,6 +36,7 @@ from packsim.core.flash_emulation import (
 from packsim.core.model import build_model
 from packsim.core.reference_flash import REFERENCE_KERNEL
 from packsim.core.segments import cu_seqlens_from_lengths, example_positions
+from packsim.core.upstream import flash_utils
 from packsim.exhibits.trap_cases import build_family
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -95,9 +96,7 @@ def _models(family: str, dtype=torch.float32):
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Every call transformers makes into the reference kernels: [(kind, q shape, kwargs)]."""
-    import transformers.modeling_flash_attention_utils as fa
-
+    """Every call transformers makes into the reference kernels: [(kind, q shape, args, kwargs)]."""
     emulate_flash()
     record = []
 
@@ -108,14 +107,11 @@ def calls(monkeypatch):
             return fn(q, k, v, *args, **kwargs)
         return wrapped
 
-    for cached in ("_loaded_implementation", "_flash_fn", "_flash_varlen_fn", "_flash_with_kvcache_fn", "_pad_fn",
-                   "_unpad_fn", "_process_flash_kwargs_fn", "_process_with_kvcache_kwargs_fn"):
-        monkeypatch.setattr(fa, cached, getattr(fa, cached))  # restored after the test
-    monkeypatch.setattr(fa, "_loaded_implementation", None)  # the next forward imports the kernels again
     monkeypatch.setattr(reference_flash, "flash_attn_func", spy(reference_flash.flash_attn_func, "dense"))
     monkeypatch.setattr(reference_flash, "flash_attn_varlen_func",
                         spy(reference_flash.flash_attn_varlen_func, "varlen"))
-    return record
+    with flash_utils.fresh_cache():  # the next forward imports the (spied) kernels; the cache restored after
+        yield record
 
 
 def _cu(call) -> list[int]:
@@ -237,42 +233,30 @@ def test_gpt2_in_fp32_stops_in_transformers_get_target_dtype():
 
 
 def test_emulate_flash_says_what_it_did_and_is_idempotent(monkeypatch):
-    import transformers.modeling_flash_attention_utils as fa
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
     emulate_flash()
-    original = fa._lazy_imports.__wrapped__
-    monkeypatch.setattr(fa, "_lazy_imports", original)  # a fresh process: nothing installed
-    monkeypatch.delitem(AttentionInterface._global_mapping, REFERENCE_NAME)
-    monkeypatch.delitem(AttentionMaskInterface._global_mapping, REFERENCE_NAME)
+    original = flash_utils.lazy_imports().__wrapped__
+    monkeypatch.setattr(flash_utils.module(), "_lazy_imports", original)  # a fresh process: nothing installed
+    for mapping in flash_utils.registries():
+        monkeypatch.delitem(mapping, REFERENCE_NAME)
     first, second = emulate_flash(), emulate_flash()
     assert first == FlashEmulation(REFERENCE_NAME, REFERENCE_KERNEL, reference=True, installed=True)
     assert second == FlashEmulation(REFERENCE_NAME, REFERENCE_KERNEL, reference=True, installed=False)
     assert REFERENCE_KERNEL in str(first) and "installed now" in str(first) and "already" in str(second)
-    assert fa._lazy_imports.__wrapped__ is original  # one layer, however many calls
+    assert flash_utils.lazy_imports().__wrapped__ is original  # one layer, however many calls
+    assert REFERENCE_KERNEL in flash_utils.lazy_imports().__doc__
 
 
 def test_only_the_kernels_are_ours():
-    import transformers.modeling_flash_attention_utils as fa
-    from transformers import AttentionInterface
-    from transformers.integrations.flash_attention import flash_attention_forward
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
     emulate_flash()
-    assert AttentionInterface._global_mapping[REFERENCE_NAME] is flash_attention_forward
+    attention, _ = flash_utils.registries()
+    assert attention[REFERENCE_NAME] is flash_utils.flash_functions()[0]
     assert ALL_MASK_ATTENTION_FUNCTIONS[REFERENCE_NAME] is ALL_MASK_ATTENTION_FUNCTIONS["flash_attention_2"]
-    flash_fn, varlen_fn, kvcache_fn, pad_fn, unpad_fn = fa._lazy_imports(REFERENCE_NAME)
+    flash_fn, varlen_fn, kvcache_fn, pad_fn, unpad_fn = flash_utils.lazy_imports()(REFERENCE_NAME)
     assert (flash_fn, varlen_fn, kvcache_fn) == (reference_flash.flash_attn_func,
                                                  reference_flash.flash_attn_varlen_func, None)
-    assert (pad_fn, unpad_fn) == (fa._pad_input, fa._unpad_input)  # transformers' own padding
-
-
-def test_other_names_go_to_transformers_unchanged():
-    seen = []
-    wrapped = flash_emulation._with_reference(lambda *a, **kw: seen.append((a, kw)) or "theirs", None)
-    assert wrapped("flash_attention_2", None, allow_all_kernels=True) == "theirs"
-    assert seen == [(("flash_attention_2", None), {"allow_all_kernels": True})]
+    assert (pad_fn, unpad_fn) == flash_utils.pad_unpad()  # transformers' own padding
 
 
 def test_no_flash_attn_package_is_faked():
@@ -291,13 +275,11 @@ def stand_in_flash_attn(monkeypatch):
 
 
 def test_a_real_flash_attn_with_cuda_wins(stand_in_flash_attn):
-    import transformers.modeling_flash_attention_utils as fa
-
-    before = fa._lazy_imports
+    before = flash_utils.lazy_imports()
     got = emulate_flash()
     assert got == FlashEmulation(REAL_NAME, "flash-attn 2.99.0-standin", reference=False, installed=False)
     assert "flash-attn 2.99.0-standin" in str(got) and "nothing installed" in str(got)
-    assert fa._lazy_imports is before  # nothing touched
+    assert flash_utils.lazy_imports() is before  # nothing touched
     forced = emulate_flash(force_reference=True)
     assert forced.name == REFERENCE_NAME and forced.reference and forced.kernel == REFERENCE_KERNEL
 

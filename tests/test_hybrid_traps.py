@@ -215,3 +215,14 @@ def test_bad_input():
     with pytest.raises(PacksimError, match="unknown family"):
         build_frontier("nope")
     assert set(FRONTIER_FAMILIES) >= {"bamba", "qwen3_next", "lfm2", "qwen2_vl", "zamba2", "granitemoehybrid", "falcon_h1"}
+
+
+def test_a_transformers_the_wiring_does_not_fit_says_so_and_the_cell_still_runs(monkeypatch):
+    """Outside the window (the wrappers moved): one warning naming the version, and the cell is measured on
+    transformers as loaded (refused or leaking, per version), never a crash."""
+    import packsim.core.upstream.hub_kernels as hk
+
+    monkeypatch.setattr(hk, "CELLS", (*hk.CELLS, "a_name_transformers_never_had"))
+    with pytest.warns(UserWarning, match=r"transformers \S+ moved.*as loaded"):
+        cell = frontier_cell(build_frontier("bamba"), "bamba", "seq_idx", run_audit=False)
+    assert cell.status == ("needs CUDA" if wrapper_refuses() else "leaks"), cell

@@ -9,10 +9,12 @@ kernel (packsim, pure torch), not flash-attn). Where a real flash-attn and CUDA 
 real kernel wins: nothing is installed and the name is ``"flash_attention_2"``
 (``force_reference=True`` installs the reference anyway, to compare the two on a GPU).
 
-What is ours: only the two kernel functions. How they get in (transformers 5.24):
+What is ours: only the two kernel functions. How they get in (transformers 5.16.1 to 5.25.0; every
+reach into transformers' private flash machinery is in :mod:`packsim.core.upstream.flash_utils`,
+which says per version what was read):
 
 1. ``modeling_flash_attention_utils._lazy_imports(implementation)`` picks a flash implementation's
-   kernels (``lazy_import_flash_attention`` calls it at model load and from every
+   kernels (``lazy_import_flash_attention`` calls it at model load and, on a cache miss, from every
    ``_flash_attention_forward``); it is wrapped so that for :data:`REFERENCE_NAME` only it returns
    (reference ``flash_attn_func``, reference ``flash_attn_varlen_func``, no kv-cache kernel,
    transformers' own ``_pad_input`` / ``_unpad_input``); every other name goes to the original;
@@ -27,15 +29,16 @@ takes ``cu_seq_lens_*`` / ``max_length_*``, infers segments from ``position_ids`
 ``_is_packed_sequence`` says so (batch size 1 only) via ``_prepare_from_posids``, and turns
 ``sliding_window`` / ``softcap`` into ``window_size`` / ``softcap`` (``_process_flash_attention_kwargs``,
 which reads the reference's signature like a real kernel's). The kernel reads q/k/v as
-(B, T, H, D) or, unpadded, (total, H, D) with ``cu_seqlens`` (S+1,) int32.
+(B, T, H, D) or, unpadded, (total, H, D) with ``cu_seqlens`` (S+1,) int32. 5.16.1 and 5.25.0 write
+``_flash_attention_forward``'s branches differently and take the same decisions on these inputs.
 
 Why a name of its own and not ``"flash_attention_2"``: for that name transformers checks
 flash-attn itself at load (``_flash_attn_can_dispatch``: the package, CUDA, fp16/bf16) and
 imports ``flash_attn`` in ``_lazy_imports``; passing those would take a fake ``flash_attn``
 package, which could shadow a real one. A registered name skips ``_flash_attn_can_dispatch``
 (so fp32 on CPU runs, exact to ~1e-6; and the model's ``_supports_flash_attn`` is not checked)
-and never imports ``flash_attn``. tests/test_flash_emulation_pins.py fails, naming what moved,
-when a transformers upgrade changes any of this.
+and never imports ``flash_attn``. tests/test_upstream_flash.py fails, naming what moved, when a
+transformers release changes any of this.
 
 Lessons: A3.
 """
@@ -51,12 +54,12 @@ import torch
 
 from packsim.core import reference_flash
 from packsim.core.reference_flash import REFERENCE_KERNEL
+from packsim.core.upstream import flash_utils
 
 __all__ = ["REAL_NAME", "REFERENCE_NAME", "FlashEmulation", "emulate_flash", "real_flash_attn"]
 
 REFERENCE_NAME = "packsim_reference_flash"
 REAL_NAME = "flash_attention_2"
-_MARK = "_packsim_reference_flash"  # set on our wrapper of _lazy_imports
 
 
 @dataclass(frozen=True)
@@ -112,35 +115,13 @@ def emulate_flash(*, force_reference: bool = False) -> FlashEmulation:
 
 def _install() -> bool:
     """Install the reference kernel behind REFERENCE_NAME; True if anything changed."""
-    import transformers.modeling_flash_attention_utils as fa_utils
-    from transformers import AttentionInterface
-    from transformers.integrations.flash_attention import flash_attention_forward
-    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
-
-    changed = False
-    if not getattr(fa_utils._lazy_imports, _MARK, False):
-        fa_utils._lazy_imports = _with_reference(fa_utils._lazy_imports, fa_utils)
-        changed = True
-    if AttentionInterface._global_mapping.get(REFERENCE_NAME) is not flash_attention_forward:
-        AttentionInterface.register(REFERENCE_NAME, flash_attention_forward)
-        changed = True
-    if AttentionMaskInterface._global_mapping.get(REFERENCE_NAME) is not flash_attention_mask:
-        AttentionMaskInterface.register(REFERENCE_NAME, flash_attention_mask)
-        changed = True
-    return changed
+    wrapped = flash_utils.wrap_lazy_imports(REFERENCE_NAME, _reference_kernels, doc=(
+        f"transformers' _lazy_imports, with {REFERENCE_NAME!r} answered by the {REFERENCE_KERNEL} "
+        "(packsim.core.flash_emulation)."))
+    registered = flash_utils.register(REFERENCE_NAME)
+    return wrapped or registered
 
 
-def _with_reference(original, fa_utils):
-    """``_lazy_imports`` answering REFERENCE_NAME with the reference kernels, others as before."""
-
-    def _lazy_imports(implementation, *args, **kwargs):
-        if implementation == REFERENCE_NAME:
-            return (reference_flash.flash_attn_func, reference_flash.flash_attn_varlen_func, None,
-                    fa_utils._pad_input, fa_utils._unpad_input)
-        return original(implementation, *args, **kwargs)
-
-    _lazy_imports.__wrapped__ = original
-    _lazy_imports.__doc__ = (f"transformers' _lazy_imports, with {REFERENCE_NAME!r} answered by the "
-                             f"{REFERENCE_KERNEL} (packsim.core.flash_emulation).")
-    setattr(_lazy_imports, _MARK, True)
-    return _lazy_imports
+def _reference_kernels():
+    """(flash_attn_func, flash_attn_varlen_func) of the reference, read at each call (a spy replaces them)."""
+    return reference_flash.flash_attn_func, reference_flash.flash_attn_varlen_func

@@ -23,7 +23,8 @@ global state; ``reference_kernels=False`` keeps transformers as loaded): packsim
 - the Mamba2 / short-convolution / gated-delta-rule layers call kernel functions wrapped by
   ``integrations.hub_kernels.use_kernel_func_from_hub_with_fallback``; without the packages (and
   without the reference kernels: ``reference_kernels=False``) the torch fallbacks take ``**kwargs``
-  and ignore them, and the wrapper RAISES when ``seq_idx`` or ``cu_seqlens`` reaches a fallback;
+  and ignore them, and the wrapper RAISES when ``seq_idx`` or ``cu_seqlens`` reaches a fallback
+  (transformers 5.24 on; 5.16.1 drops them silently, and those cells leak);
 - the conv kernels read ``seq_idx``, never ``cu_seq_lens_q/k`` (the wrapper passes a kernel only
   its own parameters); Qwen3-Next's gated delta rule takes ``cu_seq_lens_q`` as ``cu_seqlens``, so
   it needs both;
@@ -293,7 +294,11 @@ def _kernels(kind: str, reference_kernels: bool):
     if kind == "hybrid" and reference_kernels:
         from packsim.core.reference_hybrid import emulate_hybrid_kernels
 
-        return emulate_hybrid_kernels()
+        try:
+            return emulate_hybrid_kernels()
+        except PacksimError as err:  # a transformers the wiring does not fit: say so, measure what is there
+            warnings.warn(f"packsim: {err} These cells run on transformers as loaded (its torch fallbacks).",
+                          UserWarning, stacklevel=3)
     return contextlib.nullcontext()
 
 
