@@ -12,44 +12,14 @@ Lessons: none directly (they call packsim.audit, which runs the probe).
 
 from __future__ import annotations
 
-import logging
-from contextlib import contextmanager
-
 import torch
 
 from packsim.auditing.pipeline import ForwardOutput, Pipeline
 from packsim.auditing.report import ProbeResult
 from packsim.core.attention_share import outside_share
+from packsim.core.upstream.loggers import quiet_no_attention_weights
 
 _MAX_DENSE = 2**24  # attention_maps builds (L, B, H, T, T) densely: cap B*T*T (16M floats per head)
-
-# What transformers logs (``logger.warning_once``, not ``warnings.warn``, so warnings filters do
-# not catch it) when asked for attention weights it cannot return: the sdpa and flash paths
-# (transformers/integrations/sdpa_attention.py and flash_attention.py). This probe asks on
-# purpose and reports "skipped: ... use eager" itself, so the message is dropped for its call.
-_NO_WEIGHTS = {
-    "transformers.integrations.sdpa_attention": "`sdpa` attention does not support `output_attentions=True`",
-    "transformers.integrations.flash_attention": "Flash Attention does not support `output_attentions=True`",
-}
-
-
-class _DropNoWeights(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not any(str(record.msg).startswith(m) for m in _NO_WEIGHTS.values())
-
-
-@contextmanager
-def quiet_no_attention_weights():
-    """Drop transformers' "does not support `output_attentions=True`" messages inside the block
-    (that one message only, on its own loggers; everything else they log still shows)."""
-    drop, loggers = _DropNoWeights(), [logging.getLogger(name) for name in _NO_WEIGHTS]
-    for lg in loggers:
-        lg.addFilter(drop)
-    try:
-        yield
-    finally:
-        for lg in loggers:
-            lg.removeFilter(drop)
 
 
 def _attention_probs(p: Pipeline, base: torch.Tensor, tol,

@@ -41,7 +41,6 @@ from dataclasses import dataclass
 
 import torch
 
-from packsim.auditing.attention_probe import quiet_no_attention_weights
 from packsim.auditing.packed_vs_alone import alone_change, compare_alone
 from packsim.auditing.pipeline import ForwardOutput, Pipeline, same_randomness
 from packsim.auditing.probes import (
@@ -57,6 +56,7 @@ from packsim.auditing.probes import (
 from packsim.auditing.report import ProbeResult
 from packsim.core.device import model_device
 from packsim.core.errors import PacksimError
+from packsim.core.upstream.loggers import quiet_no_attention_weights
 
 __all__ = ["Graph", "Shared", "baseline", "leak_probes", "shared_baseline"]
 
