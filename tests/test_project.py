@@ -229,3 +229,16 @@ def test_doctor_falls_back_to_installed_metadata(monkeypatch, tmp_path):
     names = {_norm(r.name) for r in reqs if r.extra is None}
     assert {"torch", "transformers", "tokenizers"} <= names  # (metadata may lag pyproject edits)
     assert any(r.extra == "dev" for r in reqs)
+
+
+def test_doctor_says_a_trl_old_for_the_course_is_enough_for_the_audit(monkeypatch):
+    """TRL 1.9 (the window's lower end, Axolotl 0.19's pin): enough for the trl extra, too old for the course."""
+    real = doctor._installed
+    monkeypatch.setattr(doctor, "_installed", lambda n: "1.9.0" if n == "trl" else real(n))
+    trl = {c.name: c for c in doctor.run_checks()}["trl [course,trl,bench]"]
+    assert trl.label == "--" and not trl.required
+    assert trl.detail.startswith("1.9.0: enough for [trl] >=1.9 (the audit); the course extra needs >=1.16")
+    monkeypatch.setattr(doctor, "_installed", lambda n: "1.8.0" if n == "trl" else real(n))
+    assert "enough for" not in {c.name: c for c in doctor.run_checks()}["trl [course,trl,bench]"].detail
+    checks = {c.name: c for c in doctor.run_checks(course=True)}
+    assert checks["trl [course,trl,bench]"].label == "FAIL"  # make setup needs the course's TRL

@@ -199,13 +199,31 @@ def _extra_checks(reqs: list[Requirement], checkout: bool, course: bool) -> list
     """One line per package of the extras (course first), listing every extra that names it."""
     order: dict[str, Requirement] = {}
     named: dict[str, list[str]] = {}
+    bounds: dict[str, dict[str, str | None]] = {}
     extra_reqs = sorted((r for r in reqs if r.extra is not None), key=lambda r: r.extra != COURSE)
     for r in extra_reqs:
         key = re.sub(r"[-_.]+", "-", r.name).lower()
         order.setdefault(key, r)
+        bounds.setdefault(key, {})[r.extra] = r.lower
         if r.extra not in named.setdefault(key, []):
             named[key].append(r.extra)
-    return [_req_check(r, checkout, course, tuple(named[k])) for k, r in order.items()]
+    return [_lower_extras(_req_check(r, checkout, course, tuple(named[k])), r, bounds[k])
+            for k, r in order.items()]
+
+
+def _lower_extras(check: Check, req: Requirement, bounds: dict[str, str | None]) -> Check:
+    """A package too old for the course but enough for another extra naming it at a lower bound (TRL 1.9:
+    the audit's ``trl`` extra, not the course's 1.16) says so, instead of only "too old"."""
+    installed = _installed(req.name)
+    if check.ok or installed is None or check.required:
+        return check
+    enough = [e for e, low in bounds.items() if e != COURSE and (low is None or _at_least(installed, low))]
+    if not enough:
+        return check
+    needs = ", ".join(f"[{e}] >={bounds[e]}" for e in enough)
+    return Check(check.name, False, f"{installed}: enough for {needs} (the audit); the course extra needs "
+                 f">={bounds.get(COURSE)}: pip install -U '{req.name}>={bounds.get(COURSE)}' for the notebooks",
+                 False, check.extras)
 
 
 # ---------------------------------------------------------------------------------------------
