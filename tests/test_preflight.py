@@ -91,22 +91,22 @@ def bamba_files(files):
     return files
 
 
-def _bamba_gate(files, collator, capsys) -> tuple[int, str]:
-    code = main(["audit", "--model", str(files / "bamba"), "--data", str(files / "data.jsonl"), "--collator", collator])
+def _bamba_gate(files, collator, capsys, name="bamba") -> tuple[int, str]:
+    code = main(["audit", "--model", str(files / name), "--data", str(files / "data.jsonl"), "--collator", collator])
     return code, capsys.readouterr().out
 
 
-def _flattened_leak(files, return_seq_idx: bool) -> float:
+def _flattened_leak(files, return_seq_idx: bool, name="bamba", flash_kwargs=False) -> float:
     """Ground truth without the gate: the records flattened into one row (DataCollatorWithFlattening) through
     the checkpoint on the reference kernels, each example's logits packed vs alone."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorWithFlattening
 
     from packsim.core.reference_hybrid import emulate_hybrid_kernels
 
-    tok = AutoTokenizer.from_pretrained(files / "bamba")
-    model = AutoModelForCausalLM.from_pretrained(files / "bamba").eval()
+    tok = AutoTokenizer.from_pretrained(files / name)
+    model = AutoModelForCausalLM.from_pretrained(files / name).eval()
     features = [{"input_ids": tok(p + c)["input_ids"]} for p, c in PAIRS[:4]]
-    batch = DataCollatorWithFlattening(return_seq_idx=return_seq_idx)(features)
+    batch = DataCollatorWithFlattening(return_seq_idx=return_seq_idx, return_flash_attn_kwargs=flash_kwargs)(features)
     fields = {k: v for k, v in batch.items() if k != "labels"}
     assert ("seq_idx" in fields) == return_seq_idx
     worst, start = 0.0, 0
@@ -136,6 +136,29 @@ def test_which_collator_passes_seq_idx():
             trainer = build_trainer(model, tok, records, collator, out)
             batch = next(iter(trainer.get_train_dataloader()))
         assert ("seq_idx" in batch) == has, (collator, sorted(batch))
+
+
+def test_the_gate_measures_a_qwen3_next_checkpoint_on_the_reference_kernels(files, capsys):
+    """Qwen3-Next (gated DeltaNet + attention) without fla / causal_conv1d: the gate audits on the reference
+    kernels. TRL 1.16's padding-free collator gives seq_idx and cu_seq_lens_*: PASS, exit 0 (TRL 1.9: no
+    seq_idx, FAIL, exit 1); flattening gives none: FAIL with the hybrid cause, exit 1. Ground truth here."""
+    if torch.cuda.is_available() and importlib.util.find_spec("fla"):
+        pytest.skip("the real kernels are installed: the gate runs them")
+    from packsim.core.tokenizer import build_tokenizer
+    from packsim.exhibits.hybrid_traps import build_frontier
+
+    build_frontier("qwen3_next").save_pretrained(files / "qwen3_next")
+    build_tokenizer().save_pretrained(files / "qwen3_next")
+    assert _flattened_leak(files, True, "qwen3_next", flash_kwargs=True) <= 1e-5
+    assert _flattened_leak(files, False, "qwen3_next") > 1e-3
+    code, out = _bamba_gate(files, "trl-padding-free", capsys, "qwen3_next")
+    if trl_padding_free_emits_seq_idx():
+        assert code == 0 and out.rstrip().endswith("pre-flight PASS"), out
+        assert "Qwen3NextGatedDeltaNet ran on the reference kernel (packsim, pure torch)" in out
+    else:
+        assert code == 1 and "hybrid_state" in out and "no seq_idx" in out, out
+    code, out = _bamba_gate(files, "flattening", capsys, "qwen3_next")
+    assert code == 1 and "hybrid_state" in out and "no seq_idx" in out, out
 
 
 def test_the_gate_measures_a_hybrid_checkpoint_on_the_reference_kernel(bamba_files, capsys):

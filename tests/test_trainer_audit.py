@@ -10,6 +10,7 @@ pytest.importorskip("trl")  # a dev dependency: CI installs it, so these tests r
 import datasets  # noqa: E402
 import transformers  # noqa: E402
 from pipelines import PAIRS, one_thread, save_tiny_checkpoint  # noqa: E402, F401
+from test_upstream_trl_trainers import TRL, chunks_here, collated_boundary_fields, trl_prompt_length  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
@@ -94,8 +95,8 @@ def test_trl_bfd_packing_on_sdpa_passes(checkpoint, tmp_path):
     # the examples come from TRL's packed dataset rows (split by seq_lengths), located in the batch
     assert report.boundaries.startswith("the trainer's dataset examples") and len(report.example_ids) == 8
     fields = next(f for f in report.findings if f.name == "boundary_fields")
-    assert fields.status == "pass" and "position_ids, cu_seq_lens_q, cu_seq_lens_k, seq_idx mark exactly these 8" \
-        in fields.evidence, fields.evidence
+    marked = ", ".join(collated_boundary_fields(trainer))  # every field the batch carries is checked
+    assert fields.status == "pass" and f"; {marked} mark exactly these 8" in fields.evidence, fields.evidence
     assert {f.name: f.status for f in report.findings} == {
         "wrapped_packing": "pass", "padding_free_attention": "pass", "attention_mask": "pass",
         "flash_rows": "pass", "cache": "pass", "completion_only_loss": "pass",
@@ -137,6 +138,24 @@ def test_trl_bfd_with_positions_restarting_late_fails_with_the_field_named(check
     eos = next(f for f in report.findings if f.name == "special_tokens")
     assert "8 of 8 examples end with EOS" in eos.evidence  # the symptom the fields hid ("EOS 1/1")
     assert agrees(report, trainer)  # the test's own perturbation, boundaries from BOS
+
+
+@pytest.mark.parametrize("strategy", ["bfd", "wrapped"])
+def test_packsim_audit_of_an_sft_batch_with_its_labels_measures_the_models_logits(checkpoint, tmp_path, strategy):
+    """packsim.audit(trainer.model, batch) on an SFTTrainer's batch, labels in it (what the loss_coverage skip
+    advises). TRL 1.9 (SFTConfig's default loss_type='chunked_nll': _patch_chunked_ce_lm_head) makes that call
+    return a _ChunkedCELMHeadOutput without logits; TRL 1.16 returns logits. On both the audit measures, and it
+    agrees with the perturbation computed here: BFD isolates, wrapped packing leaks."""
+    config = {"packing_strategy": "wrapped", "max_length": 16} if strategy == "wrapped" else {}
+    trainer = sft(checkpoint, tmp_path, packing=True, **config)
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    with torch.no_grad():
+        arises = trainer.model(**batch, use_cache=False).logits is None  # the user's case, measured
+    assert chunks_here() in (None, arises), f"TRL {TRL}: no logits given labels: {arises}"  # 1.9 yes, 1.16 no
+    report = packsim.audit(trainer.model, batch, use_cache=False)
+    leaks = independent_leak(trainer) > 1e-5
+    assert leaks == (strategy == "wrapped") and report.probes["perturbation"].failed == leaks, report.table()
+    assert ("labels left out: TRL's chunked-CE forward" in report.forward) == arises, report.forward
 
 
 def test_trl_wrapped_packing_fails_on_perturbation(checkpoint, tmp_path):
@@ -284,7 +303,8 @@ def test_trl_default_pass_says_what_its_loss_check_measured_and_how_to_get_the_r
     value (a -100 prompt run then every token counted, the lengths computed here), roles not measured."""
     trainer = sft(checkpoint, tmp_path, packing=True)
     assert "completion_mask" not in trainer.train_dataset.column_names  # ground truth: nothing to read
-    prompts = [1 + len(encode(p)) for p, _ in PAIRS]  # BOS + the prompt: TRL's common prefix, -100 in labels
+    tok = trainer.processing_class  # -100 in the labels: BOS + prompt (TRL 1.16), + the EOS (TRL 1.9)
+    prompts = [trl_prompt_length(tok, p, c + tok.eos_token) for p, c in PAIRS]
     report = packsim.audit_trainer(trainer)
     loss = report.probes["loss_coverage"]
     assert report.ok and loss.status == "skipped", report.table()
@@ -366,3 +386,33 @@ def test_trl_padding_free_on_the_flash_path_is_measured_on_the_reference_kernel(
     assert independent_leak(trainer) < 1e-5 and agrees(report, trainer)  # the ground truth: isolated
     assert report.status == "pass", report.table()
     assert f"attn_implementation='{flash.name}'" in report.forward
+
+
+def test_an_sft_trainer_on_a_moe_model_is_not_failed_for_its_router_aux_loss(tmp_path):
+    """TRL's SFTTrainer on a MoE model turns the router load-balancing loss on (aux_loss_enabled) and adds it
+    to the token mean in compute_loss: the loss over accumulation compares the token mean without it (it
+    is not a per-token mean), says so, and passes a correct run; its value is the mean CE computed here."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    from packsim.core.tokenizer import build_tokenizer
+
+    config = MixtralConfig(vocab_size=len(build_tokenizer()), hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                           max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    MixtralForCausalLM(config).save_pretrained(tmp_path / "moe")
+    build_tokenizer().save_pretrained(tmp_path / "moe")
+    trainer = sft(tmp_path / "moe", tmp_path, packing=True)
+    assert getattr(trainer, "aux_loss_enabled", False)  # TRL adds the router aux loss to this trainer's loss
+    report = packsim.audit_trainer(trainer, objective="lm")
+    accumulation = next(f for f in report.findings if f.name == "loss_over_accumulation")
+    assert accumulation.status == "pass", accumulation
+    assert "MoE router aux loss" in accumulation.evidence and trainer.aux_loss_enabled  # put back
+    assert trainer.model.config.output_router_logits  # put back
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))  # ground truth: the mean CE
+    with torch.no_grad():
+        logits = trainer.model(**{k: v for k, v in batch.items() if k != "labels"}, use_cache=False).logits
+    labels = batch["labels"][..., 1:].reshape(-1)
+    want = torch.nn.functional.cross_entropy(logits[..., :-1, :].reshape(-1, logits.shape[-1]), labels,
+                                             ignore_index=-100)
+    assert f"the mean over all counted labels is {float(want):.6g}" in accumulation.evidence

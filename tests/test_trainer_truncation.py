@@ -24,6 +24,7 @@ import datasets  # noqa: E402
 import transformers  # noqa: E402
 from pipelines import PAIRS, one_thread, save_tiny_checkpoint  # noqa: E402, F401
 from test_evidence import FAMILIES, build_model, features  # noqa: E402
+from test_upstream_trl_trainers import trl_prompt_length  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
@@ -62,15 +63,15 @@ def sft(path, tmp_path, max_length, packing, callbacks=()):
 def record_truth(path, max_length: int) -> tuple[list[int], list[int]]:
     """(records cut, records prompt-only) from the tokenizer and the records, without TRL or packsim.
 
-    Tokens of a record: the tokenizer's ids of prompt + completion + EOS text; the prompt's: the
-    ids it shares with the tokenized prompt alone. Cut: its content (trailing EOS collapsed to one)
-    does not fit max_length; prompt-only: the prompt alone fills it.
+    Tokens of a record: the tokenizer's ids of prompt + completion + EOS text; the prompt's: those
+    TRL marks as the prompt, per version (:func:`test_upstream_trl_trainers.trl_prompt_length`: TRL 1.9 one
+    more than 1.16 on this tokenizer). Cut: its content (trailing EOS collapsed to one) does not fit
+    max_length; prompt-only: the prompt alone fills it.
     """
     tok = AutoTokenizer.from_pretrained(path)
     cut, prompt_only = [], []
     for k, (p, c) in enumerate(PAIRS):
-        full, alone = tok(p + c + tok.eos_token)["input_ids"], tok(p)["input_ids"]
-        shared = next((i for i, (a, b) in enumerate(zip(full, alone, strict=False)) if a != b), len(alone))
+        full, shared = tok(p + c + tok.eos_token)["input_ids"], trl_prompt_length(tok, p, c + tok.eos_token)
         content = len(full)
         while content > 1 and full[content - 1] == tok.eos_token_id and full[content - 2] == tok.eos_token_id:
             content -= 1

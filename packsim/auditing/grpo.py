@@ -3,21 +3,21 @@ own generated completions match each completion run alone?
 
 GRPO weighs each completion's log-probs by its advantage, so the check is
 :func:`packsim.auditing.logprobs.audit_logprobs` on a batch the trainer generates itself. What TRL
-1.16 does (``trl/trainer/grpo_trainer.py``): ``GRPOConfig`` has no ``padding_free`` / ``packing``
-field; ``_compute_loss`` concatenates ``prompt_ids`` (left-padded) and ``completion_ids``
-(right-padded) into one row per completion with ``attention_mask = cat(prompt_mask,
-completion_mask)``, and ``_get_per_token_logps_and_entropies`` runs ``model(input_ids,
-attention_mask, labels, fused_lm_head=True)`` on those rows: padded, one sequence per row, never
-packed. The audit runs the same rows through the model's plain forward (the fused head only fuses
-``lm_head`` with the log-softmax). Batch shapes: prompt_ids (B, P), completion_ids (B, C), the audited
-rows (B, P + C), B = prompts x ``num_generations``, grouped by prompt.
+1.9.0 and 1.16.0 do (``trl/trainer/grpo_trainer.py``): ``GRPOConfig`` has no ``padding_free`` /
+``packing`` field; ``_compute_loss`` concatenates ``prompt_ids`` (left-padded) and
+``completion_ids`` (right-padded) into one row per completion with ``attention_mask =
+cat(prompt_mask, completion_mask)``, and ``_get_per_token_logps_and_entropies`` runs the model on
+those rows: padded, one sequence per row, never packed. 1.16 calls ``model(input_ids,
+attention_mask, labels, fused_lm_head=True)``; 1.9 calls ``model(input_ids, attention_mask,
+use_cache=False)`` and takes ``selective_log_softmax`` of the logits. The audit runs the same rows through
+the model's plain forward (1.16's fused head only fuses ``lm_head`` with the log-softmax). Batch
+shapes: prompt_ids (B, P), completion_ids (B, C), the audited rows (B, P + C), B = prompts x
+``num_generations``, grouped by prompt.
 
 Lessons: none directly.
 """
 
 from __future__ import annotations
-
-import copy
 
 import torch
 
@@ -26,6 +26,7 @@ from packsim.auditing.preference import PreferenceAudit, fallback_finding
 from packsim.auditing.report import Finding
 from packsim.core.boundaries import find_boundaries
 from packsim.core.errors import PacksimError
+from packsim.core.upstream.trl_trainers import kept_metrics
 
 __all__ = ["audit_grpo_trainer", "grpo_rows", "is_grpo"]
 
@@ -42,16 +43,15 @@ def grpo_rows(trainer) -> dict:
     trainer's logged metrics are restored, so a run after the audit is the run it would have been.
     """
     model = trainer.model
-    was, metrics = model.training, copy.deepcopy(trainer._metrics)
+    was = model.training
     try:
         model.eval()
         device = next(model.parameters()).device
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        with kept_metrics(trainer), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             raw = next(iter(trainer.get_train_dataloader()))
             out = trainer._prepare_inputs(raw)
     finally:
         model.train(was)
-        trainer._metrics = metrics
     prompt, completion = out["prompt_mask"], out["completion_mask"]
     return {"input_ids": torch.cat([out["prompt_ids"], out["completion_ids"]], 1),  # (B, P + C)
             "attention_mask": torch.cat([prompt, completion], 1),

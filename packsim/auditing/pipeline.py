@@ -23,6 +23,7 @@ from packsim.core.errors import PacksimError
 from packsim.core.loss import Role
 from packsim.core.segments import example_positions, run_starts
 from packsim.core.special_tokens import is_token, token_ids
+from packsim.core.upstream.trl_trainers import logit_fields
 
 
 @dataclass
@@ -112,7 +113,9 @@ def logits_of(out) -> ForwardOutput:
     if logits is None:
         raise PacksimError(
             f"the model returned {type(out).__name__} without .logits: audit a causal LM whose "
-            "forward returns logits (B, T, V), e.g. a transformers *ForCausalLM."
+            "forward returns logits (B, T, V), e.g. a transformers *ForCausalLM; a forward that "
+            "computes its loss from the hidden states (a fused or chunked loss head) may return none "
+            "when it gets labels: audit the batch without labels / shift_labels."
         )
     fields = out if isinstance(out, Mapping) else getattr(out, "__dict__", {})  # ModelOutput: a dict
     keys = list(fields.keys())  # not .get("past_key_values"): transformers 5 warns on the old name
@@ -208,7 +211,9 @@ def _packed_roles(model, batch: PackedBatch, response_mask) -> tuple[torch.Tenso
 def dict_pipeline(model, batch: Mapping, response_mask, forward_kwargs, seq=None, source=None,
                   objective: str = "sft") -> Pipeline:
     """The pipeline ``model(**batch, **forward_kwargs)``; ``seq`` (B, T) overrides the batch's boundaries;
-    ``objective`` as :data:`OBJECTIVES` ("lm": every real token is a target)."""
+    ``objective`` as :data:`OBJECTIVES` ("lm": every real token is a target). A model running TRL 1.9's
+    chunked-CE forward gets the batch without labels / shift_labels, or it returns no logits
+    (:func:`packsim.core.upstream.trl_trainers.logit_fields`)."""
     fields = dict(batch)
     if seq is None:
         seq, ex_ids, found = _dict_boundaries(fields)  # checks input_ids is (B, T) first
@@ -221,7 +226,7 @@ def dict_pipeline(model, batch: Mapping, response_mask, forward_kwargs, seq=None
     roles, notes = dict_roles(model, fields, seq, mask)
     if objective == "lm":
         notes[0] = LM_NOTE
-    fields_no_ids = {k: v for k, v in fields.items() if k != "input_ids"}
+    fields_no_ids, dropped = logit_fields(model, {k: v for k, v in fields.items() if k != "input_ids"})
 
     def run(input_ids=None, inputs_embeds=None, output_attentions=False) -> ForwardOutput:
         extra = {"output_attentions": True} if output_attentions else {}
@@ -238,7 +243,7 @@ def dict_pipeline(model, batch: Mapping, response_mask, forward_kwargs, seq=None
         labels=fields.get("labels"), roles=roles, role_notes=notes,
         positions=None if pos is None else torch.as_tensor(pos).expand(ids.shape),
         expected_positions=example_positions(seq),
-        forward=f"model(**batch{kw}), batch keys {sorted(fields)}, attn_implementation={impl!r}",
+        forward=f"model(**batch{kw}), batch keys {sorted(fields)}{dropped}, attn_implementation={impl!r}",
         context={"kind": "dict", "fields": fields, "impl": impl, "forward_kwargs": forward_kwargs},
         run_alone=lambda x, pos, mask: logits_of(
             model(input_ids=x, position_ids=pos, attention_mask=mask, **forward_kwargs)).logits,

@@ -7,8 +7,10 @@ and the call its ``compute_loss`` makes: ``model(**batch)`` for the Trainer (whi
 ``model.config.use_cache`` from ``TrainingArguments.use_cache``), ``model(**batch, use_cache=False)``
 for SFTTrainer, in train mode, under ``trainer.accelerator.autocast()``, with the model's dtype and
 attention implementation. Labels are left out of the probes' forwards (they change the loss, not
-the logits). It then adds configuration findings (:mod:`packsim.auditing.findings`) and measures the
-loss normalisation over gradient accumulation (:mod:`packsim.auditing.accumulation`).
+the logits), and so are ``shift_labels`` where the model runs TRL 1.9's chunked-CE forward, which
+returns no logits with them (:mod:`packsim.core.upstream.trl_trainers`). It then adds
+configuration findings (:mod:`packsim.auditing.findings`) and measures the loss normalisation over
+gradient accumulation (:mod:`packsim.auditing.accumulation`).
 
 Where the examples are: from evidence the collator did not write (:mod:`packsim.auditing.evidence`):
 the features it was given (the trainer's dataset items, TRL's packed rows split by ``seq_lengths``),
@@ -63,6 +65,7 @@ from packsim.core.errors import PacksimError
 from packsim.core.loss import Role
 from packsim.core.segments import example_positions, seq_ids_from_starts
 from packsim.core.special_tokens import example_starts, is_token, start_ids, token_ids
+from packsim.core.upstream.trl_trainers import logit_fields
 from packsim.core.upstream.window import warn_outside
 
 __all__ = ["audit_trainer"]
@@ -191,7 +194,7 @@ def _pipeline(trainer, model, view: BatchView, features, forward_kwargs, autocas
               objective: str = "sft") -> tuple[Pipeline, str | None]:
     fields = view.fields
     ids = fields["input_ids"]
-    rest = {k: v for k, v in fields.items() if k not in ("input_ids", "labels")}
+    rest, dropped = logit_fields(model, {k: v for k, v in fields.items() if k not in ("input_ids", "labels")})
 
     def run(input_ids=None, inputs_embeds=None, output_attentions=False) -> ForwardOutput:
         extra = {"output_attentions": True} if output_attentions else {}
@@ -215,7 +218,7 @@ def _pipeline(trainer, model, view: BatchView, features, forward_kwargs, autocas
     kw = "".join(f", {k}={v!r}" for k, v in forward_kwargs.items())
     dtype = next(model.parameters()).dtype
     forward = (f"{type(trainer).__name__}.compute_loss's call model(**batch{kw}) without labels, batch "
-               f"keys {sorted(fields)}, attn_implementation={impl!r}, dtype {dtype}, mixed precision "
+               f"keys {sorted(fields)}{dropped}, attn_implementation={impl!r}, dtype {dtype}, mixed precision "
                f"{trainer.accelerator.mixed_precision!r}")
     p = Pipeline(
         model=model, run=run, input_ids=ids, seq=seq, example_ids=list(range(S)), boundaries=view.source,
@@ -324,11 +327,11 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
         def logits(inputs):  # the audit's forward in eval mode: the baseline's logits where they are that
             rest = {k: v for k, v in inputs.items() if k != "labels"}
             hit = next((x for fields, x in known if _same_fields(rest, fields)), None)
-            return model(**rest, **forward_kwargs).logits if hit is None else hit
+            return hit if hit is not None else model(**logit_fields(model, rest)[0], **forward_kwargs).logits
 
         model.eval()  # dropout off: the two forwards compared below must see the same network
         try:
-            accumulation = loss_over_accumulation(trainer, [b for b, _ in drawn], logits, autocast) \
+            accumulation = loss_over_accumulation(trainer, [b for b, _ in drawn], logits, autocast, compute) \
                 if batch is None else Finding("loss_over_accumulation", "skipped", "not measured: a re-audit of "
                                               "one batch seen during training (it needs a whole accumulation step)")
         except ValueError as err:  # a hybrid's torch fallback refusing seq_idx: not measured here

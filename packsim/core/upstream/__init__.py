@@ -8,6 +8,10 @@ purpose and keep their own reaches; the library (core, auditing) uses only these
     hub_kernels   transformers' kernel wrappers for the hybrid families (causal_conv1d, mamba_ssm, fla)
     flash_utils   transformers' flash path: ``_lazy_imports`` and the attention / mask registries
     loggers       messages transformers logs that packsim's probes provoke on purpose
+    trl_trainers  TRL's trainers: the chunked-CE forward TRL 1.9's SFTTrainer leaves on the model, the
+                  metrics they log, the MoE router aux loss SFTTrainer adds
+    outputs       transformers' names for the cache (output field, forward keyword) and checkpointing
+    window        the tested versions, and the notice outside them
 
 Lessons: none directly.
 """
