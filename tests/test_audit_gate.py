@@ -396,20 +396,117 @@ def test_a_flash_path_that_cannot_run_here_is_not_measured_exit_3(root, capsys):
     assert "flash_attention_3 cannot run here" in out and out.rstrip().endswith("not a pass")
 
 
-def test_gemma2_through_the_cli_is_audited_under_eager_and_says_so(root, capsys):
-    """transformers refuses sdpa for Gemma2: the default gate loads what transformers would (eager)."""
+FLASH_FACTORY = '''
+import datasets
+from transformers import AutoModelForCausalLM, DataCollatorWithFlattening, Trainer, TrainingArguments
+
+from packsim.core.tokenizer import BOS_ID, EOS_ID, encode
+
+PAIRS = {pairs!r}
+
+
+def make_trainer():
+    model = AutoModelForCausalLM.from_pretrained({ckpt!r}, attn_implementation="flash_attention_2")
+    features = []
+    for p, c in PAIRS:
+        prompt, completion = [BOS_ID] + encode(p), encode(c) + [EOS_ID]
+        features.append({{"input_ids": prompt + completion, "labels": [-100] * len(prompt) + completion,
+                          "completion_mask": [0] * len(prompt) + [1] * len(completion)}})
+    args = TrainingArguments(output_dir={out!r}, per_device_train_batch_size=4, max_steps=1, report_to="none",
+                             save_strategy="no", use_cpu=True, remove_unused_columns=False, seed=0)
+    return Trainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(features),
+                   data_collator=DataCollatorWithFlattening())
+'''
+
+
+def test_a_trainer_factory_asking_for_flash_attention_2_runs_the_reference_kernel(root, capsys):
+    """Without flash-attn, a --trainer factory that loads flash_attention_2 was exit 2 (transformers refuses
+    the name); it runs transformers' own flash path on the reference kernel, as --attn does, and says so.
+    Ground truth apart from the gate: the factory alone is refused here, and on the reference path each
+    example of its batch agrees with the example alone on sdpa."""
+    import runpy
+    from itertools import pairwise
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from packsim.core.flash_emulation import real_flash_attn, reference_for_flash_requests
+
+    if real_flash_attn() is not None:
+        pytest.skip("flash_attention_2 runs here on the real kernel")
+    path = root / "flash_project" / "train_flash.py"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(FLASH_FACTORY.format(pairs=PAIRS, ckpt=str(root / "ckpt"), out=str(root / "out_flash")))
+    make = runpy.run_path(str(path))["make_trainer"]
+    with pytest.raises((ImportError, ValueError), match="(?i)flash ?attention ?2"):
+        make()  # transformers' own refusal: what made the gate exit 2
+    assert gate("--trainer", f"{path}:make_trainer") == 0
+    out = capsys.readouterr().out
+    assert "flash_attention_2       NOTICE   LlamaForCausalLM asked for flash_attention_2, which cannot run here" in out
+    assert ("on reference kernel (packsim, pure torch), not flash-attn as attn_implementation="
+            "'packsim_reference_flash'") in out
+    assert "the loss counts only responses" in out and out.rstrip().endswith("gate PASS")
+    with pytest.raises((ImportError, ValueError), match="(?i)flash ?attention ?2"):
+        make()  # the gate left transformers as it found it
+    with reference_for_flash_requests():
+        trainer = make()
+        batch = next(iter(trainer.get_train_dataloader()))
+        sdpa = AutoModelForCausalLM.from_pretrained(root / "ckpt", attn_implementation="sdpa")
+        with torch.no_grad():
+            packed = trainer.model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
+                                   use_cache=False).logits[0]
+            starts = (batch["position_ids"][0] == 0).nonzero().flatten().tolist() + [batch["input_ids"].shape[1]]
+            worst = max(float((packed[a:b] - sdpa(input_ids=batch["input_ids"][:, a:b], use_cache=False).logits[0])
+                              .abs().max()) for a, b in pairwise(starts))
+    assert len(starts) == 4 + 1 and worst < 1e-5  # the first batch: per_device_train_batch_size=4 examples
+
+
+def _transformers_refuses_sdpa(path) -> bool:
+    """Measured apart from the gate: does the installed transformers refuse ``path`` under sdpa?
+
+    ``PreTrainedModel._sdpa_can_dispatch`` (modeling_utils.py) raises ValueError when the class's
+    ``_supports_sdpa`` is False. ``Gemma2PreTrainedModel`` (models/gemma2/modeling_gemma2.py) says
+    False in 5.25.0 ("sdpa does not support softcapping"; 5.24.0 refused too when this test was
+    written), True in 5.16.1 (and the 5.17.0 / 5.18.0 wheels), where ``sdpa_attention_forward``
+    (integrations/sdpa_attention.py) takes Gemma2's ``softcap`` into ``**kwargs``, read by nothing.
+    """
+    from transformers import AutoModelForCausalLM
+
+    try:
+        AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa")
+    except ValueError as err:
+        assert "does not support an attention implementation" in str(err), err
+        return True
+    return False
+
+
+def test_gemma2_through_the_cli_is_audited_under_what_transformers_loads_and_says_so(root, capsys):
+    """From 5.24 transformers refuses sdpa for Gemma2: the default gate loads what transformers
+    would (eager) and says so, and ``--attn sdpa`` is exit 2. Up to 5.18 Gemma2 loads under sdpa:
+    the gate audits it there with no notice, and ``--attn sdpa`` passes."""
     from packsim.core.tokenizer import build_tokenizer
+    from packsim.core.upstream.outputs import per_version
     from packsim.exhibits.trap_cases import build_family
 
     path = root / "gemma2"
     build_family("gemma2").save_pretrained(path)
     build_tokenizer().save_pretrained(path)
-    code = gate("--model", path, "--data", root / "data.jsonl", "--collator", "flattening")
+    args = ("--model", path, "--data", root / "data.jsonl", "--collator", "flattening")
+    refuses = _transformers_refuses_sdpa(path)
+    assert per_version(new=True, old=False) in (None, refuses), f"Gemma2 refuses sdpa: {refuses}"
+    code = gate(*args)
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "Gemma2ForCausalLM refuses sdpa" in out and "audited it under eager" in out
-    assert gate("--model", path, "--data", root / "data.jsonl", "--collator", "flattening", "--attn", "sdpa") == 2
-    assert "pass --attn eager" in one_error_line(capsys)
+    assert f"attn_implementation='{'eager' if refuses else 'sdpa'}'" in out, out
+    notice = "Gemma2ForCausalLM refuses sdpa" in out and "audited it under eager" in out
+    assert notice == refuses, out
+    forced = gate(*args, "--attn", "sdpa")
+    if refuses:
+        assert forced == 2 and "pass --attn eager" in one_error_line(capsys)
+    else:
+        out = capsys.readouterr().out
+        assert forced == 0 and "attn_implementation='sdpa'" in out, out
+        assert "refuses sdpa" not in out, out
 
 
 def test_a_crash_inside_the_audit_is_exit_4_never_1(factory, capsys, monkeypatch):

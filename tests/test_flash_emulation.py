@@ -303,3 +303,126 @@ def test_the_public_name_and_its_docstrings_say_reference_kernel():
     assert packsim.emulate_flash is emulate_flash
     for obj in (flash_emulation, FlashEmulation, emulate_flash):
         assert "reference kernel (packsim, pure torch), not flash-attn" in " ".join(obj.__doc__.split())
+
+
+# ---- emulate_flash() as a context manager (issue 39) ------------------------------------------
+
+
+@pytest.fixture
+def nothing_installed(monkeypatch):
+    """A fresh process's transformers: no wrapper, no registry entry; the installed state comes back after."""
+    emulate_flash()
+    original = flash_utils.lazy_imports().__wrapped__
+    monkeypatch.setattr(flash_utils.module(), "_lazy_imports", original)
+    for mapping in flash_utils.registries():
+        monkeypatch.delitem(mapping, REFERENCE_NAME)
+    return original
+
+
+def _installed() -> tuple[bool, bool, bool]:
+    """(the wrapper answers REFERENCE_NAME, AttentionInterface has it, AttentionMaskInterface has it)."""
+    return (REFERENCE_NAME in flash_utils.wrapped_for(flash_utils.lazy_imports()),
+            *(REFERENCE_NAME in mapping for mapping in flash_utils.registries()))
+
+
+def test_with_emulate_flash_undoes_what_it_installed(nothing_installed):
+    with emulate_flash() as flash:
+        assert flash == FlashEmulation(REFERENCE_NAME, REFERENCE_KERNEL, reference=True, installed=True)
+        assert _installed() == (True, True, True)
+        model = build_model("tiny", vocab_size=VOCAB, attn_implementation=flash.name)  # it runs inside
+        ids, pos, seq = _row_batch(1)
+        eager = copy.deepcopy(model)
+        eager.set_attn_implementation("eager")
+        with torch.no_grad():
+            assert max(_per_example(model(input_ids=ids, position_ids=pos).logits, eager, ids, seq)) < TOL
+    assert _installed() == (False, False, False) and flash_utils.lazy_imports() is nothing_installed
+    flash.__exit__(None, None, None)  # a second exit undoes nothing more
+    assert flash_utils.lazy_imports() is nothing_installed
+    with pytest.raises(RuntimeError, match="inside"), emulate_flash():  # an error inside undoes it too
+        raise RuntimeError("inside")
+    assert _installed() == (False, False, False)
+
+
+def test_with_emulate_flash_leaves_what_was_installed_before(nothing_installed):
+    plain = emulate_flash()  # installed by a plain call: stays
+    wrapper = flash_utils.lazy_imports()
+    with emulate_flash() as inner:
+        assert not inner.installed
+        with emulate_flash() as innermost:
+            assert not innermost.installed
+    assert plain.installed and _installed() == (True, True, True) and flash_utils.lazy_imports() is wrapper
+    for mapping in flash_utils.registries():  # only the registry entries missing: only they are undone
+        del mapping[REFERENCE_NAME]
+    with emulate_flash() as partial:
+        assert partial.installed and _installed() == (True, True, True)
+    assert _installed() == (True, False, False) and flash_utils.lazy_imports() is wrapper
+
+
+def test_with_emulate_flash_restores_an_entry_that_was_there(nothing_installed):
+    attention, _ = flash_utils.registries()
+    before = object()
+    attention[REFERENCE_NAME] = before  # someone else's function under the name
+    with emulate_flash():
+        assert attention[REFERENCE_NAME] is flash_utils.flash_functions()[0]
+    assert attention[REFERENCE_NAME] is before
+
+
+def test_with_a_real_flash_attn_touches_nothing(stand_in_flash_attn):
+    before = flash_utils.lazy_imports()
+    with emulate_flash() as flash:
+        assert flash.name == REAL_NAME and not flash.installed
+    assert flash_utils.lazy_imports() is before
+
+
+# ---- reference_for_flash_requests: a request for flash_attention_2 gets the reference ------------
+
+
+def test_a_flash_attention_2_request_gets_the_reference_kernel_inside(nothing_installed):
+    """Ground truth first: transformers refuses flash_attention_2 here (no flash-attn). Inside, the same
+    request loads on the reference, runs isolated (each example alone on eager), and all is undone after."""
+    from transformers import PreTrainedModel
+
+    if real_flash_attn() is not None:
+        pytest.skip("a real flash-attn runs flash_attention_2 here")
+    original = PreTrainedModel.__dict__["_check_and_adjust_attn_implementation"]
+    with pytest.raises((ImportError, ValueError), match="(?i)flash ?attention ?2"):
+        build_family("llama", REAL_NAME)
+    with flash_emulation.reference_for_flash_requests() as requests:
+        assert requests.models == [] and requests.emulation is None and _installed() == (False, False, False)
+        flash = build_family("llama", REAL_NAME)
+        eager = build_family("llama", "eager")  # same seed: the same weights
+        assert flash.config._attn_implementation == REFERENCE_NAME
+        assert requests.models == ["LlamaForCausalLM"] and requests.emulation.installed
+        ids, pos, seq = _row_batch(1)
+        with torch.no_grad():
+            logits = flash(input_ids=ids, position_ids=pos, use_cache=False).logits
+        assert max(_per_example(logits, eager, ids, seq)) < TOL
+        flash.set_attn_implementation(REAL_NAME)  # set_attn_implementation goes the same way
+        assert flash.config._attn_implementation == REFERENCE_NAME and len(requests.models) == 2
+    assert PreTrainedModel.__dict__["_check_and_adjust_attn_implementation"] is original
+    assert _installed() == (False, False, False)
+    with pytest.raises((ImportError, ValueError), match="(?i)flash ?attention ?2"):
+        build_family("llama", REAL_NAME)
+
+
+def test_a_model_without_flash_support_is_refused_as_on_a_gpu(nothing_installed):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    class NoFlash(LlamaForCausalLM):
+        _supports_flash_attn = False
+
+    config = LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, attn_implementation=REAL_NAME)
+    with flash_emulation.reference_for_flash_requests() as requests:
+        with pytest.raises(ValueError, match="does not support Flash Attention"):
+            NoFlash(config)
+    assert requests.models == [] and requests.emulation is None
+
+
+def test_with_a_real_flash_attn_requests_are_left_alone(stand_in_flash_attn):
+    from transformers import PreTrainedModel
+
+    original = PreTrainedModel.__dict__["_check_and_adjust_attn_implementation"]
+    with flash_emulation.reference_for_flash_requests() as requests:
+        assert PreTrainedModel.__dict__["_check_and_adjust_attn_implementation"] is original
+    assert requests.models == [] and requests.emulation is None

@@ -218,3 +218,35 @@ def test_integers_are_read_without_a_python_call_per_element(monkeypatch):
     assert pack(as_list, 512, "wrapped") == pack(lengths, 512, "wrapped")
     with pytest.raises(AssertionError, match="per-element"):
         check_lengths([*as_list, 2.0])
+
+
+# --- the total (issue 39): exact, refused past int64 -------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(lengths=st.lists(st.integers(1, 2**63 - 1) | st.integers(2**62, 2**63 - 1) | st.integers(1, 2**32), max_size=12))
+def test_total_tokens_is_the_exact_sum_or_the_error(lengths):
+    """Ground truth: Python's sum (no wrap). np.sum wraps past 2**63 - 1; total_tokens never does."""
+    from packsim.core.pack_lengths import total_tokens
+
+    sizes, want = np.asarray(lengths, dtype=np.int64), sum(lengths)
+    if want > 2**63 - 1:
+        with pytest.raises(PacksimError) as info:
+            total_tokens(sizes)
+        assert str(info.value).startswith(f"the {len(lengths)} lengths sum to {want} tokens, past 2**63 - 1")
+    else:
+        assert total_tokens(sizes) == want
+    assert check_lengths(lengths).tolist() == lengths  # reading the lengths never checks their sum
+
+
+def test_check_room_refuses_arrays_past_memory(monkeypatch):
+    from packsim.core.pack_lengths import check_room
+
+    monkeypatch.setattr(pack_lengths, "_memory_bytes", lambda: 1000)
+    check_room(125, 8, "the pieces", "raise capacity")  # 1000 bytes: fits
+    with pytest.raises(PacksimError) as info:
+        check_room(126, 8, "the pieces", "raise capacity")
+    assert str(info.value) == ("the pieces would take 1008 bytes of arrays, more than this machine's memory "
+                               "(1000 bytes); raise capacity.")
+    monkeypatch.undo()
+    assert 0 < pack_lengths._memory_bytes() <= 2**63 - 1

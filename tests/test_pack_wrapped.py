@@ -146,3 +146,53 @@ def test_without_a_writable_cache_folder_the_loop_compiles_uncached(monkeypatch)
         assert asked == [True, False]
     finally:
         pack_wrapped._compiled.cache_clear()  # the next caller compiles (or loads) with the cache again
+
+
+def test_lengths_summing_past_int64_are_refused_not_written_past_the_buffer():
+    """pack([2**63 - 1, 1], 2**63 - 1, "wrapped") aborted the process (``free(): invalid next size``): the
+    sum wrapped to -2**63, the row count to -1, and the loop wrote past its buffer. Run in a child
+    process, so that a regression fails this test instead of killing the test run."""
+    import subprocess
+    import sys
+
+    script = (
+        "import numpy as np\n"
+        "from packsim.core.errors import PacksimError\n"
+        "from packsim.core.pack_wrapped import wrapped_arrays\n"
+        "from packsim.core.packing import pack\n"
+        "for call in (lambda: pack([2**63 - 1, 1], 2**63 - 1, 'wrapped'),\n"
+        "             lambda: wrapped_arrays(np.array([2**63 - 1, 1], dtype=np.int64), 2**63 - 1)):\n"
+        "    try:\n"
+        "        call()\n"
+        "    except PacksimError as err:\n"
+        "        print(err)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2 and all(line.startswith(f"the 2 lengths sum to {2**63} tokens, past 2**63 - 1")
+                                   for line in lines), lines
+
+
+def _python_int_wrapped(lengths: list[int], capacity: int) -> list[list[tuple[int, int, int]]]:
+    """Rows of (example, start, stop) in Python ints: example i spans [a, b) of the token stream, rows
+    a // capacity .. (b - 1) // capacity each hold its part (exact at any size, unlike int64 or float)."""
+    rows: list[list[tuple[int, int, int]]] = [[] for _ in range(-(-sum(lengths) // capacity))]
+    a = 0
+    for i, n in enumerate(lengths):
+        for r in range(a // capacity, (a + n - 1) // capacity + 1):
+            lo, hi = max(a, r * capacity), min(a + n, (r + 1) * capacity)
+            rows[r].append((i, lo - a, hi - a))
+        a += n
+    return rows
+
+
+def test_wrapped_at_exactly_int64_matches_python_ints():
+    """2**63 - 1 tokens in all, the most an int64 offset holds (int64 arrays: examples past int32).
+    The numpy version above is no ground truth there: np.arange sizes its cuts in float and drops one."""
+    for lengths, capacity in (([2**63 - 2, 1], 2**62), ([2**62, 2**62 - 1], 2**62 - 1), ([2**63 - 1], 2**61 + 3),
+                              ([2**31 - 1] * 3 + [2**63 - 1 - 3 * (2**31 - 1)], 2**62 + 7)):
+        got = pack_arrays(lengths, capacity, "wrapped")
+        assert got.index.dtype == np.int64
+        rows = [[(p.index, p.start, p.stop) for p in row] for row in got.to_pieces()]
+        assert rows == _python_int_wrapped(lengths, capacity), (lengths, capacity)

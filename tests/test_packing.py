@@ -647,3 +647,105 @@ def test_pack_arrays_int32_result_gives_python_ints_and_int64_sums():
     assert piece == Piece(1, 0, 2**31 - 1) and all(type(v) is int for v in piece)
     longer = pack_arrays([2**31, 5], 2**31 + 5, "wrapped")  # an example past int32: int64
     assert longer.length.dtype == np.int64 and longer.length.tolist() == [2**31, 5]
+
+
+# --- integer limits (issue 39): a correct packing or one PacksimError, never wrong output ---------
+
+INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
+
+
+@st.composite
+def near_limits(draw) -> tuple[list[int], int]:
+    """(lengths, capacity) near int32's or int64's limit: capacities in its top eighth, lengths up to 8
+    capacities (a few pieces each: the arrays stay small), sums on both sides of 2**63 - 1; near int64,
+    often topped up to exactly 2**63 - 1 or 2**63 tokens."""
+    limit = draw(st.sampled_from([INT32_MAX, INT64_MAX]))
+    capacity = draw(st.integers(limit // 8, limit) | st.integers(max(1, limit - 8), limit))
+    top = min(INT64_MAX, 8 * capacity)
+    near = (st.integers(max(1, top - 2**8), top) | st.integers(max(1, capacity - 2**8), min(top, capacity + 2**8))
+            | st.integers(1, 2**8) | st.integers(1, top))
+    lengths = draw(st.lists(near, max_size=10))
+    gap = draw(st.sampled_from([None, 0, 1]))  # top up to 2**63 - 1 + gap tokens
+    rest = INT64_MAX + (gap or 0) - sum(lengths)
+    if limit == INT64_MAX and gap is not None and 1 <= rest <= INT64_MAX:
+        lengths.insert(draw(st.integers(0, len(lengths))), rest)
+    return lengths, capacity
+
+
+@pytest.mark.parametrize(("strategy", "overflow"), ALL_COMBOS)
+@settings(max_examples=150, deadline=None)
+@given(case=near_limits())
+def test_near_the_integer_limits_packs_correctly_or_refuses_in_one_line(strategy, overflow, case):
+    """Ground truth in Python ints: the tokens (sum past 2**63 - 1: the PacksimError), which examples
+    overflow (overflow="error"), and every example's pieces tiling it, every row within capacity."""
+    lengths, capacity = case
+    total = sum(lengths)  # a Python int: never wraps
+    overlong = overflow == "error" and strategy != "wrapped" and any(n > capacity for n in lengths)
+    if total > INT64_MAX or overlong:
+        with pytest.raises(PacksimError) as info:
+            pack_arrays(lengths, capacity, strategy, overflow)
+        message = str(info.value)
+        assert "\n" not in message
+        assert (f"sum to {total} tokens, past 2**63 - 1" in message) if total > INT64_MAX else ("capacity is" in message)
+        return
+    arrays = pack_arrays(lengths, capacity, strategy, overflow)
+    packs = arrays.to_pieces()  # Python ints: a value wrapped in the int32 or int64 arrays shows below
+    assert pack(lengths, capacity, strategy, overflow) == arrays.to_lists()
+    assert all(0 < load <= capacity for load in loads(packs))
+    truncates = overflow == "truncate" and strategy != "wrapped"
+    check_tokens_land_once_in_order(lengths, capacity, packs, truncates)
+    lower_bound = -(-sum(loads(packs)) // capacity)  # exact (check_pack_count's float ceil is not, here)
+    assert len(packs) >= lower_bound
+    if strategy == "wrapped":
+        assert len(packs) == lower_bound and all(load == capacity for load in loads(packs)[:-1])
+    assert arrays.row_lengths().tolist() == loads(packs)  # summed in int64 without wrapping
+    if arrays.index.dtype == np.int32:
+        assert max([arrays.n_pieces, *lengths]) <= INT32_MAX
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_lengths_summing_past_int64_are_refused_by_every_strategy(strategy):
+    """pack([2**62] * 3, 2**62, "wrapped") returned [] (the sum wrapped to -2**62); every strategy
+    refuses the same lengths, whose offsets in the packed stream wrap in int64."""
+    total = 3 * 2**62  # ground truth: 13835058055282163712 > 2**63 - 1
+    assert total > INT64_MAX
+    for packer in (pack, pack_arrays, pack_pieces):
+        with pytest.raises(PacksimError) as info:
+            packer([2**62] * 3, 2**62, strategy)
+        assert str(info.value).startswith(f"the 3 lengths sum to {total} tokens, past 2**63 - 1")
+        assert "\n" not in str(info.value) and "shards" in str(info.value)
+    fits = [2**62, 2**62 - 1]  # exactly 2**63 - 1 tokens: packed
+    assert pack(fits, 2**62, strategy) == [[0], [1]]
+    assert pack_arrays(fits, 2**62, strategy).row_lengths().tolist() == fits
+
+
+def test_packing_stats_refuse_a_total_past_int64():
+    with pytest.raises(PacksimError, match=f"sum to {3 * 2**62} tokens"):
+        packing_stats([2**62] * 3, [[0], [1], [2]], 2**62)  # its total_tokens summed in int64 and wrapped
+    stats = packing_stats([2**62, 2**62 - 1], [[0], [1]], 2**62)
+    assert stats.total_tokens == INT64_MAX and stats.lower_bound == 2
+
+
+@pytest.mark.parametrize("strategy", ["sequential", "ffd", "bfd"])
+def test_split_near_int64_cuts_the_last_chunk_at_the_example_end(strategy):
+    """start + capacity passed 2**63 - 1 and wrapped: the second chunk of a 2**63 - 1 token example ended at
+    -2**63. Ground truth by hand: chunks [0, 2**62 + 1) and [2**62 + 1, 2**63 - 1)."""
+    cut = 2**62 + 1
+    assert pack([INT64_MAX], cut, strategy, "split") == [[Piece(0, 0, cut)], [Piece(0, cut, INT64_MAX)]]
+    arrays = pack_arrays([INT64_MAX - 5, 5], cut, strategy, "split")  # 2**63 - 1 tokens in all
+    assert sorted(arrays.length.tolist()) == sorted([cut, INT64_MAX - 5 - cut, 5])
+
+
+@pytest.mark.parametrize(("lengths", "capacity", "strategy", "overflow", "pieces"), [
+    ([2**62], 1, "wrapped", "error", 2**62),  # numpy's bare ValueError: "array is too big"
+    ([INT64_MAX], 3, "wrapped", "error", -(-INT64_MAX // 3)),  # "Maximum allowed dimension exceeded"
+    ([2**62], 1, "bfd", "split", 2**62),
+    ([2**62], 2**20, "sequential", "split", 2**42),  # 32 TiB of int64: MemoryError, or a killed process
+])
+def test_a_packing_past_memory_is_refused_before_it_is_allocated(lengths, capacity, strategy, overflow, pieces):
+    with pytest.raises(PacksimError) as info:
+        pack_arrays(lengths, capacity, strategy, overflow)
+    message = str(info.value)
+    assert type(info.value) is PacksimError and "\n" not in message
+    assert f"{pieces} pieces" in message and "more than this machine's memory" in message
+    assert message.endswith("raise capacity (the tokens per row you train with, e.g. 2048).")

@@ -158,3 +158,43 @@ def test_the_three_forms_agree(lengths, pad):
     starts = run_starts(seq)
     assert starts.sum() == len(lengths) + (pad > 0)
     assert torch.nonzero(starts).flatten().tolist() == with_pad[:-1]
+
+
+# ----------------------------------------------------------------------------- int32 offsets (issue 39)
+
+
+def test_cu_seqlens_from_lengths_refuses_offsets_past_int32():
+    """[2**30] * 3 wrapped to [0, 2**30, -2**31, -2**30]; ground truth: the running total 3 * 2**30 > 2**31 - 1."""
+    assert 3 * 2**30 > 2**31 - 1
+    for lengths in ([2**30] * 3, np.array([2**30] * 3), torch.tensor([2**30] * 3, dtype=torch.int32)):
+        with pytest.raises(PacksimError) as info:
+            cu_seqlens_from_lengths(lengths)
+        assert str(info.value).startswith(f"cu_seqlens_from_lengths: the offsets reach {3 * 2**30} tokens, past "
+                                          "2**31 - 1") and "\n" not in str(info.value)
+    assert cu_seqlens_from_lengths([2**30, 2**30 - 1]).tolist() == [0, 2**30, 2**31 - 1]  # exactly the limit
+
+
+def test_offsets_from_positions_of_more_than_int32_tokens_are_refused():
+    """2**31 tokens (a stride-0 view: no memory): the last offset, every token, would wrap to -2**31."""
+    many = torch.zeros(1, dtype=torch.long).expand(2**31)  # (2**31,)
+    with pytest.raises(PacksimError, match=f"cu_seqlens_from_position_ids: the offsets reach {2**31} tokens"):
+        cu_seqlens_from_position_ids(many)
+    with pytest.raises(PacksimError, match=f"run_cu_seqlens: the offsets reach {2**31} tokens"):
+        run_cu_seqlens(many.reshape(1, -1))
+
+
+def test_offsets_stop_at_the_int32_limit_exactly(monkeypatch):
+    """The limit lowered to 4 (monkeypatched): 2**31 tokens of real ids would take 16 GiB. Offsets up to it
+    pass; one token past it is refused; trailing padding is left out of cu_seqlens, so it does not count."""
+    from packsim.core import segments
+
+    monkeypatch.setattr(segments, "INT32_MAX", 4)
+    assert cu_seqlens_from_seq_ids(torch.tensor([0, 0, 1, 1, -1, -1])).tolist() == [0, 2, 4]  # 6 tokens, 4 real
+    with pytest.raises(PacksimError, match="cu_seqlens_from_seq_ids: the offsets reach 5 tokens"):
+        cu_seqlens_from_seq_ids(torch.tensor([0, 0, 1, 1, 2]))
+    assert cu_seqlens_from_position_ids(torch.tensor([[0, 1], [0, 1]])).tolist() == [0, 2, 4]
+    with pytest.raises(PacksimError, match="the offsets reach 6 tokens"):
+        cu_seqlens_from_position_ids(torch.tensor([[0, 1, 2], [0, 1, 2]]))
+    assert cu_seqlens_from_lengths([2, 2]).tolist() == [0, 2, 4]
+    with pytest.raises(PacksimError, match="the offsets reach 5 tokens"):
+        cu_seqlens_from_lengths([2, 3])

@@ -314,3 +314,20 @@ def test_pin_causal_is_bottom_right_here():
     assert fa_integration._use_top_left_mask is False and fa.flash_attn_supports_top_left_mask() is False, moved(
         "flash_attn_supports_top_left_mask (now True here)",
         "the reference kernel aligns causal bottom-right like flash-attn 2 >= 2.1")
+
+
+def test_pin_every_load_asks_check_and_adjust_attn_implementation():
+    """Read from transformers 5.16.1 and 5.25.0 (modeling_utils.py): PreTrainedModel defines
+    ``_check_and_adjust_attn_implementation(self, attn_implementation, is_init_check=False, ...)`` and a
+    model class says whether it may use flash attention by ``_supports_flash_attn`` (what
+    flash_utils.answering_attn_requests wraps and reads)."""
+    import inspect
+
+    from transformers import LlamaForCausalLM, PreTrainedModel
+
+    method = PreTrainedModel.__dict__.get("_check_and_adjust_attn_implementation")
+    assert method is not None, moved("PreTrainedModel._check_and_adjust_attn_implementation", "every load asks it")
+    params = list(inspect.signature(method).parameters)
+    assert params[:3] == ["self", "attn_implementation", "is_init_check"], moved(
+        f"its parameters ({params})", "the wrapper passes attn_implementation second")
+    assert LlamaForCausalLM._supports_flash_attn is True, moved("_supports_flash_attn", "which models may be answered")

@@ -6,7 +6,10 @@ As a gate it audits the pipeline a run would train and prints the report:
   data and collator would train (:mod:`packsim.auditing.preflight`);
 - ``--trainer path/to/train.py:make_trainer`` (or ``module:function``): the Trainer / SFTTrainer the
   user's own factory returns, with their config, collator, dtype and attention implementation
-  (:mod:`packsim.auditing.factory`).
+  (:mod:`packsim.auditing.factory`); a model it loads with ``flash_attention_2`` where flash-attn
+  cannot run gets transformers' flash path on the reference kernel
+  (:func:`packsim.core.flash_emulation.reference_for_flash_requests`), named in a notice, as
+  ``--model --attn flash_attention_2`` does.
 
 Exit codes (:data:`EXIT_CODES`), so a CI job or a launch script can stop before training: 0 the
 audit passed, 1 it found a fault, 2 bad input or setup (one line on stderr, never a traceback),
@@ -160,6 +163,7 @@ def _own_trainer(args) -> int:
     from packsim.auditing.preflight import check_tokenizer
     from packsim.auditing.trainer import audit_trainer
     from packsim.core.errors import PacksimError
+    from packsim.core.flash_emulation import reference_for_flash_requests
     from packsim.core.option_checks import check_at_least
     from packsim.core.trainer_import import import_trainer
 
@@ -171,20 +175,38 @@ def _own_trainer(args) -> int:
     check_at_least(args, {"--batches": 1})
     _quiet()
     import_trainer()  # before the factory imports it: datasets only if the factory itself needs it
-    trainer = load_trainer(args.trainer)
-    tokenizer = getattr(trainer, "processing_class", None)
-    tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor wraps its tokenizer
-    if tokenizer is not None and hasattr(tokenizer, "__len__") and hasattr(trainer.model, "get_input_embeddings"):
-        check_tokenizer(trainer.model, tokenizer, [], f"--trainer {args.trainer}")
-    try:
-        report = audit_trainer(trainer, batches=args.batches, strict=args.strict,
-                               trust_boundaries=args.trust_boundaries, objective=args.objective)
-    except PacksimError as err:
-        raise PacksimError(f"--trainer {args.trainer}: {err}") from None
+    # a factory asking for flash_attention_2 where flash-attn cannot run gets the reference kernel, as --attn does
+    with reference_for_flash_requests() as flash:
+        trainer = load_trainer(args.trainer)
+        tokenizer = getattr(trainer, "processing_class", None)
+        tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor wraps its tokenizer
+        if tokenizer is not None and hasattr(tokenizer, "__len__") and hasattr(trainer.model, "get_input_embeddings"):
+            check_tokenizer(trainer.model, tokenizer, [], f"--trainer {args.trainer}")
+        try:
+            report = audit_trainer(trainer, batches=args.batches, strict=args.strict,
+                                   trust_boundaries=args.trust_boundaries, objective=args.objective)
+        except PacksimError as err:
+            raise PacksimError(f"--trainer {args.trainer}: {err}") from None
+    if flash.models:
+        report.findings.append(_flash_notice(flash))
     print(f"=== audit of the trainer from {args.trainer}: {type(trainer).__name__}")
     print(report.console())
     print(f"gate {_gate_line(report)}")
     return exit_code(report)
+
+
+def _flash_notice(flash):
+    """The notice that the factory's flash_attention_2 ran on the reference kernel (as the --attn path says it)."""
+    from packsim.auditing.report import Finding
+
+    emulated = flash.emulation
+    return Finding(
+        "flash_attention_2", "notice", f"{', '.join(dict.fromkeys(flash.models))} asked for flash_attention_2, "
+        "which cannot run here (it needs CUDA and the flash-attn package), so it ran through transformers' own "
+        "flash-attention path (unpadding, cu_seq_lens_*, packed-sequence detection from position_ids: transformers' "
+        f"code) on {emulated.kernel} as attn_implementation={emulated.name!r}: what decides isolation is measured; "
+        "the real kernel's bf16 numerics and speed are not", "on a GPU with flash-attn installed the real kernel "
+        "runs instead")
 
 
 def _preflight(args) -> int:

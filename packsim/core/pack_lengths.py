@@ -15,13 +15,17 @@ It takes, at array speed (no Python call per example):
 Only what is not all integers (floats, bools, strings, nested lists, object arrays holding
 other things) walks the values one by one, to name the first bad example in one line. Floats
 are refused even when integral (``3.0``), as are bools (``np.bool_`` too) and numpy bool arrays.
-Lengths must also be at least 1 and at most ``2**63 - 1`` (packsim's offsets are int64).
+Lengths must also be at least 1 and at most ``2**63 - 1`` (packsim's offsets are int64). For the
+packers, :func:`total_tokens` is their exact sum, refused past ``2**63 - 1`` (the packed tokens'
+offsets are int64), and :func:`check_room` refuses, before it is allocated, a packing whose arrays
+would not fit this machine's memory (a capacity far below the lengths: billions of pieces).
 
 Lessons: none directly.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -29,7 +33,7 @@ import numpy as np
 
 from packsim.core.errors import PacksimError
 
-__all__ = ["check_lengths", "is_int"]
+__all__ = ["check_lengths", "check_room", "is_int", "total_tokens"]
 
 _INT64_MAX = 2**63 - 1
 # element types whose values np.fromiter(..., np.int64) takes exactly (uint64 may not fit: checked one by one)
@@ -45,13 +49,52 @@ def check_lengths(lengths: object) -> np.ndarray:
     """Validate example lengths and return them as a new int64 array of shape ``(n_examples,)``.
 
     Raises :class:`PacksimError` (one line: the example, its value, the fix) for input that is not
-    a 1-D collection of integers, or a length below 1 or above ``2**63 - 1``.
+    a 1-D collection of integers, or a length below 1 or above ``2**63 - 1``. Their sum is not
+    checked here: the packers check it (:func:`total_tokens`).
     """
     sizes = _as_int64(_as_values(lengths))
     if sizes.size and sizes.min() <= 0:  # one pass, no temporary array, in the common case
         i = int(np.argmax(sizes <= 0))
         raise _bad_length(i, int(sizes[i]))
     return sizes
+
+
+def total_tokens(sizes: np.ndarray) -> int:
+    """The exact sum of validated lengths (int64 ``(n,)``, each 1 .. ``2**63 - 1``) as a Python int.
+
+    ``sizes.sum()`` wraps silently past ``2**63 - 1`` (``3 * 2**62`` sums to ``-2**62``); where
+    ``n * max`` could pass it, the sum is taken exactly (high and low 32 bits apart, in uint64)
+    and a total past ``2**63 - 1`` raises :class:`PacksimError`: every packer's token offsets,
+    ``row_lengths`` and ``packing_stats`` sum in int64.
+    """
+    if not sizes.size:
+        return 0
+    if int(sizes.max()) <= _INT64_MAX // sizes.size:  # n times the longest fits: so does the sum
+        return int(sizes.sum())
+    high = int((sizes >> 32).sum(dtype=np.uint64))  # each < 2**31: exact below 2**33 examples
+    low = int((sizes & 0xFFFFFFFF).sum(dtype=np.uint64))  # each < 2**32: exact below 2**32 examples
+    total = (high << 32) + low
+    if total > _INT64_MAX:
+        raise PacksimError(
+            f"the {sizes.size} lengths sum to {total} tokens, past 2**63 - 1, the most packsim's int64 "
+            "token offsets hold; pack the examples in shards of fewer tokens, and check the lengths are "
+            "token counts (e.g. [len(ids) for ids in tokenized])."
+        )
+    return total
+
+
+def check_room(n_values: int, itemsize: int, what: str, fix: str) -> None:
+    """Refuse arrays of ``n_values`` values of ``itemsize`` bytes past this machine's memory.
+
+    Asked before allocating: numpy refuses past ``2**63 - 1`` bytes with a bare ``ValueError``, and
+    below that an allocation larger than memory either fails (``MemoryError``) or, where the kernel
+    overcommits, is granted and the process is killed as the packer writes it. ``what`` names the
+    arrays (e.g. "the 2**63 pieces of ..."), ``fix`` says what to change.
+    """
+    needed = n_values * itemsize
+    if needed > _memory_bytes():
+        raise PacksimError(f"{what} would take {needed} bytes of arrays, more than this machine's "
+                           f"memory ({_memory_bytes()} bytes); {fix}.")
 
 
 def _as_values(lengths: object) -> np.ndarray | Sequence:
@@ -125,6 +168,14 @@ def _as_int64(values: np.ndarray | Sequence) -> np.ndarray:
         return np.asarray(values, dtype=np.int64)
     except OverflowError:  # a Python (or numpy uint64) int past int64
         raise _first_out_of_range(values) from None
+
+
+def _memory_bytes() -> int:
+    """Physical memory in bytes, or ``2**63 - 1`` (numpy's own limit) where the system does not say."""
+    try:
+        return min(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), _INT64_MAX)
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows), or the name unknown
+        return _INT64_MAX
 
 
 def _check_each(values: Sequence) -> None:

@@ -21,6 +21,11 @@ and patches per cut). benchmarks/RESULTS.md holds the figures: against that form
 
 numba loads only when wrapped packing first runs (``import packsim`` does not import it).
 
+The loop writes where the counts before it say, with no bounds check: the total comes exact
+(:func:`~packsim.core.pack_lengths.total_tokens`, refused past ``2**63 - 1``, where ``sizes.sum()``
+would wrap to a negative row count and the loop would write past its buffer), and a buffer past
+this machine's memory is refused before it is asked for (:func:`~packsim.core.pack_lengths.check_room`).
+
 Lessons: none directly (notebook 01 packs with ``"wrapped"``).
 """
 
@@ -30,27 +35,36 @@ from functools import cache
 
 import numpy as np
 
+from packsim.core.pack_lengths import check_room, total_tokens
 from packsim.core.pack_result import piece_dtype
 
 __all__ = ["wrapped_arrays"]
 
 
-def wrapped_arrays(sizes: np.ndarray, capacity: int) -> tuple[np.ndarray, ...]:
+def wrapped_arrays(sizes: np.ndarray, capacity: int, total: int | None = None) -> tuple[np.ndarray, ...]:
     """``(index, start, length, row_offsets)`` of the wrapped packing, views of one buffer (copies
     in the rare case they are cast down to int32 after the count).
 
     Args:
         sizes: the validated example lengths, int64 ``(n,)``, each at least 1.
-        capacity: tokens per row, positive.
+        capacity: tokens per row, positive, at most ``2**63 - 1``.
+        total: ``total_tokens(sizes)`` where the caller has it (spares a pass), else computed here.
+
+    Raises:
+        PacksimError: the lengths sum past ``2**63 - 1``, or the pieces would not fit in memory.
     """
     n = len(sizes)
     if not n:
         empty = np.zeros(0, dtype=np.int32)
         return empty, empty, empty, np.zeros(1, dtype=np.int32)
-    total = int(sizes.sum())
+    total = total_tokens(sizes) if total is None else total  # exact: sizes.sum() wraps past 2**63 - 1
     n_rows = -(-total // capacity)
     most = n + n_rows - 1  # every cut (at tokens r * capacity, r = 1 .. n_rows - 1) inside an example
-    buf = np.empty(3 * most + n_rows + 1, dtype=piece_dtype(most, sizes, total))
+    dtype = piece_dtype(most, sizes, total)
+    check_room(3 * most + n_rows + 1, np.dtype(dtype).itemsize,
+               f"wrapped packing of {n} example(s) ({total} tokens) into rows of {capacity} tokens: up to {most} "
+               f"pieces in {n_rows} rows", "raise capacity (the tokens per row you train with, e.g. 2048)")
+    buf = np.empty(3 * most + n_rows + 1, dtype=dtype)
     index, start, length = buf[:most], buf[most : 2 * most], buf[2 * most : 3 * most]
     row_offsets = buf[3 * most :]  # (n_rows + 1,)
     k = _compiled()(sizes, capacity, index, start, length, row_offsets)

@@ -13,7 +13,9 @@ examples cut in two), ``"sequential"`` (next fit in data order: neighbours stay 
 example) or a :class:`Piece` (part of one). :func:`packsim.core.pack_stats.packing_stats` turns
 packs into the numbers notebook 01 plots. The lengths may come as a list, a numpy array of any
 integer dtype, a tensor or an Arrow / ``datasets`` column: :mod:`packsim.core.pack_lengths` reads
-and checks them at array speed.
+and checks them at array speed. Near the integer limits every strategy packs correctly or refuses
+in one line: lengths summing past ``2**63 - 1`` (the int64 token offsets), or a packing whose
+pieces would not fit in memory (``"split"`` or ``"wrapped"`` with a capacity far below the lengths).
 
 Lessons: 01.
 """
@@ -26,7 +28,7 @@ from heapq import heappop, heappush
 import numpy as np
 
 from packsim.core.errors import PacksimError
-from packsim.core.pack_lengths import check_lengths as _check_lengths
+from packsim.core.pack_lengths import check_lengths, check_room, total_tokens
 from packsim.core.pack_lengths import is_int as _is_int
 from packsim.core.pack_result import Entry, PackArrays, Piece, piece_dtype
 from packsim.core.pack_wrapped import wrapped_arrays
@@ -90,8 +92,8 @@ def pack(
         same packs as numpy arrays (no Python object per example: faster at scale).
 
     Raises:
-        PacksimError: on a bad capacity, strategy, overflow or length, or an overlong example
-            with ``overflow="error"``.
+        PacksimError: on a bad capacity, strategy, overflow or length, an overlong example
+            with ``overflow="error"``, lengths summing past ``2**63 - 1``, or pieces past memory.
     """
     return pack_arrays(lengths, capacity, strategy, overflow).to_lists()
 
@@ -116,9 +118,10 @@ def pack_arrays(
     capacity = _check_capacity(capacity)
     _check_choice("strategy", strategy, STRATEGIES, "strategy='bfd'")
     _check_choice("overflow", overflow, OVERFLOW_POLICIES, "overflow='split'")
-    sizes = _check_lengths(lengths)
+    sizes = check_lengths(lengths)
+    total = total_tokens(sizes)  # refused past 2**63 - 1, as _check_lengths does for packing_stats
     if strategy == "wrapped":
-        index, start, length, row_offsets = wrapped_arrays(sizes, capacity)
+        index, start, length, row_offsets = wrapped_arrays(sizes, capacity, total)
     else:
         index, start, stop = _items(sizes, capacity, overflow)
         length = stop - start
@@ -187,6 +190,16 @@ def _check_capacity(capacity: object) -> int:
     return int(capacity)
 
 
+def _check_lengths(lengths: object) -> np.ndarray:
+    """The lengths as every packer and ``packing_stats`` take them, int64 ``(n_examples,)``: read and
+    checked (:func:`~packsim.core.pack_lengths.check_lengths`), and their sum at most ``2**63 - 1``
+    (:func:`~packsim.core.pack_lengths.total_tokens`): the packed tokens' offsets (``np.cumsum(length)``,
+    ``PackArrays.row_lengths``, the wrapped cuts) and the statistics' totals are int64 and would wrap."""
+    sizes = check_lengths(lengths)
+    total_tokens(sizes)
+    return sizes
+
+
 def _check_choice(name: str, value: object, choices: tuple[str, ...], example: str) -> None:
     if value not in choices:
         raise PacksimError(
@@ -228,11 +241,15 @@ def _items(
         )
     if overflow != "split":
         return np.arange(len(sizes)), np.zeros_like(sizes), np.minimum(sizes, capacity)
-    chunks = -(-sizes // capacity)
+    chunks = -(-sizes // capacity)  # (n,) each at most its length: their sum fits int64 (check_lengths)
+    n_items = int(chunks.sum())
+    check_room(6 * n_items, 8, f"splitting {len(sizes)} example(s) into chunks of {capacity} tokens: {n_items} "
+               "pieces", "raise capacity (the tokens per row you train with, e.g. 2048)")
     index = np.repeat(np.arange(len(sizes)), chunks)
     first_chunk = np.repeat(np.cumsum(chunks) - chunks, chunks)
-    start = (np.arange(len(index)) - first_chunk) * capacity
-    return index, start, np.minimum(start + capacity, sizes[index])
+    start = (np.arange(len(index)) - first_chunk) * capacity  # < the example's length
+    # the rest of the example, at most capacity: start + capacity could pass 2**63 - 1 and wrap
+    return index, start, start + np.minimum(sizes[index] - start, capacity)
 
 
 def _pack_decreasing(item_sizes: np.ndarray, capacity: int, best: bool) -> tuple[np.ndarray, np.ndarray]:

@@ -11,7 +11,9 @@ A *pack* is one row holding several examples back to back; three equivalent ways
 This module converts between them, finds where runs start (:func:`run_starts`), numbers the
 examples from where they start (:func:`seq_ids_from_starts`), gives each token's position in its
 run (:func:`example_positions`), and holds :class:`Segment` (row, [start, stop),
-example). Reading any batch's boundaries: :mod:`packsim.core.boundaries`.
+example). Reading any batch's boundaries: :mod:`packsim.core.boundaries`. Every function here that
+builds int32 offsets refuses, with :func:`check_int32_offsets`, offsets past ``2**31 - 1`` (they
+would wrap to negative values: flash-attn reads them as int32) instead of casting them down.
 
 Lessons: 04, 06, 08, 09, A3, A7.
 """
@@ -27,6 +29,7 @@ from packsim.core.errors import PacksimError
 __all__ = [
     "Segment",
     "check_cu_seqlens",
+    "check_int32_offsets",
     "check_seq_ids",
     "seq_ids_from_cu_seqlens",
     "seq_ids_from_starts",
@@ -37,6 +40,9 @@ __all__ = [
     "run_cu_seqlens",
     "example_positions",
 ]
+
+
+INT32_MAX = 2**31 - 1  # the largest offset an int32 cu_seqlens holds
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,19 @@ def check_cu_seqlens(cu_seqlens: torch.Tensor, total: int, name: str = "cu_seqle
     return offsets
 
 
+def check_int32_offsets(end: int, what: str) -> None:
+    """Refuse int32 offsets whose largest value, ``end`` (tokens), is past ``2**31 - 1``.
+
+    Call it before casting offsets to int32 (``.to(torch.int32)`` wraps silently: ``2**31`` becomes
+    ``-2**31``); ``what`` names the offsets in the message, e.g. "cu_seqlens_from_lengths".
+    """
+    if end > INT32_MAX:
+        raise PacksimError(
+            f"{what}: the offsets reach {end} tokens, past 2**31 - 1, the most int32 cu_seqlens hold "
+            "(flash-attn takes int32 offsets); split the batch into packs of at most 2**31 - 1 tokens."
+        )
+
+
 def check_seq_ids(seq_ids, name: str = "seq_ids") -> torch.Tensor:
     """``seq_ids`` as a long tensor (T,) or (B, T) of ids >= 0 (an example) or -1 (padding).
 
@@ -149,6 +168,7 @@ def run_cu_seqlens(ids: torch.Tensor, step: int = 0) -> torch.Tensor:
     Runs as :func:`run_starts` finds them (padding runs included), so the offsets cover every
     token: what a varlen kernel needs to run a whole (B, T) batch. ``[[0, 0, 1, -1, -1]]`` -> ``[0, 2, 3, 5]``.
     """
+    check_int32_offsets(ids.numel(), "run_cu_seqlens")  # the last offset is every token
     bounds = torch.nonzero(run_starts(ids, step).reshape(-1)).flatten()  # (S',)
     end = torch.tensor([ids.numel()], device=ids.device)
     return torch.cat([bounds, end]).to(torch.int32)  # (S'+1,)
@@ -214,11 +234,15 @@ def cu_seqlens_from_lengths(lengths) -> torch.Tensor:
     """Offsets of sequences of these lengths: (S,) -> (S+1,) int32, a 0 then the running total.
 
     ``[3, 2, 1]`` -> ``[0, 3, 5, 6]``. Takes a list, tuple, numpy array or tensor (on its device);
-    the lengths are not checked (:func:`check_cu_seqlens` checks the result where it matters).
+    the lengths are not checked (:func:`check_cu_seqlens` checks the result where it matters), but
+    a running total past ``2**31 - 1`` raises :class:`PacksimError` (:func:`check_int32_offsets`).
     """
     lengths = torch.as_tensor(lengths).reshape(-1)  # (S,)
+    ends = lengths.cumsum(0)  # (S,) int64 for integer lengths (torch widens the sum)
+    if ends.numel():
+        check_int32_offsets(int(ends.max()), "cu_seqlens_from_lengths")
     cu = torch.zeros(lengths.numel() + 1, dtype=torch.int32, device=lengths.device)  # (S+1,)
-    cu[1:] = lengths.cumsum(0)
+    cu[1:] = ends
     return cu
 
 
@@ -243,6 +267,7 @@ def cu_seqlens_from_seq_ids(seq_ids: torch.Tensor) -> torch.Tensor:
             f"seq_ids has padding (-1) at position {first_pad} followed by real tokens: cu_seqlens "
             f"can only describe padding at the end. Move padding to the end of the pack."
         )
+    check_int32_offsets(n_real, "cu_seqlens_from_seq_ids")  # the last offset is every real token
     ids = ids[:n_real]
     if n_real == 0:
         return torch.zeros(1, dtype=torch.int32, device=ids.device)
@@ -274,4 +299,5 @@ def cu_seqlens_from_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
             f"position_ids must be a non-empty integer tensor of shape (T,) or (B, T), got "
             f"{tuple(pos.shape)} {pos.dtype}. Pass the position ids the model would get."
         )
+    check_int32_offsets(pos.numel(), "cu_seqlens_from_position_ids")  # the last offset is every token
     return run_cu_seqlens(pos.reshape(-1, pos.shape[-1]), step=1)  # (S+1,)

@@ -44,12 +44,14 @@ Lessons: none directly (packsim.core.flash_emulation puts the reference kernel i
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-__all__ = ["CACHE", "CACHE_FROM_5_24", "answering", "cache_globals", "flash_functions", "fresh_cache",
-           "lazy_import", "lazy_imports", "module", "pad_unpad", "register", "registries", "wrap_lazy_imports",
-           "wrapped_for"]
+__all__ = ["ABSENT", "CACHE", "CACHE_FROM_5_24", "answering", "answering_attn_requests",
+           "cache_globals", "flash_functions", "fresh_cache", "lazy_import", "lazy_imports",
+           "module", "pad_unpad", "register", "registries", "restore_entry", "unwrap_lazy_imports",
+           "wrap_lazy_imports", "wrapped_for"]
 
 # lazy_import_flash_attention's single-slot cache: module globals on 5.16.1, 5.24.0 and 5.25.0
 CACHE = ("_loaded_implementation", "_flash_fn", "_flash_varlen_fn", "_flash_with_kvcache_fn", "_pad_fn",
@@ -172,3 +174,51 @@ def register(name: str) -> bool:
             interface.register(name, fn)
             changed = True
     return changed
+
+
+ABSENT = object()  # a registry entry that was not there before
+
+
+def unwrap_lazy_imports(wrapper: Callable, before: Callable) -> None:
+    """Put ``_lazy_imports`` back as ``before``, if it is still ``wrapper`` (one wrapped on top stays)."""
+    if lazy_imports() is wrapper:
+        module()._lazy_imports = before
+
+
+def restore_entry(mapping: dict, name: str, old: object, installed: Callable) -> None:
+    """Put ``name``'s registry entry back as ``old`` (:data:`ABSENT`: removed), if it is still ``installed``."""
+    if mapping.get(name) is not installed:
+        return
+    if old is ABSENT:
+        del mapping[name]
+    else:
+        mapping[name] = old
+
+
+@contextmanager
+def answering_attn_requests(name: str, answer: Callable[[object], str]) -> Iterator[None]:
+    """Inside: ``PreTrainedModel._check_and_adjust_attn_implementation`` answers a request for ``name``
+    with ``answer(model)`` for a model whose class supports flash attention (``_supports_flash_attn``);
+    transformers' own method again on leaving.
+
+    Every way a model gets its attention implementation (``from_pretrained``, ``from_config``, its
+    config, ``set_attn_implementation``) goes through that method, read from 5.16.1 and 5.25.0:
+    ``(self, attn_implementation, is_init_check=False, allow_all_kernels=False)``, checking
+    ``_supports_flash_attn`` before flash attention (tests/test_upstream_flash.py pins both).
+    """
+    from transformers import PreTrainedModel
+
+    method = "_check_and_adjust_attn_implementation"
+    original = PreTrainedModel.__dict__[method]
+
+    @functools.wraps(original)
+    def check_and_adjust(self, attn_implementation, *args, **kwargs):
+        if attn_implementation == name and getattr(self, "_supports_flash_attn", False):
+            attn_implementation = answer(self)
+        return original(self, attn_implementation, *args, **kwargs)
+
+    setattr(PreTrainedModel, method, check_and_adjust)
+    try:
+        yield
+    finally:
+        setattr(PreTrainedModel, method, original)
