@@ -411,6 +411,34 @@ def test_forward_kwargs_malformed_answers_are_named_before_running(answer, named
     assert not fb.passed and fb.attempted and named in fb.message, fb
 
 
+def _reads_a_cache_named(name: str) -> bool:
+    """Measured on the test's own Llama: does its forward fill a DynamicCache handed as ``name``?"""
+    from transformers import DynamicCache
+
+    model = _truth_model("sdpa")
+    given = DynamicCache(config=model.config)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers 5.24 on: past_key_values is deprecated
+        model(input_ids=torch.arange(3, 11)[None], use_cache=True, **{name: given})
+    return given.get_seq_length() == 8
+
+
+@pytest.mark.parametrize("name", ["cache", "past_key_values"])
+def test_a_cache_is_named_under_the_installed_keyword(name):
+    """past_key_values is read on every version of the window; ``cache`` from transformers 5.24 only
+    (LlamaForCausalLM.forward's parameter; up to 5.18 it falls into **kwargs, read by nothing)."""
+    from packsim.core.upstream.outputs import per_version
+
+    read = _reads_a_cache_named(name)
+    want = True if name == "past_key_values" else per_version(new=True, old=False)
+    assert want in (None, read), f"{name} read: {read}"
+    assert (name in bc.ALLOWED) == read
+    fb = check_forward_kwargs_for(lambda r, i: {**sol.forward_kwargs_for(r, i), name: object()})
+    assert not fb.passed and fb.attempted, fb
+    named = f"you passed a {name}: a cache" if read else f"no attention backend reads ['{name}']"
+    assert named in fb.message, fb
+
+
 def test_a_misspelt_field_really_changes_nothing():
     """What the typo message says, measured: the model takes the unknown name silently."""
     rows = bc.KWARGS_CASES[0][1]

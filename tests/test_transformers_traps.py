@@ -1,8 +1,10 @@
 """What the installed transformers really does with a packed row: the traps the course teaches.
 
-Written against transformers 5.24.0 + torch 2.13.0 (CPU). These tests pin TODAY's behaviour, so a
-failure does not mean packsim is broken: it means transformers changed behaviour and the course
-(notebook 04, DESIGN.md "Facts measured on this stack") must be updated to match.
+Written against transformers 5.24.0 + torch 2.13.0 (CPU) and run on both ends of the tested window
+(5.16.1 and 5.25.0). These tests pin the INSTALLED version's behaviour, so a failure does not mean
+packsim is broken: it means transformers changed behaviour and the course (notebook 04, DESIGN.md
+"Facts measured on this stack") must be updated to match. Where the two ends differ, the test says
+what each does (``per_version``: 5.24 on, up to 5.18; 5.19 to 5.23 were not read).
 
 Setup: four random examples (lengths 5, 12, 1, 7) concatenated into one row (1, 25) and run
 through a tiny ``LlamaForCausalLM`` (``packsim.core.model.build_model``) in fp32. The reference for
@@ -10,11 +12,16 @@ each example is that example run alone (1, L) with ``position_ids = arange(L)`` 
 attention backend. "Isolated" means max |packed - alone| <= 1e-5 for every example; "leaks"
 means > 1e-3 (measured leaks are 0.5-0.8).
 
-How a cache gets into play in 5.24: ``LlamaModel.forward`` builds a ``DynamicCache`` whenever
-``use_cache`` is truthy. ``use_cache`` is the call's kwarg if given (True *or* False), else
-``model.config.use_cache`` (``merge_with_config_defaults``), which ``LlamaConfig`` defaults to
-True and ``build_model`` sets to False. ``model.train()`` changes nothing; only activation
-(gradient) checkpointing in training with grad enabled forces it off.
+How a cache gets into play (5.16.1 and 5.25.0 alike): ``LlamaModel.forward`` builds a
+``DynamicCache`` whenever ``use_cache`` is truthy, and ``_preprocess_mask_arguments``
+(masking_utils.py) looks for a pack in position_ids only when that cache is None. ``use_cache`` is
+the call's kwarg if given (True *or* False), else ``model.config.use_cache``
+(``merge_with_config_defaults``, utils/generic.py), which ``LlamaConfig`` defaults to True and
+``build_model`` sets to False. ``model.train()`` changes nothing; only activation (gradient)
+checkpointing in train mode forces it off: up to 5.18 always, from 5.24 only with grad enabled
+(``torch.is_grad_enabled()`` joined the condition). The names moved too: the output's cache field
+(``past_key_values`` -> ``cache``) and ``gradient_checkpointing_enable`` ->
+``activation_checkpointing_enable`` (:mod:`packsim.core.upstream.outputs` reads the installed ones).
 
 flex_attention runs UNCOMPILED here (see ``_uncompiled_flex``): compiling costs 6-9 s per distinct
 mask on a 2-core CPU, and the masking logic under test is transformers' Python code, identical
@@ -33,6 +40,13 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 from transformers import DataCollatorWithFlattening, LlamaConfig
 
 from packsim.core.model import build_model
+from packsim.core.upstream.outputs import (
+    CACHE_FIELDS,
+    cache_field,
+    cache_of,
+    enable_checkpointing,
+    per_version,
+)
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:flex_attention called without torch.compile:UserWarning"  # on purpose, see above
@@ -214,7 +228,7 @@ def _with_cache(impl: str, trigger: str):
 def test_cache_in_play_turns_detection_off(bench, impl, trigger):
     model, kwargs = _with_cache(impl, trigger)
     out = bench.forward(impl, model=model, position_ids=RESET_POS, **kwargs)
-    assert out.cache is not None, CHANGED + f"{trigger} no longer makes LlamaModel build a cache."
+    assert cache_of(out) is not None, CHANGED + f"{trigger} no longer makes a cache."
     diffs = bench.diffs(impl, out.logits[0].detach())
     assert_later_leak(diffs, f"With a cache in play ({trigger}), transformers skips packed-sequence "
                       "detection, so reset position_ids alone leave a plain causal mask and each "
@@ -227,9 +241,19 @@ def _without_cache(impl: str, escape: str):
     model.config.use_cache = True
     if escape == "kwarg_use_cache_false_beats_config":
         return model, {"use_cache": False}, False
-    model.activation_checkpointing_enable()  # 5.24 name; gradient_checkpointing_enable is deprecated
+    enable_checkpointing(model)  # activation_checkpointing_enable from 5.24, gradient_... before
     model.train()
-    return model, {}, True  # checkpointing only disables the cache when grad is enabled
+    return model, {}, True  # with grad: the condition of every version (see below for without)
+
+
+def assert_no_cache(out, why: str) -> None:
+    """The output's cache field is None; the field must exist, so None is not a name that moved."""
+    assert_cache_field(out)
+    assert cache_of(out) is None, CHANGED + why
+
+
+def assert_cache_field(out) -> None:
+    assert cache_field(out) in CACHE_FIELDS, CHANGED + f"{type(out).__name__}: no {CACHE_FIELDS}"
 
 
 @pytest.mark.parametrize(
@@ -242,10 +266,37 @@ def test_no_cache_restores_isolation_even_if_config_says_use_cache(bench, impl, 
                     "(no backward on CPU), so it cannot run with activation checkpointing here.")
     model, kwargs, grad = _without_cache(impl, escape)
     out = bench.forward(impl, model=model, grad=grad, position_ids=RESET_POS, **kwargs)
-    assert out.cache is None, CHANGED + f"{escape} no longer stops LlamaModel building a cache."
+    assert_no_cache(out, f"{escape} no longer stops LlamaModel building a cache.")
     assert_isolated(bench.diffs(impl, out.logits[0].detach()),
                     f"With config.use_cache=True but {escape}, no cache is made, so packed-sequence "
                     "detection should isolate the examples.")
+
+
+# merge_with_config_defaults (utils/generic.py) turns use_cache off for a checkpointed model in
+# train mode: 5.16.1 (and the 5.17.0 / 5.18.0 wheels) on `gradient_checkpointing and
+# self.training`; 5.25.0 adds `and torch.is_grad_enabled()` ("the same condition as in
+# GradientCheckpointingLayer": nothing is checkpointed without grad), so there a no-grad forward
+# of the same model keeps the cache, and the trap.
+CACHE_WITHOUT_GRAD = per_version(new=True, old=False)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_checkpointing_without_grad_keeps_the_cache_from_5_24(bench, impl):
+    """5.16.1: no cache, isolated; 5.25.0: a cache, the trap. Between (not read) the cache is
+    measured, and the verdict must follow it."""
+    model, kwargs, _ = _without_cache(impl, "activation_checkpointing_in_train_mode")
+    out = bench.forward(impl, model=model, grad=False, position_ids=RESET_POS, **kwargs)
+    assert_cache_field(out)
+    made = cache_of(out) is not None
+    assert CACHE_WITHOUT_GRAD in (None, made), CHANGED + (
+        f"a checkpointed model in train mode under no_grad {'makes' if made else 'drops'} a cache.")
+    diffs = bench.diffs(impl, out.logits[0].detach())
+    if made:
+        assert_later_leak(diffs, "A checkpointed model in train mode under no_grad still makes "
+                          "a cache (config.use_cache=True), so packed-sequence detection is off.")
+    else:
+        assert_isolated(diffs, "A checkpointed model in train mode makes no cache, grad or not, so "
+                        "packed-sequence detection isolates the examples.")
 
 
 # ----------------------------------------------------------------------------- 3. any 2D mask

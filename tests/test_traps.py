@@ -1,8 +1,8 @@
 """The live trap table: every measured cell agrees with packsim.audit, and pins today's transformers facts.
 
 Like tests/test_transformers_traps.py, the facts below are what the INSTALLED transformers does
-(5.24.0 when written); a failure there means transformers changed behaviour and the course must
-follow. The agreement test is packsim's own claim: the audit's verdict equals an independent
+(5.24.0 when written; the same on both ends of the tested window, 5.16.1 and 5.25.0, measured); a
+failure there means transformers changed behaviour and the course must follow. The agreement test is packsim's own claim: the audit's verdict equals an independent
 perturbation in every cell. The flash_attention_2 column runs transformers' own flash path on the
 reference kernel (packsim, pure torch), not flash-attn, where flash-attn cannot run; its verdicts
 are also checked against each example run alone through the same weights on eager.
@@ -10,24 +10,31 @@ are also checked against each example run alone through the same weights on eage
 
 from __future__ import annotations
 
+import re
+import sys
+
 import pytest
 import torch
 
 from packsim import PacksimError
+from packsim.core.extras import missing
 from packsim.core.flash_emulation import real_flash_attn
 from packsim.core.reference_flash import REFERENCE_KERNEL
 from packsim.exhibits.trap_cases import (
+    CONDITION_OPTIONS,
     CONDITIONS,
     FAMILIES,
     HUB_KERNEL,
     PAD,
     build_family,
     condition_batch,
+    condition_of,
+    packed_batch,
 )
 from packsim.exhibits.traps import NO_4D_MASK, for_impl, impl_tol, perturbation_change, trap_table
 
 LEAK_MIN = 1e-3  # measured leaks of the tiny families: 2e-2 .. 0.5
-# condition -> isolated? on eager and sdpa (transformers 5.24, torch 2.13)
+# condition -> isolated? on eager and sdpa (transformers 5.16.1, 5.24.0 and 5.25.0; torch 2.13)
 FACTS = {"positions": True, "ones_mask": False, "zeros_mask": False, "cache": False, "rows": True,
          "cu_seq_lens": False, "float_4d": True}
 BOOL_4D = {"eager": False, "sdpa": True}  # eager ADDS a bool mask (+1/+0): masks nothing
@@ -121,7 +128,7 @@ def test_flash_cells_name_the_reference_kernel_and_their_tolerance(flash):
     text = flash.text()
     assert "isolated[a]" in text and "LEAKS[a]" in text and "LEAKS[b]" in text
     assert f"[a] flash_attention_2 kernel: {llama.kernel}" in text and f"[b] flash_attention_2 kernel: {gpt2.kernel}" in text
-    assert REFERENCE_KERNEL in flash.to_html() and "kernel: reference kernel" in str(flash.figure().data[0].customdata)
+    assert REFERENCE_KERNEL in flash.to_html()
 
 
 def _alone_on_eager(condition: str) -> list[float]:
@@ -180,6 +187,18 @@ def test_condition_batches_have_the_documented_shapes():
     assert condition_batch("cache")[1] == {"use_cache": True}
 
 
+def test_every_condition_is_a_set_of_packed_batch_options():
+    assert set(CONDITION_OPTIONS) == set(CONDITIONS)
+    for name, options in CONDITION_OPTIONS.items():
+        batch, kwargs, seq = condition_batch(name)
+        ref, ref_kwargs, ref_seq = packed_batch(**options)
+        assert kwargs == ref_kwargs and torch.equal(seq, ref_seq)
+        for key, value in ref.items():
+            assert torch.equal(batch[key], value), (name, key)
+        assert condition_of(**options) == (None if name == "cu_seq_lens" else name)
+    assert packed_batch(positions="continuous", rows=2)[0]["position_ids"].shape == (2, 32)
+
+
 def test_every_family_builds_from_its_config():
     for family in FAMILIES:
         model = build_family(family)
@@ -193,8 +212,22 @@ def test_renderings(table):
     assert "llama   eager" in text and "LEAKS" in text
     page = table._repr_html_()
     assert "<table>" in page and "max |change|" in page
+
+
+@pytest.mark.skipif(bool(missing("plotly")), reason="plotly (the course extra) is not installed")
+def test_the_heatmap_shows_every_cell_and_the_kernel(table, flash):
     fig = table.figure()
     assert len(fig.data[0].y) == 4 and list(fig.data[0].x) == list(CONDITIONS)
+    if real_flash_attn() is None:
+        assert "kernel: reference kernel" in str(flash.figure().data[0].customdata)
+
+
+def test_without_plotly_the_heatmap_says_which_extra_it_needs(table, monkeypatch):
+    monkeypatch.setitem(sys.modules, "plotly", None)  # `import plotly` fails, as if not installed
+    line = ('TrapTable.figure needs the course extra (plotly is not installed here): '
+            'pip install "packsim[course]"')
+    with pytest.raises(PacksimError, match=re.escape(line)):
+        table.figure()
 
 
 def test_bad_names_are_refused():

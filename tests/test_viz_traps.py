@@ -1,26 +1,28 @@
-"""Trap explorer (notebook 04) and the option-built batches it shares with the trap table."""
+"""Trap explorer (notebook 04), on the option-built batches it shares with the trap table (those
+batches themselves: tests/test_traps.py). It needs the course extra (plotly, ipywidgets): where
+that is not installed (the window-low CI leg installs packsim[trl,dev]) the file is skipped."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from packsim.core.errors import PacksimError
-from packsim.core.flash_emulation import real_flash_attn
-from packsim.core.reference_flash import REFERENCE_KERNEL
-from packsim.exhibits.trap_cases import (
-    CONDITION_OPTIONS,
-    CONDITIONS,
-    build_family,
-    condition_batch,
-    condition_of,
-    packed_batch,
-)
-from packsim.exhibits.traps import NO_4D_MASK, alone_change, for_impl
-from packsim.viz import trap_explorer, trap_figure
-from packsim.viz.style import GUIDE
-from packsim.viz.traps import trap_rule
-from packsim.viz.widget import escape, shown_figure
+from packsim.core.extras import missing
+
+GONE = missing("plotly", "ipywidgets")
+if GONE:
+    pytest.skip(f"the trap explorer needs the course extra ({', '.join(GONE)} not installed here)",
+                allow_module_level=True)
+
+from packsim.core.errors import PacksimError  # noqa: E402
+from packsim.core.flash_emulation import real_flash_attn  # noqa: E402
+from packsim.core.reference_flash import REFERENCE_KERNEL  # noqa: E402
+from packsim.exhibits.trap_cases import CONDITIONS, build_family, packed_batch  # noqa: E402
+from packsim.exhibits.traps import NO_4D_MASK, alone_change, for_impl  # noqa: E402
+from packsim.viz import trap_explorer, trap_figure  # noqa: E402
+from packsim.viz.style import GUIDE  # noqa: E402
+from packsim.viz.traps import trap_rule  # noqa: E402
+from packsim.viz.widget import escape, shown_figure  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -138,15 +140,3 @@ def test_bad_arguments_raise_one_line(kwargs, match):
     with pytest.raises(PacksimError, match=match) as err:
         trap_explorer(**kwargs)
     assert "\n" not in str(err.value)
-
-
-def test_every_condition_is_a_set_of_packed_batch_options():
-    assert set(CONDITION_OPTIONS) == set(CONDITIONS)
-    for name, options in CONDITION_OPTIONS.items():
-        batch, kwargs, seq = condition_batch(name)
-        ref, ref_kwargs, ref_seq = packed_batch(**options)
-        assert kwargs == ref_kwargs and torch.equal(seq, ref_seq)
-        for key, value in ref.items():
-            assert torch.equal(batch[key], value), (name, key)
-        assert condition_of(**options) == (None if name == "cu_seq_lens" else name)
-    assert packed_batch(positions="continuous", rows=2)[0]["position_ids"].shape == (2, 32)

@@ -172,7 +172,11 @@ class TrapTable:
         return self.to_html()
 
     def figure(self):
-        """A plotly heatmap: green isolated, red leaks, grey not run; hover shows the evidence."""
+        """A plotly heatmap: green isolated, red leaks, grey not run; hover shows the evidence.
+        Without plotly (the course extra) one PacksimError line says what to install."""
+        from packsim.core.extras import require
+
+        require("TrapTable.figure", "course", "plotly")
         import plotly.graph_objects as go
 
         notes, kernels = self._notes(), self.kernels()

@@ -27,9 +27,12 @@ import itertools
 import warnings
 
 import torch
+from transformers import LlamaForCausalLM
 
-__all__ = ["ALLOWED", "FLASH", "KWARGS_CASES", "T", "TOL", "case_batch", "fields_problem", "ignored_fields",
-           "isolation", "trap_in", "where"]
+from packsim.core.upstream.outputs import cache_kwargs
+
+__all__ = ["ALLOWED", "CACHE_KWARGS", "FLASH", "KWARGS_CASES", "T", "TOL", "case_batch",
+           "fields_problem", "ignored_fields", "isolation", "trap_in", "where"]
 
 T = 32  # tokens per packed row (the trap table's)
 TOL = 1e-5  # fp32: "isolated" (every case runs in fp32, flash on the reference kernel too)
@@ -47,7 +50,11 @@ KWARGS_CASES: tuple[tuple[str, tuple[tuple[int, ...], ...]], ...] = (
     (FLASH, ((5, 1, 14, 12), (3, 20, 9))),
 )
 VARLEN = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
-ALLOWED = ("position_ids", "attention_mask", "use_cache", "past_key_values", *VARLEN)
+
+# the keywords the installed Llama's forward reads a cache from: past_key_values up to transformers
+# 5.18; cache, and past_key_values (deprecated), from 5.24
+CACHE_KWARGS = cache_kwargs(LlamaForCausalLM)
+ALLOWED = ("position_ids", "attention_mask", "use_cache", *CACHE_KWARGS, *VARLEN)
 _FLASH_SRC = "`_flash_attention_forward` in transformers/modeling_flash_attention_utils.py"
 _MASK_SRC = "`_preprocess_mask_arguments` in transformers/masking_utils.py"
 
@@ -96,8 +103,9 @@ def fields_problem(fields) -> tuple[str, str] | None:
         return (f"no attention backend reads {unknown}. transformers passes unknown keywords on through "
                 "`**kwargs` to the attention function, where nothing reads them: a misspelt field raises "
                 "nothing and changes nothing.", f"the fields that matter here: {', '.join(ALLOWED)}.")
-    if fields.get("past_key_values") is not None:
-        return ("you passed a past_key_values: a cache, and this is a training forward.",
+    given = next((k for k in CACHE_KWARGS if fields.get(k) is not None), None)
+    if given is not None:
+        return (f"you passed a {given}: a cache, and this is a training forward.",
                 "leave it out and pass use_cache=False.")
     return None
 
