@@ -36,7 +36,7 @@ else
 endif
 STAMP := $(ENV_DIR)/.packsim-setup.stamp
 
-.PHONY: setup git-filter lab test check html clean help bench bench-quick gpu-check lock test-window
+.PHONY: setup git-filter lab test check html clean help bench bench-quick gpu-check lock test-window axolotl
 
 help:
 	@echo "make lab    set up (first run only) and open the course in JupyterLab"
@@ -48,6 +48,7 @@ help:
 	@echo "make bench-quick  the same in quick mode (< 2 min) -> runs/bench-quick"
 	@echo "make lock   refresh constraints/lock.txt from the newest releases (then run make test)"
 	@echo "make test-window  the audit, kernel and trainer tests on the window's ends (Axolotl 0.19's pins, the newest releases)"
+	@echo "make axolotl  Axolotl 0.19's sample packing audited live in its own .venv-axolotl (~10 min) -> results/axolotl"
 	@echo "make gpu-check  on a CUDA machine: GPU tests, reference vs real kernels, kernels, packed vs padded, compare (< 10 min) -> benchmarks/results/gpu_check.json"
 
 .venv/bin/python:
@@ -95,6 +96,13 @@ lock:
 test-window:
 	bash .ci/window low
 	bash .ci/window new
+
+# Axolotl's sample packing, audited live (benchmarks/axolotl/README.md): axolotl 0.19.0 and its own pins in
+# .venv-axolotl (not the course's), its YAML configs, multipack sampler, collator and trainer, each entry
+# point's verdict beside a ground truth computed without packsim -> results/axolotl/{axolotl_live.json,table.md}
+axolotl:
+	bash benchmarks/axolotl/setup.sh
+	.venv-axolotl/bin/python benchmarks/axolotl/run.py
 
 # JupyterLab refuses to start as root (containers, some cloud VMs) without --allow-root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root)

@@ -85,3 +85,19 @@ def test_packed_batch_and_missing_fields():
 def test_bad_batches_are_explained(batch, words):
     with pytest.raises(PacksimError, match=words):
         find_boundaries(batch)
+
+
+def test_a_pad_run_ending_each_row_is_padding_when_the_pad_token_is_named():
+    """Axolotl's pad_to_sequence_len layout: no attention_mask, the pad run at a row's end has positions of
+    its own (0, 1, 2, ...) and labels -100. With pad_token_id it is padding; without, one more example; a pad
+    token inside a row, or a counted label on it, is not padding."""
+    ids = torch.tensor([[1, 5, 6, 1, 7, 0, 0, 0], [1, 8, 0, 9, 0, 0, 0, 0]])
+    pos = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2], [0, 1, 2, 3, 0, 1, 2, 3]])
+    labels = torch.tensor([[-100, 5, 6, -100, 7, -100, -100, -100], [-100, 8, 0, 9, -100, -100, 0, -100]])
+    batch = {"input_ids": ids, "position_ids": pos, "labels": labels}
+    assert find_boundaries(batch).num_examples == 5  # the pad runs read as examples
+    found = find_boundaries(batch, pad_token_id=0)
+    want = torch.tensor([[0, 0, 0, 1, 1, -1, -1, -1], [2, 2, 2, 2, 3, 3, 3, -1]])  # row 1: a counted pad label
+    assert torch.equal(found.seq_ids, want) and "pad token 0" in found.source
+    with_mask = {**batch, "attention_mask": torch.ones_like(ids)}
+    assert find_boundaries(with_mask, pad_token_id=0).num_examples == 5  # the mask decides where there is one

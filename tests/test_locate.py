@@ -28,3 +28,11 @@ def test_locate_finds_each_example_as_a_run():
     ids = torch.tensor([[1, 5, 6, 2, 1, 7, 2, 0]])
     seq, missing = locate(ids, [[1, 5, 6, 2], [1, 7, 2]])
     assert seq.tolist() == [[0, 0, 0, 0, 1, 1, 1, -1]] and missing == []
+
+
+def test_feature_examples_read_rows_of_examples_as_axolotls_multipack_sampler_gives_them():
+    """Axolotl 0.19's MultipackBatchSampler hands its collator a list of rows, each a list of feature dicts
+    (benchmarks/axolotl): every example of every row, in order; one unreadable example gives None."""
+    rows = [[{"input_ids": [1, 5, 6], "labels": [-100, 5, 6]}, {"input_ids": [1, 7]}], [{"input_ids": [1, 8, 9]}]]
+    assert feature_examples(rows) == [[1, 5, 6], [1, 7], [1, 8, 9]]
+    assert feature_examples([[{"input_ids": [1, 5]}, {"completion_mask": [0, 1]}]]) is None

@@ -27,7 +27,8 @@ def feature_examples(features) -> list[list[int]] | None:
     """The token ids of each example the collator was given, or None when the features do not say.
 
     A feature is a dict with ``input_ids`` (split by ``seq_lengths`` when the dataset was packed
-    before collation, as TRL's ``pack_dataset`` does), a dict in another form of
+    before collation, as TRL's ``pack_dataset`` does), a list of such dicts (one packed row: Axolotl's
+    ``MultipackBatchSampler`` hands its collator a list of rows, each a list of examples), a dict in another form of
     :func:`packsim.core.token_example.read_example` (``prompt_ids`` + ``response_ids`` /
     ``completion_ids``), a list or tensor of ids, or an object with ``.tokens`` (a packsim
     Example). A feature in none of these forms, or whose ids are not ints, gives None.
@@ -46,6 +47,11 @@ def feature_examples(features) -> list[list[int]] | None:
                 for n in lengths:
                     out.append(ids[at:at + n])
                     at += n
+            elif isinstance(f, Sequence) and f and all(isinstance(x, Mapping) for x in f):  # one packed row
+                row = feature_examples(f)
+                if row is None:
+                    return None
+                out += row
             elif isinstance(f, Mapping):
                 tokens = read_example(f)[0]
                 if tokens is None:

@@ -52,7 +52,8 @@ _POSITIONS_SOURCE = "position_ids (where they restart)"
 ROWS_SOURCE = "rows (no boundary field: one example per row)"
 
 
-def find_boundaries(batch, shape: tuple[int, int] | None = None, missing: str = "error") -> Boundaries:
+def find_boundaries(batch, shape: tuple[int, int] | None = None, missing: str = "error",
+                    pad_token_id: int | None = None) -> Boundaries:
     """The examples of any batch: a PackedBatch, or a collator dict of (B, T) fields.
 
     For a dict the first field present decides, in this order (transformers'
@@ -69,6 +70,11 @@ def find_boundaries(batch, shape: tuple[int, int] | None = None, missing: str = 
     marks its zeros as padding. ``shape`` (B, T) defaults to ``batch["input_ids"].shape``. With
     none of the fields, ``missing="error"`` raises and ``missing="rows"`` gives one example per
     row (a plain causal LM batch). Tensors come back on the device of the field used.
+
+    ``pad_token_id``: where the batch has no 2D ``attention_mask``, the run of that token ending
+    each row is padding when no label in it counts (``labels`` == -100 there, or no labels): the
+    layout of Axolotl's ``pad_to_sequence_len`` (its collator drops the mask and gives the pad run
+    positions 0, 1, 2, ... of its own, so position_ids alone read it as one more example).
     """
     if not isinstance(batch, Mapping):
         if hasattr(batch, "seq_ids") and hasattr(batch, "cu_seqlens"):  # a PackedBatch
@@ -104,10 +110,26 @@ def find_boundaries(batch, shape: tuple[int, int] | None = None, missing: str = 
             )
         real &= mask.to(real.device) != 0
         source += "; padding from attention_mask == 0"
+    elif pad_token_id is not None and isinstance(batch.get("input_ids"), torch.Tensor):
+        tail = _pad_tail(batch, int(pad_token_id), B, T).to(real.device)
+        if bool(tail.any()):
+            real &= ~tail
+            source += f"; padding: the run of pad token {int(pad_token_id)} ending each row, no label counted"
     seq = seq_ids_from_starts(starts, real)  # (B, T), -1 on padding, 0..S-1 in token order
     lengths = torch.bincount(seq[seq >= 0])  # (S,)
     cu = cu_seqlens_from_lengths(lengths)  # (S+1,)
     return Boundaries(seq, cu, source)
+
+
+def _pad_tail(batch: Mapping, pad: int, B: int, T: int) -> torch.Tensor:
+    """(B, T) bool: the run of ``pad`` ending each row, where no label in it counts."""
+    ids = batch["input_ids"].reshape(B, T)
+    is_pad = ids == pad  # (B, T)
+    labels = batch.get("labels")
+    if isinstance(labels, torch.Tensor) and labels.numel() == B * T:
+        is_pad &= labels.reshape(B, T).to(ids.device) == -100
+    # a token is in the tail when it and every token after it in its row are pad: a reversed cumulative AND
+    return is_pad.flip(-1).cumprod(-1).flip(-1).bool()
 
 
 def _batch_shape(batch: Mapping, shape) -> tuple[int, int]:
