@@ -550,3 +550,79 @@ def test_objective_is_documented_and_needs_a_pipeline(root, capsys):
     assert "--objective {sft,lm}" in out and "every real token to be a target" in out
     assert gate("--objective", "lm") == 2
     assert "--objective need(s) --model DIR" in one_error_line(capsys)
+
+
+# ----------------------------------------------------------------------------- a factory that exits, hangs, is interrupted
+
+EXITING = '''
+import sys
+import time
+
+
+def exit_0():
+    sys.exit(0)
+
+
+def exit_7():
+    sys.exit(7)
+
+
+def interrupted():
+    raise KeyboardInterrupt  # what Ctrl-C raises in the factory
+
+
+def hangs():
+    time.sleep(120)
+'''
+
+
+@pytest.mark.parametrize("func, code", [("exit_0", "0"), ("exit_7", "7")])
+def test_a_factory_calling_sys_exit_is_exit_2_never_its_own_code(root, capsys, func, code):
+    path = root / "exiting.py"
+    path.write_text(EXITING)
+    assert gate("--trainer", f"{path}:{func}") == 2
+    assert f"the trainer factory {path}:{func} called sys.exit({code}) instead of returning a Trainer" in \
+        one_error_line(capsys)
+    at_import = root / "argparse_at_import.py"
+    at_import.write_text("import sys\nsys.exit(3)\n")
+    assert gate("--trainer", f"{at_import}:make") == 2
+    assert "called sys.exit(3): keep argument parsing" in one_error_line(capsys)
+
+
+def test_ctrl_c_is_one_line_and_exit_130(root, capsys):
+    path = root / "exiting.py"
+    path.write_text(EXITING)
+    assert gate("--trainer", f"{path}:interrupted") == 130 and 130 in EXIT_CODES
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("packsim audit: interrupted (Ctrl-C) while the trainer factory"), err
+
+
+def test_timeout_bounds_a_hanging_factory(root, capsys):
+    import time
+
+    path = root / "exiting.py"
+    path.write_text(EXITING)
+    start = time.perf_counter()
+    assert gate("--trainer", f"{path}:hangs", "--timeout", "1") == 3
+    assert time.perf_counter() - start < 10
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--timeout 1 s ran out while the trainer factory {path}:hangs was running" in err[0], err
+    assert gate("--trainer", f"{path}:hangs", "--timeout", "0") == 2
+    assert "--timeout 0.0: give a positive number of seconds" in one_error_line(capsys)
+    assert gate("--timeout", "5") == 2
+    assert "--timeout need(s) --model DIR" in one_error_line(capsys)
+
+
+def test_without_signals_the_watchdog_ends_the_gate(root):
+    """Off the main thread (as on Windows) there is no SIGALRM: the watchdog answers with the same line."""
+    import subprocess
+    import sys
+
+    path = root / "exiting.py"
+    path.write_text(EXITING)
+    code = ("import threading; from packsim.cli import main; "
+            f"t = threading.Thread(target=main, args=(['audit', '--trainer', {str(path) + ':hangs'!r}, "
+            "'--timeout', '1'],)); t.start(); t.join()")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("packsim audit: not measured: --timeout 1 s ran out")

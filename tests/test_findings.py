@@ -87,3 +87,24 @@ def test_rows_start_mid_example_only_where_a_bos_really_starts_examples():
     located = BatchView({"input_ids": ids}, seq, seq, "the trainer's dataset examples", False)
     assert rows_mid_example(trainer, located) == ""  # examples located whole start their rows
     assert "middle" not in wrapped_packing(trainer, located).evidence
+
+
+def test_flash_fields_catch_a_stale_max_length_and_offsets_that_disagree_with_the_positions():
+    """Ground truth from the examples here: the longest is known; a max_length_q one short of it, or
+    cu_seq_lens offsets one token off the position_ids restarts, fail before any forward."""
+    from transformers import DataCollatorWithFlattening
+
+    from packsim.auditing.findings import flash_fields
+
+    examples = [[1, 5, 6, 7, 2], [1, 8, 9, 2], [1, 10, 11, 12, 13, 14, 2]]
+    longest = max(len(e) for e in examples)
+    batch = dict(DataCollatorWithFlattening(return_flash_attn_kwargs=True)([{"input_ids": e} for e in examples]))
+    assert int(batch["max_length_q"]) == longest  # the collator's fields are right
+    assert flash_fields(batch).status == "pass"
+    stale = flash_fields({**batch, "max_length_q": longest - 1})
+    assert stale.status == "fail" and f"max_length_q={longest - 1}" in stale.evidence and f"{longest} tokens" in stale.evidence
+    cu = batch["cu_seq_lens_k"].clone()
+    cu[1] += 1  # one token late: the positions still restart at len(examples[0])
+    shifted = flash_fields({**batch, "cu_seq_lens_k": cu})
+    assert shifted.status == "fail" and "cu_seq_lens_k" in shifted.evidence and "position_ids" in shifted.evidence
+    assert flash_fields({"input_ids": batch["input_ids"]}).status == "pass"

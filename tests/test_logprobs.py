@@ -270,3 +270,47 @@ def test_an_eos_only_row_that_hides_several_sequences_is_unverified_not_isolated
     batch = {"input_ids": ids, "position_ids": torch.arange(ids.shape[1])[None]}
     report = audit_logprobs(qwen3, batch, completion_mask=torch.ones_like(ids, dtype=torch.bool), use_cache=False)
     assert report.status == "unverified", report.text()
+
+
+class _Bf16Prepared(torch.nn.Module):
+    """A model's forward as accelerate's bf16 mixed precision leaves it once ``train()`` prepares it:
+    computed under bf16 autocast, float32 logits returned (accelerate's ``convert_outputs_to_fp32``)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.config = model, model.config
+
+    def forward(self, **kwargs):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = self.model(**kwargs)
+        out.logits = out.logits.float()
+        return out
+
+
+def test_float32_logits_computed_in_bf16_are_judged_at_bf16_and_a_leak_is_still_caught(llama):
+    """The tolerance follows the bf16 the layers compute in, not the float32 logits returned. The
+    model's logits are scaled 8x (final norm weight; max |logit| ~3, still small beside a trained
+    model's) so that a leak is larger than bf16's 3e-2 per token: smaller leaks hide in bf16 rounding."""
+    import copy
+
+    llama = copy.deepcopy(llama)
+    with torch.no_grad():
+        llama.model.norm.weight.mul_(8)
+    features = _features(2, seed=1)
+    batch = _packed(features)
+    assert max(_true_sums(llama, batch, features)) < 1e-6  # ground truth, float32 outside autocast: isolated
+    prepared = _Bf16Prepared(llama)
+    report = audit_logprobs(prepared, batch, names=pair_names(2), use_cache=False)
+    assert report.status == "isolated", report.text()
+    assert report.worst.change > 1e-5 * report.worst.tokens  # bf16 rounding: float32's tolerance would fail it
+    assert "logits float32 computed in bfloat16, tolerance 3e-02 per token" in report.text()
+    # packed pairs without a block mask: the row is one causal sequence (positions 0..T-1)
+    lengths = torch.tensor([len(f["input_ids"]) for f in features])
+    causal = {"input_ids": batch["input_ids"], "labels": batch["labels"]}
+    leak = _true_sums(llama, {**causal, "position_ids": torch.arange(int(lengths.sum()))[None]}, features)
+    tokens = [sum(x != -100 for x in f["labels"][1:]) for f in features]
+    assert max(c / n for c, n in zip(leak, tokens, strict=True)) > 3e-2 * 2  # ground truth: well past bf16's
+    seq = torch.repeat_interleave(torch.arange(4), lengths)[None]  # (1, T): where the sequences are
+    leaking = audit_logprobs(prepared, causal, seq=seq, names=pair_names(2), use_cache=False)
+    assert leaking.status == "leaks" and not leaking.worst.ok, leaking.text()
+    assert leaking.worst.name != "pair 0 chosen" and "computed in bfloat16" in leaking.text()

@@ -14,7 +14,8 @@ pytest.importorskip("trl")  # a dev dependency: CI installs it
 from installed import trl_padding_free_emits_seq_idx
 from pipelines import PAIRS, one_thread, save_tiny_checkpoint  # noqa: E402, F401
 
-from packsim.auditing.preflight import COLLATORS, available_attn, load_records  # noqa: E402
+from packsim.auditing.preflight import COLLATORS, available_attn  # noqa: E402
+from packsim.auditing.records import load_records  # noqa: E402
 from packsim.cli import main  # noqa: E402
 from packsim.core.errors import PacksimError  # noqa: E402
 
@@ -183,3 +184,69 @@ def test_the_gate_measures_a_hybrid_checkpoint_on_the_reference_kernel(bamba_fil
     assert code == 1 and "pre-flight FAIL: perturbation, gradient, hybrid_state" in out, out
     assert "no seq_idx" in out and "BambaMixer ran on the reference kernel (packsim, pure torch)" in out
     assert kernels_in_use() == before  # the gate's wiring is undone when it returns
+
+
+@pytest.mark.parametrize("megabytes", [2, 50])
+def test_a_record_longer_than_the_model_holds_is_refused_before_tokenizing(files, tmp_path, capsys, megabytes):
+    import time
+
+    from packsim.auditing.records import record_bound
+    from packsim.core.model import build_model
+    from packsim.core.tokenizer import build_tokenizer
+
+    data = tmp_path / "huge.jsonl"
+    with data.open("w") as f:
+        f.write(json.dumps({"prompt": PAIRS[0][0], "completion": PAIRS[0][1]}) + "\n")
+        f.write(json.dumps({"prompt": "a" * (megabytes << 20), "completion": "b"}) + "\n")
+    tokenizer = build_tokenizer()  # the bound: longest vocabulary entry x the model's positions
+    limit, _ = record_bound(build_model("tiny"), tokenizer, 256)
+    assert limit == max(map(len, tokenizer.get_vocab())) * build_model("tiny").config.max_position_embeddings
+    start = time.perf_counter()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["audit", "--model", str(files / "ckpt"), "--data", str(data), "--collator", "packsim"])
+    assert exit_info.value.code == 2 and time.perf_counter() - start < 20
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"line 2 of {data} holds a record of {(megabytes << 20) + 1:,} characters, more " \
+        f"than the {limit:,} characters" in err[0] and "split it into shorter records" in err[0], err
+
+
+@pytest.fixture(scope="module")
+def odd_checkpoints(files):
+    """A Llama config of 3 layers saved with 2 layers' weights, and a BERT encoder (not a causal LM)."""
+    from transformers import BertConfig, BertModel
+
+    from packsim.core.model import build_model
+    from packsim.core.tokenizer import build_tokenizer
+
+    model = build_model("tiny", attn_implementation="sdpa", seed=0)
+    assert model.config.num_hidden_layers == 2
+    model.config.num_hidden_layers = 3  # the config says 3, the weights are the 2 layers'
+    model.save_pretrained(files / "three_layers")
+    bert = BertModel(BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                intermediate_size=64))
+    bert.save_pretrained(files / "bert")
+    for name in ("three_layers", "bert"):
+        build_tokenizer().save_pretrained(files / name)
+    return files
+
+
+@pytest.mark.parametrize("name, findings", [
+    ("three_layers", {"checkpoint_weights": "9 weight(s) not in the checkpoint, so randomly initialised "
+                                            "(model.layers.2."}),
+    ("bert", {"checkpoint_weights": "in the checkpoint but not in the model, so unused (pooler.dense.bias",
+              "causal_lm": "it was saved as BertModel, not a causal LM"}),
+])
+def test_a_checkpoint_that_is_not_what_it_says_is_a_notice_and_fails_strict(odd_checkpoints, capsys, name, findings):
+    args = ["audit", "--model", str(odd_checkpoints / name), "--data", str(odd_checkpoints / "data.jsonl"),
+            "--collator", "packsim"]
+    # the encoder's own isolation differs by version (5.16.1's BertLMHeadModel lets packed examples meet: exit 1)
+    assert main(args) == 0 or name == "bert"
+    out = capsys.readouterr().out
+    for finding, evidence in findings.items():
+        line = next(x for x in out.splitlines() if x.strip().startswith(finding))
+        assert "NOTICE" in line and evidence in line, line
+    assert main([*args, "--strict"]) == 1
+    assert capsys.readouterr().out.rstrip().endswith(", ".join(findings))  # pre-flight FAIL: ..., the findings
+    assert audit_cli(odd_checkpoints, "packsim") == 0  # the saved tiny checkpoint: every weight loaded, a causal LM
+    out = capsys.readouterr().out
+    assert "checkpoint_weights" not in out and "causal_lm" not in out

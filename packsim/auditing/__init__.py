@@ -25,6 +25,7 @@ forward     ``shared_pass``      the leak probes from the floor's shared forward
 forward     ``tolerance``        the float tolerance of a trainer's audit, from the step's dtype
 forward     ``causes``           which field or kwarg most likely breaks isolation
 forward     ``hybrid_findings``  stateful layers (Mamba2, short conv, DeltaNet) and kernel refusals
+forward     ``no_trace``         the audit leaves no trace: RNG, train/eval flags, hooks restored
 entry       ``auditor``          :func:`audit`: run the probes on one model and one batch
 entry       ``logprobs``         :func:`audit_logprobs`: per-sequence log-probs packed vs alone
 entry       ``preference``       DPO pairs: chosen / rejected log-probs through the packed call
@@ -32,6 +33,8 @@ entry       ``grpo``             GRPO groups: per-token log-probs of a group's c
 entry       ``trainer``          :func:`audit_trainer`: a Trainer / SFTTrainer's own batches
 entry       ``callback``         :class:`AuditCallback`: the audit at ``on_train_begin``
 gate        ``factory``          ``packsim audit --trainer FILE.py:FUNC``: import and call the factory
+gate        ``records``          the gate's JSONL records, and the bound on a record's length
+gate        ``checkpoint_checks`` weights that did not load, a model that is not a causal LM (the gate's findings)
 gate        ``preflight``        ``packsim audit --model DIR --data FILE``: the pre-flight gate
 gate        ``command``          ``packsim audit``: options, exit codes
 ==========  ===================  ====================================================================

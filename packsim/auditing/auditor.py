@@ -47,6 +47,7 @@ from packsim.auditing.attention_probe import attention_mass
 from packsim.auditing.causes import likely_causes
 from packsim.auditing.evidence import dict_evidence
 from packsim.auditing.hybrid_findings import hybrid_state, kernel_refusal, refused_report
+from packsim.auditing.no_trace import leaves_no_trace
 from packsim.auditing.pipeline import (
     ForwardOutput,
     Pipeline,
@@ -84,6 +85,7 @@ def _pipeline(model, batch, response_mask, forward_kwargs, examples=None, object
     )
 
 
+@leaves_no_trace
 def audit(model, batch, response_mask=None, *, examples=None, max_examples: int = 4,
           tol: float | None = None, seed: int = 0, trust_boundaries: bool = False,
           objective: str = "sft", **forward_kwargs) -> AuditReport:
@@ -117,9 +119,10 @@ def audit(model, batch, response_mask=None, *, examples=None, max_examples: int 
         **forward_kwargs: passed to every forward exactly as the pipeline passes them; batch fields
             among them (``attention_mask``, ``position_ids``, ...) count as the batch's fields.
 
-    Returns an :class:`AuditReport`; ``report.ok`` is False when a probe fails or the verdict rests
-    on the batch's own metadata, and ``report.failed`` names the failures. Used by notebook 07 and
-    ``packsim audit``.
+    Returns an :class:`AuditReport`; ``report.ok`` is True only for a pass (``report.status ==
+    "pass"``: not on "not measured" or "unverified"), and ``report.failed`` names the failures.
+    The audit leaves no trace (:mod:`packsim.auditing.no_trace`): random generators, train/eval
+    flags and hooks come back as they were. Used by notebook 07 and ``packsim audit``.
     """
     start = time.perf_counter()
     warn_outside()  # a transformers / TRL outside the tested window: one notice per process

@@ -13,7 +13,14 @@ As a gate it audits the pipeline a run would train and prints the report:
 
 Exit codes (:data:`EXIT_CODES`), so a CI job or a launch script can stop before training: 0 the
 audit passed, 1 it found a fault, 2 bad input or setup (one line on stderr, never a traceback),
-3 nothing could be measured (e.g. one example per batch: isolation untested, not a pass).
+3 nothing could be measured (e.g. one example per batch: isolation untested, not a pass) or
+``--timeout`` ran out, 4 the audit itself crashed, 130 interrupted (Ctrl-C); each of 3 (timeout),
+130 and a factory's ``sys.exit(N)`` (exit 2: no code of the factory's own leaks out) is one line.
+``--timeout SECONDS`` bounds the factory and the audit together (:class:`Deadline`): ``SIGALRM``
+raises :class:`GateTimeout` in the main thread (a ``BaseException``, so no ``except Exception`` of
+the user's code swallows it); a watchdog thread ends the process with ``os._exit(3)`` and the same
+line where the signal cannot get through (a C call that never returns: 10 s later) or is not
+available (Windows, or the gate run from another thread: at once).
 The options import nothing heavy (torch comes with the run), so a bad option answers at once.
 
 Lessons: none directly.
@@ -21,14 +28,21 @@ Lessons: none directly.
 
 from __future__ import annotations
 
+import math
+import os
+import signal
+import sys
+import threading
+
 EXIT_CODES = {0: "the audit passed", 1: "the audit found a fault (a leak, a wrong label, a bad setting)",
               2: "bad input or setup (unreadable or non-UTF-8 data, not a checkpoint, a tokenizer that "
                  "does not fit the model, a factory that does not load): one line on stderr",
               3: "not measured (e.g. every batch holds one example, or the --attn you launch cannot run "
                  "here), or unverified (isolated only as the batch's own boundary fields mark the examples, "
-                 "nothing independent locating them; --trust-boundaries when they are the ground truth): "
-                 "not a pass",
-              4: "the audit itself crashed (a bug in packsim, with its traceback): not a verdict"}
+                 "nothing independent locating them; --trust-boundaries when they are the ground truth), "
+                 "or --timeout ran out (one line naming what was running): not a pass",
+              4: "the audit itself crashed (a bug in packsim, with its traceback): not a verdict",
+              130: "interrupted (Ctrl-C): one line, no verdict"}
 EPILOG = ("exit codes of the gate (--model or --trainer):\n"
           + "".join(f"  {code}  {text}\n" for code, text in EXIT_CODES.items())
           + "severity: a fault (a leak, a wrong label, loss over the wrong tokens) is exit 1; a setting the\n"
@@ -73,6 +87,9 @@ def add_arguments(parser) -> None:
     pre.add_argument("--batches", type=int, default=1, help="training batches to audit (default 1)")
     pre.add_argument("--batch-size", type=int, default=4, help="per-device batch size (default 4)")
     pre.add_argument("--max-length", type=int, default=256, help="TRL packing length (default 256)")
+    pre.add_argument("--timeout", type=float, metavar="SECONDS",
+                     help="bound the gate (with --trainer: the factory and the audit together); on expiry one "
+                          "line names what was running and the exit is 3 (not measured)")
     own = parser.add_argument_group("gate your own trainer")
     own.add_argument("--trainer", metavar="FILE.py:FUNC",
                      help="path/to/train.py:make_trainer or package.module:make_trainer, a function "
@@ -81,12 +98,74 @@ def add_arguments(parser) -> None:
                           "(with --batches)")
 
 
+class GateTimeout(BaseException):
+    """``--timeout`` ran out (a BaseException: the user's ``except Exception`` cannot swallow it)."""
+
+
+class Deadline:
+    """``with Deadline(seconds):`` bounds the block (None: unbounded); ``what`` names the running part."""
+
+    GRACE_S = 10.0  # how long the signal gets before the watchdog ends the process
+
+    def __init__(self, seconds: float | None, what: str = "the gate"):
+        if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
+            from packsim.core.errors import PacksimError
+
+            raise PacksimError(f"--timeout {seconds}: give a positive number of seconds, e.g. --timeout 600.")
+        self.seconds, self.what = seconds, what
+        self._signal = hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+
+    def line(self) -> str:
+        return (f"not measured: --timeout {self.seconds:g} s ran out while {self.what} was running: no verdict, "
+                "not a pass; give it more time (--timeout), or find what hangs (python -X faulthandler)")
+
+    def _expire(self, signum, frame):
+        raise GateTimeout(self.line())
+
+    def _hard_exit(self):
+        print(f"packsim audit: {self.line()} (exit 3)", file=sys.stderr, flush=True)
+        os._exit(3)
+
+    def __enter__(self):
+        if self.seconds is not None:
+            self._watchdog = threading.Timer(self.seconds + (self.GRACE_S if self._signal else 0), self._hard_exit)
+            self._watchdog.daemon = True
+            if self._signal:
+                self._previous = signal.signal(signal.SIGALRM, self._expire)
+                signal.setitimer(signal.ITIMER_REAL, self.seconds)
+            self._watchdog.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.seconds is not None:
+            self._watchdog.cancel()
+            if self._signal:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, self._previous)
+        return False
+
+
 def run(args) -> int:
+    """The gate (--trainer, --model) or the demo, with --timeout and Ctrl-C answered in one line (exit 3, 130)."""
+    clock = Deadline(getattr(args, "timeout", None), "the demo")
+    try:
+        with clock:
+            if getattr(args, "trainer", None):
+                return _own_trainer(args, clock)
+            if _wants_preflight(args):
+                return _preflight(args, clock)
+            return _demo(args)
+    except GateTimeout as err:
+        print(f"packsim audit: {err} (exit 3)", file=sys.stderr, flush=True)
+        return 3
+    except KeyboardInterrupt:
+        print(f"packsim audit: interrupted (Ctrl-C) while {clock.what} was running: no verdict (exit 130)",
+              file=sys.stderr, flush=True)
+        return 130
+
+
+def _demo(args) -> int:
     """Audit the built-in tiny pipeline (make_examples + build_model) under each setup; print tables."""
-    if getattr(args, "trainer", None):
-        return _own_trainer(args)
-    if _wants_preflight(args):
-        return _preflight(args)
     # the demo's imports, after the gate's paths: a gate imports only what its verdict needs
     from packsim.auditing.auditor import audit
     from packsim.core.batch import PackedBatch
@@ -110,7 +189,7 @@ def run(args) -> int:
         print(f"=== setup {setup.name!r}: {batch!r}")
         print(report.console())
         print()
-        summary.append((setup.name, "PASS" if report.ok else "FAIL", ", ".join(report.failed) or "-",
+        summary.append((setup.name, report.status.upper(), ", ".join(report.failed) or "-",
                         f"{report.seconds:.2f}s"))
     width = max(len(s[0]) for s in summary)
     print("summary")
@@ -125,7 +204,8 @@ def _wants_preflight(args) -> bool:
 
     given = [f for f, v in (("--data", args.data), ("--collator", args.collator), ("--attn", args.attn),
                             ("--strict", args.strict), ("--trust-boundaries", args.trust_boundaries),
-                            ("--objective", getattr(args, "objective", "sft") != "sft")) if v]
+                            ("--objective", getattr(args, "objective", "sft") != "sft"),
+                            ("--timeout", getattr(args, "timeout", None) is not None)) if v]
     if args.model is None and given:
         raise PacksimError(f"{', '.join(given)} need(s) --model DIR: the pre-flight gate is "
                            "packsim audit --model DIR --data FILE.jsonl --collator NAME, or packsim audit --trainer "
@@ -158,7 +238,7 @@ def _gate_line(report) -> str:
     return "NOT MEASURED: isolation untested, not a pass" if report.status == "not measured" else "PASS"
 
 
-def _own_trainer(args) -> int:
+def _own_trainer(args, clock: Deadline) -> int:
     from packsim.auditing.factory import load_trainer
     from packsim.auditing.preflight import check_tokenizer
     from packsim.auditing.trainer import audit_trainer
@@ -177,7 +257,9 @@ def _own_trainer(args) -> int:
     import_trainer()  # before the factory imports it: datasets only if the factory itself needs it
     # a factory asking for flash_attention_2 where flash-attn cannot run gets the reference kernel, as --attn does
     with reference_for_flash_requests() as flash:
+        clock.what = f"the trainer factory {args.trainer}"
         trainer = load_trainer(args.trainer)
+        clock.what = f"the audit of the trainer from {args.trainer}"
         tokenizer = getattr(trainer, "processing_class", None)
         tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor wraps its tokenizer
         if tokenizer is not None and hasattr(tokenizer, "__len__") and hasattr(trainer.model, "get_input_embeddings"):
@@ -187,6 +269,10 @@ def _own_trainer(args) -> int:
                                    trust_boundaries=args.trust_boundaries, objective=args.objective)
         except PacksimError as err:
             raise PacksimError(f"--trainer {args.trainer}: {err}") from None
+        except SystemExit as err:  # the trainer's own code (a collator, compute_loss) exiting mid-audit
+            raise PacksimError(f"--trainer {args.trainer}: the trainer's own code called sys.exit({err.code!r}) "
+                               "during the audit of its first batches: nothing was measured; remove the "
+                               "sys.exit from the code a training step runs.") from None
     if flash.models:
         report.findings.append(_flash_notice(flash))
     print(f"=== audit of the trainer from {args.trainer}: {type(trainer).__name__}")
@@ -209,7 +295,7 @@ def _flash_notice(flash):
         "runs instead")
 
 
-def _preflight(args) -> int:
+def _preflight(args, clock: Deadline) -> int:
     from packsim.auditing.preflight import COLLATORS, preflight
     from packsim.core.errors import PacksimError
     from packsim.core.option_checks import check_at_least
@@ -218,6 +304,7 @@ def _preflight(args) -> int:
         raise PacksimError(f"--model needs --data FILE.jsonl and --collator NAME (one of {', '.join(COLLATORS)}).")
     check_at_least(args, {"--batches": 1, "--batch-size": 1, "--max-length": 1})
     _quiet()
+    clock.what = f"the pre-flight audit of --model {args.model} (loading it, reading --data, the probes)"
     report = preflight(args.model, args.data, args.collator, attn=args.attn, batches=args.batches,
                        batch_size=args.batch_size, max_length=args.max_length, strict=args.strict,
                        trust_boundaries=args.trust_boundaries, objective=args.objective)

@@ -13,7 +13,8 @@ kernel, and the report names it). ``spec`` is
 - ``package.module:FUNC``: a module importable from the current directory or the environment.
 
 Anything that goes wrong before a trainer is in hand (no such file, an import that fails, a missing
-or non-callable name, a factory that raises or returns something else) is a
+or non-callable name, a factory that raises, calls ``sys.exit`` (any code, at import or when called)
+or returns something else) is a
 :class:`~packsim.core.errors.PacksimError` naming it: ``packsim audit`` exits 2 with one line.
 
 Lessons: none directly.
@@ -37,6 +38,11 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
 
 
+def _exited(what, err: SystemExit) -> PacksimError:
+    return PacksimError(f"--trainer: importing {what} called sys.exit({err.code!r}): keep argument parsing and "
+                        "training under `if __name__ == \"__main__\":`, so importing it builds only functions.")
+
+
 def _import_file(path: Path):
     if not path.is_file():
         raise PacksimError(f"--trainer {path}: no such file: {_USAGE}.")
@@ -50,6 +56,9 @@ def _import_file(path: Path):
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
+    except SystemExit as err:  # e.g. argparse at import time: the gate's exit table, not the file's code
+        sys.modules.pop(name, None)
+        raise _exited(path, err) from None
     except Exception as err:  # noqa: BLE001 -- the user's code: any failure is a setup error
         sys.modules.pop(name, None)
         raise PacksimError(f"--trainer: importing {path} raised {_first_line(err)}: fix the file so "
@@ -65,6 +74,8 @@ def _import_module(name: str):
         sys.path.insert(0, "")  # as `python -m` does: the current directory's modules
     try:
         return importlib.import_module(name)
+    except SystemExit as err:
+        raise _exited(f"module {name!r}", err) from None
     except Exception as err:  # noqa: BLE001
         raise PacksimError(f"--trainer: importing module {name!r} raised {_first_line(err)}: {_USAGE}.") from None
 
@@ -93,6 +104,10 @@ def load_trainer(spec: str):
     factory = load_factory(spec)
     try:
         trainer = factory()
+    except SystemExit as err:  # sys.exit(0) would read as a pass, sys.exit(7) as no code the gate has
+        raise PacksimError(f"the trainer factory {spec} called sys.exit({err.code!r}) instead of returning a "
+                           "Trainer: return the trainer, and keep sys.exit and trainer.train() under "
+                           "`if __name__ == \"__main__\":`.") from None
     except Exception as err:  # noqa: BLE001
         raise PacksimError(f"--trainer {spec}: the factory raised {_first_line(err)}: it must build the "
                            "trainer, called with no arguments.") from None

@@ -226,6 +226,39 @@ def flash_rows(view: BatchView, impl: str | None) -> Finding:
                    "cu_seq_lens_q/k and max_length_q/k over the flattened tokens")
 
 
+def flash_fields(fields) -> Finding:
+    """The varlen fields against each other, before any forward: ``max_length_q/k`` below the longest
+    segment of ``cu_seq_lens_q/k`` (flash-attn sizes its grid by them and silently leaves the rest of
+    a longer segment uncomputed; packsim's reference kernel raises), or ``cu_seq_lens_*`` offsets that
+    are not where ``position_ids`` restart (the kernel attends over segments the positions disagree with)."""
+    given = [k for k in _FA_KEYS if fields.get(k) is not None]
+    if not given:
+        return Finding("flash_fields", "pass", "no cu_seq_lens_* / max_length_* in the batch")
+    problems = []
+    for side in ("q", "k"):
+        cu, most = fields.get(f"cu_seq_lens_{side}"), fields.get(f"max_length_{side}")
+        if cu is None:
+            continue
+        cu = torch.as_tensor(cu).reshape(-1).long()
+        longest = int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
+        if most is not None and int(most) < longest:
+            problems.append(f"max_length_{side}={int(most)} but the longest segment of cu_seq_lens_{side} "
+                            f"holds {longest} tokens (stale)")
+        pos = fields.get("position_ids")
+        if pos is not None and torch.as_tensor(pos).shape[0] == 1:
+            row = torch.as_tensor(pos).reshape(-1)  # (T,): one flattened row
+            restarts = [0, *((row[1:] <= row[:-1]).nonzero()[:, 0] + 1).tolist(), row.numel()]
+            if cu.tolist() != restarts:
+                problems.append(f"cu_seq_lens_{side} {cu.tolist()[:8]} disagrees with where position_ids "
+                                f"restart {restarts[:8]}")
+    if not problems:
+        return Finding("flash_fields", "pass", f"{', '.join(given)} agree with each other and with position_ids")
+    return Finding("flash_fields", "fail", "inconsistent boundary fields: " + "; ".join(problems) +
+                   ": a flash-attn varlen kernel runs over them as given, and computes the wrong attention "
+                   "without an error", "recompute cu_seq_lens_q/k and max_length_q/k from the same position_ids "
+                   "the batch carries, after any truncation (DataCollatorWithFlattening(return_flash_attn_kwargs=True))")
+
+
 def static_findings(trainer, view: BatchView, impl: str | None) -> list[Finding]:
     """The findings read from the trainer and one batch (no forward needed)."""
     return [wrapped_packing(trainer, view), padding_free_attention(view, impl),

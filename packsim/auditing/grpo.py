@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from packsim.auditing.logprobs import audit_logprobs, group_names
-from packsim.auditing.preference import PreferenceAudit, fallback_finding
+from packsim.auditing.logprobs import group_names
+from packsim.auditing.preference import PreferenceAudit, fallback_finding, trainer_logprobs
 from packsim.auditing.report import Finding
 from packsim.core.boundaries import find_boundaries
 from packsim.core.errors import PacksimError
@@ -82,13 +82,7 @@ def audit_grpo_trainer(trainer, *, tol: float | None = None, strict: bool = Fals
                                              "as configured")
     size = int(getattr(args, "num_generations", 0) or 0)
     names = group_names(B // size, size) if per_row == 1 and size and B % size == 0 else None
-    model = trainer.model
-    was = model.training
-    try:
-        model.eval()  # dropout off: packed and alone must see the same network
-        # one completion per row is how TRL builds these rows (the module doc), not a guess from the
-        # tokens: a generated completion may hold a BOS / EOS id the special-token rule would split at
-        report = audit_logprobs(model, rows, seq=seq, names=names, tol=tol, use_cache=False)
-    finally:
-        model.train(was)
-    return PreferenceAudit([finding], report)
+    # one completion per row is how TRL builds these rows (the module doc), not a guess from the
+    # tokens: a generated completion may hold a BOS / EOS id the special-token rule would split at;
+    # under the trainer's autocast, so the tolerance follows the dtype its step computes in
+    return PreferenceAudit([finding], trainer_logprobs(trainer, rows, seq=seq, names=names, tol=tol))

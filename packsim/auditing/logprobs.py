@@ -7,7 +7,8 @@ packed boundary therefore moves the quantity the trainer optimises. :func:`audit
 the pipeline's forward on the packed batch, sums ``log p(token | prefix)`` over each sequence's
 completion tokens, runs every sequence alone (input_ids (1, L), no positions, no mask) and
 compares the sums. The tolerance grows with the tokens summed: ``LOGPROB_TOL[dtype]`` per token
-(fp32 1e-5). The report names the worst sequence ("pair 1 rejected", "group 0 completion 2").
+(fp32 1e-5), by the dtype the forward computes in (the least precise its layers output, so bf16
+under autocast or an accelerate-prepared bf16 forward that returns float32 logits). The report names the worst sequence ("pair 1 rejected", "group 0 completion 2").
 
 Batch: a collator dict, input_ids (B, T), as the forward gets it (position_ids, seq_idx,
 cu_seq_lens_*, attention_mask ...). Completion tokens come from ``completion_mask`` (B, T) (TRL's
@@ -31,7 +32,9 @@ import torch
 
 from packsim.auditing.evidence import dict_evidence
 from packsim.auditing.hybrid_findings import needs_cuda_reason
+from packsim.auditing.no_trace import leaves_no_trace
 from packsim.auditing.report import rests_on_metadata
+from packsim.auditing.tolerance import least_precise, watch_dtypes
 from packsim.core.boundaries import ROWS_SOURCE, find_boundaries
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX
@@ -87,6 +90,8 @@ class LogprobReport:
     note: str = ""
     boundaries: str = ""
     findings: list = field(default_factory=list)
+    computed: str = ""  # the dtype the forward computes in, where it is not the logits'
+    per_token: float | None = None  # the tolerance per summed token that judged
 
     @property
     def ok(self) -> bool:
@@ -102,9 +107,10 @@ class LogprobReport:
         if not self.sequences:
             return f"log-prob isolation: {self.status.upper()} ({self.note})"
         w = self.worst
+        tol = LOGPROB_TOL.get(getattr(torch, self.dtype, None), 1e-5) if self.per_token is None else self.per_token
+        computed = f" computed in {self.computed}" if self.computed and self.computed != self.dtype else ""
         lines = [f"log-prob isolation: {self.status.upper()} ({len(self.sequences)} sequences, logits "
-                 f"{self.dtype}, tolerance {LOGPROB_TOL.get(getattr(torch, self.dtype, None), 1e-5):.0e} per "
-                 f"token); worst: {w.name}, summed log-prob {w.packed:.5f} packed vs {w.alone:.5f} alone "
+                 f"{self.dtype}{computed}, tolerance {tol:.0e} per token); worst: {w.name}, summed log-prob {w.packed:.5f} packed vs {w.alone:.5f} alone "
                  f"(change {w.change:.2e}, {w.tokens} tokens)" + (f"; {self.note}" if self.note else ""),
                  f"sequences from {self.boundaries}" if self.boundaries else "", f"forward: {self.forward}"]
         lines = [x for x in lines if x]
@@ -138,11 +144,12 @@ def _completion(batch: dict, shape) -> torch.Tensor:
     return mask
 
 
+@leaves_no_trace
 def audit_logprobs(model, batch: dict, *, completion_mask=None, seq=None, examples=None, names=None,
                    tol=None, trust_boundaries: bool = False, **forward_kwargs) -> LogprobReport:
     """Per-sequence summed completion log-probs under ``model(**batch, **forward_kwargs)`` vs each
     sequence alone. ``names``: one per sequence in token order (:func:`pair_names`, :func:`group_names`);
-    ``tol``: per summed token (default ``LOGPROB_TOL`` by logits dtype); ``seq`` (B, T) or ``examples``
+    ``tol``: per summed token (default ``LOGPROB_TOL`` by the dtype the forward computes in); ``seq`` (B, T) or ``examples``
     (each sequence's token ids, as the collator got them): where the sequences are, independently of
     the batch's fields; ``trust_boundaries``: the batch's fields are the ground truth. Returns a
     :class:`LogprobReport`.
@@ -175,8 +182,10 @@ def audit_logprobs(model, batch: dict, *, completion_mask=None, seq=None, exampl
     first[:, 1:] = seq[:, 1:] != seq[:, :-1]  # (B, T): a sequence's first token has no prefix in it
     counted = mask.to(seq.device) & ~first & (seq >= 0)  # (B, T)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), watch_dtypes(model) as seen:
             logits = model(**fields, **forward_kwargs).logits  # (B, T, V)
+            computed = least_precise({*seen, logits.dtype})  # autocast: bf16 layers, float32 logits
+            per_token = LOGPROB_TOL.get(computed, 1e-5) if tol is None else float(tol)
             packed = _next_token_logps(logits, ids) * counted  # (B, T)
             results = []
             order = [(b, int(e)) for b in range(seq.shape[0]) for e in dict.fromkeys(seq[b].tolist()) if e >= 0]
@@ -187,7 +196,6 @@ def audit_logprobs(model, batch: dict, *, completion_mask=None, seq=None, exampl
                 alone_ids = ids[b, where][None]  # (1, L)
                 alone = _next_token_logps(model(input_ids=alone_ids, use_cache=False).logits, alone_ids)[0]
                 n = int(counted[b, where].sum())
-                per_token = LOGPROB_TOL.get(logits.dtype, 1e-5) if tol is None else float(tol)
                 results.append(SequenceLogprob(names[k] if names else f"sequence {k}",
                                                float(packed[b, where].sum()),
                                                float((alone * counted[b, where]).sum()), n, per_token * max(n, 1)))
@@ -206,4 +214,5 @@ def audit_logprobs(model, batch: dict, *, completion_mask=None, seq=None, exampl
         note = ("isolated as the batch's own boundary fields mark the sequences, and nothing independent "
                 "locates them (no examples given, and no BOS / EOS tokens that mark the same sequences): the verdict rests on the batch's own "
                 "metadata, not a pass; pass examples= or trust_boundaries=True")
-    return LogprobReport(results, status, str(logits.dtype).split(".")[-1], forward, note, source, findings)
+    return LogprobReport(results, status, str(logits.dtype).split(".")[-1], forward, note, source, findings,
+                         str(computed).split(".")[-1], per_token)

@@ -9,11 +9,16 @@ with ``padding_free``: TRL 1.9.0 and 1.16.0 (``trl/trainer/dpo_trainer.py``,
 standard padding"), so rows come padded, one sequence per row: isolated, and not packed. Batch shapes: input_ids, attention_mask,
 completion_mask (2 * pairs, T), chosen rows first.
 
+The forward runs in eval mode under the trainer's own autocast (``trainer.accelerator.autocast()``)
+(:func:`trainer_logprobs`, GRPO too): bf16 / fp16 as the step computes under mixed precision, before
+``train()`` as inside it (the callback), and the tolerance follows that dtype.
+
 Lessons: none directly.
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +28,7 @@ from packsim.auditing.report import Finding
 from packsim.core.boundaries import find_boundaries
 from packsim.core.errors import PacksimError
 
-__all__ = ["PreferenceAudit", "audit_dpo_trainer", "fallback_finding", "is_dpo"]
+__all__ = ["PreferenceAudit", "audit_dpo_trainer", "fallback_finding", "is_dpo", "trainer_logprobs"]
 
 
 def is_dpo(trainer) -> bool:
@@ -52,7 +57,8 @@ class PreferenceAudit:
 
     @property
     def ok(self) -> bool:
-        return not self.failed
+        """True only for a pass (not measured is not ok), as AuditReport.ok."""
+        return self.status == "pass"
 
     @property
     def status(self) -> str:
@@ -90,6 +96,20 @@ def fallback_finding(name: str, where: str, what: str, fix: str, strict: bool) -
     return Finding(name, "fail" if strict else "notice", f"{where}: {what}", fix)
 
 
+def trainer_logprobs(trainer, rows: dict, **kwargs) -> LogprobReport:
+    """:func:`audit_logprobs` through the trainer's model as its step computes (its autocast), in eval
+    mode (dropout off: packed and alone must see the same network); the mode is restored."""
+    model = trainer.model
+    was = model.training
+    accelerator = getattr(trainer, "accelerator", None)
+    try:
+        model.eval()
+        with accelerator.autocast() if accelerator is not None else nullcontext():
+            return audit_logprobs(model, rows, use_cache=False, **kwargs)
+    finally:
+        model.train(was)
+
+
 def audit_dpo_trainer(trainer, *, tol: float | None = None, strict: bool = False) -> PreferenceAudit:
     """The padding-free finding and the log-prob check on the trainer's first training batch.
 
@@ -114,12 +134,5 @@ def audit_dpo_trainer(trainer, *, tol: float | None = None, strict: bool = False
                                    "trainer that supports it and audit that", strict)
     else:
         finding = Finding("padding_free", "pass", f"{where}: the trainer does what its config says")
-    model = trainer.model
-    was = model.training
-    try:
-        model.eval()  # dropout off: packed and alone must see the same network
-        names = pair_names(shape[0] // 2) if per_row == 1 and shape[0] % 2 == 0 else None
-        report = audit_logprobs(model, fields, names=names, tol=tol, use_cache=False)
-    finally:
-        model.train(was)
-    return PreferenceAudit([finding], report)
+    names = pair_names(shape[0] // 2) if per_row == 1 and shape[0] % 2 == 0 else None
+    return PreferenceAudit([finding], trainer_logprobs(trainer, fields, names=names, tol=tol))

@@ -25,12 +25,12 @@ Lessons: none directly.
 from __future__ import annotations
 
 import contextlib
-import json
 import tempfile
 from pathlib import Path
 
 import torch
 
+from packsim.auditing.records import load_records, record_bound
 from packsim.core.errors import PacksimError
 from packsim.core.special_tokens import token_ids
 
@@ -56,52 +56,6 @@ def available_attn() -> list[str]:
     return out
 
 
-def _read_text(path: Path) -> str:
-    """The file as UTF-8 text; unreadable or non-UTF-8 bytes raise PacksimError naming the place."""
-    try:
-        raw = path.read_bytes()
-    except OSError as err:
-        raise PacksimError(f"--data {path}: cannot read it ({err.strerror or type(err).__name__}): pass a "
-                           "readable JSON Lines file.") from None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = raw[:err.start].count(b"\n") + 1
-        raise PacksimError(f"--data {path} is not UTF-8 text (byte 0x{raw[err.start]:02x} on line {line}): "
-                           "save it as UTF-8 (e.g. iconv -f latin1 -t utf-8).") from None
-
-
-def load_records(path: str | Path) -> list[dict]:
-    """The prompt/completion records of a JSONL file; a bad line or bad bytes raise PacksimError naming it."""
-    path = Path(path)
-    if not path.is_file():
-        raise PacksimError(f"--data {path}: no such file: pass a JSON Lines file with one "
-                           '{"prompt": ..., "completion": ...} object per line.')
-    records = []
-    for n, line in enumerate(_read_text(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise PacksimError(f"line {n} of {path} is not JSON ({err.msg}): write one JSON object "
-                               "per line.") from None
-        if not isinstance(record, dict):
-            raise PacksimError(f"line {n} of {path} is a {type(record).__name__}, not an object: write "
-                               '{"prompt": ..., "completion": ...}.')
-        for key in ("prompt", "completion"):
-            if not isinstance(record.get(key), str):
-                what = "has no" if key not in record else "has a non-string"
-                raise PacksimError(f"line {n} of {path} {what} {key!r}: each line needs 'prompt' and "
-                                   "'completion' strings.")
-        records.append({"prompt": record["prompt"], "completion": record["completion"]})
-    if len(records) < 2:
-        raise PacksimError(f"{path} holds {len(records)} record(s): the audit needs at least 2 examples "
-                           "to check that they stay apart.")
-    return records
-
-
-# Files from which AutoTokenizer builds a real vocabulary (any one is enough).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
                    "sentencepiece.bpe.model", "tokenizer.tiktoken")
 
@@ -114,9 +68,10 @@ REFUSES_ATTN = "does not support an attention implementation"
 
 
 def load_checkpoint(model_dir: str | Path, attn: str, fallback: str | None = None):
-    """(model, tokenizer) from a local from_pretrained directory, with ``attn`` attention; when the
+    """(model, tokenizer, loading_info) from a local from_pretrained directory, with ``attn`` attention; when the
     architecture refuses ``attn`` and ``fallback`` is given (the gate's default sdpa -> eager, as
-    transformers itself falls back when no implementation is asked for), with ``fallback``."""
+    transformers itself falls back when no implementation is asked for), with ``fallback``; ``loading_info``:
+    from_pretrained's missing / unexpected / mismatched keys (:mod:`packsim.auditing.checkpoint_checks`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = Path(model_dir)
@@ -139,7 +94,7 @@ def load_checkpoint(model_dir: str | Path, attn: str, fallback: str | None = Non
         raise PacksimError(f"--model {path}: its tokenizer has a vocabulary of {len(tokenizer)}, so every record "
                            f"would be 0 tokens; {no_files or _SAVE_TOKENIZER}.")
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=attn)
+        model, info = AutoModelForCausalLM.from_pretrained(path, attn_implementation=attn, output_loading_info=True)
     except Exception as err:  # noqa: BLE001
         first = (str(err).splitlines() or [''])[0]
         if REFUSES_ATTN in first:  # e.g. Gemma2 refuses sdpa: transformers' own default is then eager
@@ -149,7 +104,7 @@ def load_checkpoint(model_dir: str | Path, attn: str, fallback: str | None = Non
                                "implementation this architecture supports).") from None
         raise PacksimError(f"--model {path}: the model could not be loaded ({type(err).__name__}: "
                            f"{first[:200]}): it needs config.json and the weights save_pretrained wrote.") from None
-    return model, tokenizer
+    return model, tokenizer, info
 
 
 def check_tokenizer(model, tokenizer, records: list[dict], where: str = "the checkpoint") -> None:
@@ -292,6 +247,7 @@ def preflight(model_dir, data, collator: str, attn: str | None = None, batches: 
 
     ``objective``: as :func:`packsim.audit_trainer` ("lm": the records are trained as plain text,
     prompt + completion, every token a target)."""
+    from packsim.auditing.checkpoint_checks import causal_lm_finding, loading_finding
     from packsim.auditing.findings import BatchView, flash_rows, is_flash
     from packsim.auditing.report import Finding
     from packsim.auditing.trainer import audit_trainer
@@ -311,8 +267,8 @@ def preflight(model_dir, data, collator: str, attn: str | None = None, batches: 
 
         emulated = emulate_flash()
         run_attn = emulated.name
-    records = load_records(data)
-    model, tokenizer = load_checkpoint(model_dir, run_attn, fallback="eager" if attn is None else None)
+    model, tokenizer, info = load_checkpoint(model_dir, run_attn, fallback="eager" if attn is None else None)
+    records = load_records(data, *record_bound(model, tokenizer, max_length))
     loaded = getattr(model.config, "_attn_implementation", run_attn)
     refused = loaded != run_attn  # the default sdpa refused (Gemma2): audited under what transformers picks
     if refused:
@@ -323,6 +279,9 @@ def preflight(model_dir, data, collator: str, attn: str | None = None, batches: 
         trainer = build_trainer(model, tokenizer, records, collator, out, batch_size, max_length, objective)
         report = audit_trainer(trainer, batches=batches, strict=strict, trust_boundaries=trust_boundaries,
                                objective=objective)
+        where = f"--model {model_dir}"
+        report.findings.extend(f for f in (loading_finding(info, where, strict), causal_lm_finding(model, where, strict))
+                               if f is not None)
         if hybrid is not None:
             report.findings.append(_hybrid_notice(model))
         if unwired:  # the forward met transformers' refusal: NOT MEASURED, and this is why

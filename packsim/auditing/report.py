@@ -171,9 +171,11 @@ class AuditReport:
 
     @property
     def ok(self) -> bool:
-        """True when no probe and no finding failed (skipped ones are listed in the verdict) and the
-        verdict does not rest on the batch's own boundary fields alone (status ``"unverified"``)."""
-        return not self.failed and self.status != "unverified"
+        """True only for a pass (``status == "pass"``): nothing failed, isolation was measured on the
+        path the pipeline runs and the verdict does not rest on the batch's own boundary fields alone.
+        A notice beside a pass is a pass (``strict`` has made it a failure already); "not measured"
+        and "unverified" are not, so ``ok``, ``status``, the exit code and the headline agree."""
+        return self.status == "pass"
 
     @property
     def rests_on_metadata(self) -> bool:
@@ -223,9 +225,20 @@ class AuditReport:
         return (" as the batch's own boundary fields mark them (no independent evidence of where the "
                 "examples are: the verdict rests on the batch's own metadata)")
 
+    def _pass_head(self) -> str:
+        """``PASS``, saying in its first words when the loss masking was not measured (a pass of isolation only)."""
+        loss = self.probes.get("loss_coverage")
+        if loss is None or loss.status != "skipped":
+            return "PASS"
+        if "not_measured" in loss.details:
+            return "PASS (isolation; loss masking not measured: pass examples= / response_mask=)"
+        return "PASS (isolation; loss not checked: audit a batch that carries labels)"
+
     @property
     def verdict(self) -> str:
-        """One line: PASS/FAIL/NOT MEASURED, what failed, the worst pair and the first likely cause, skips."""
+        """One line: PASS/FAIL/NOT MEASURED/UNVERIFIED, what failed, the worst pair and the first likely
+        cause, skips. It starts with ``PASS`` exactly when :attr:`ok`; a pass whose loss_coverage probe
+        was skipped says so in its first words (``PASS (isolation; loss masking not measured: ...)``)."""
         n = len(self.example_ids)
         if not self.failed and self.path_not_run:
             line = (f"NOT MEASURED: the attention path this pipeline launches did not run here "
@@ -245,7 +258,7 @@ class AuditReport:
                     "(the collator's input), or trust_boundaries=True (--trust-boundaries) when the fields "
                     f"are the ground truth{self._loss_claim()}")
         elif self.ok:
-            line = f"PASS: {n} examples isolated{self._boundary_claim()}{self._loss_claim()}"
+            line = f"{self._pass_head()}: {n} examples isolated{self._boundary_claim()}{self._loss_claim()}"
         else:
             parts = [f"FAIL ({', '.join(self.failed)}):"]
             if self.probes["perturbation"].failed and self.worst_pair is not None:

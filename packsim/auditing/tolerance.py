@@ -3,18 +3,23 @@
 The tolerance (``packsim.auditing.auditor.TOLERANCE``, by dtype) follows the dtype the training
 step computes in: the autocast dtype under mixed precision (bf16 / fp16), else the model's
 parameters' dtype, whatever dtype the forward returns its logits in (:func:`compute_dtype`).
-:func:`tolerance_note` is the line the report's ``forward`` text ends with.
+:func:`tolerance_note` is the line the report's ``forward`` text ends with. Where no trainer says
+how the step computes (``packsim.audit_logprobs`` on a model, autocast or an accelerate-prepared
+forward around it), :func:`watch_dtypes` records the dtypes the model's leaf modules really output
+during the forward and :func:`least_precise` picks the one the tolerance follows.
 
 Lessons: none directly (A6 reaches it through packsim.audit_trainer).
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from packsim.auditing.report import AuditReport
 
-__all__ = ["compute_dtype", "tolerance_note"]
+__all__ = ["compute_dtype", "least_precise", "tolerance_note", "watch_dtypes"]
 
 
 def compute_dtype(trainer, model) -> torch.dtype:
@@ -28,6 +33,30 @@ def compute_dtype(trainer, model) -> torch.dtype:
     if mixed == "fp16":
         return torch.float16
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+
+@contextmanager
+def watch_dtypes(model):
+    """Yield a set that collects the floating dtypes the model's leaf modules output inside the block:
+    bf16 from a Linear under bf16 autocast, even when the forward returns float32 logits."""
+    seen: set = set()
+
+    def hook(_module, _args, out):
+        if isinstance(out, torch.Tensor) and out.is_floating_point():
+            seen.add(out.dtype)
+
+    leaves = [m for m in model.modules() if next(m.children(), None) is None]
+    handles = [m.register_forward_hook(hook) for m in leaves]
+    try:
+        yield seen
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def least_precise(dtypes) -> torch.dtype:
+    """The floating dtype with the coarsest rounding (largest eps): bf16 over fp16 over fp32."""
+    return max(dtypes, key=lambda d: torch.finfo(d).eps)
 
 
 def tolerance_note(report: AuditReport, base_out, trainer, given, compute: torch.dtype) -> str:

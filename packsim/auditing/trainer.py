@@ -49,6 +49,7 @@ from packsim.auditing.findings import (
 )
 from packsim.auditing.grpo import audit_grpo_trainer, is_grpo
 from packsim.auditing.hybrid_findings import MEASURE_IT, hybrid_state, kernel_refusal
+from packsim.auditing.no_trace import leaves_no_trace
 from packsim.auditing.pipeline import (
     ForwardOutput,
     Pipeline,
@@ -254,6 +255,7 @@ def _use_cache(model, forward_kwargs) -> tuple[object, str]:
     return getattr(model.config, "use_cache", None), "from model.config (the Trainer sets it from TrainingArguments.use_cache)"
 
 
+@leaves_no_trace
 def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: float | None = None,
                   seed: int = 0, strict: bool = False, trust_boundaries: bool = False,
                   batch: dict | None = None, objective: str = "sft") -> AuditReport:
@@ -282,8 +284,10 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
             is audited as ``"lm"`` either way.
 
     Returns an :class:`~packsim.auditing.report.AuditReport` whose ``findings`` hold the
-    configuration checks; ``report.ok`` is False when a probe or a finding fails. The model's
-    train/eval mode is restored afterwards; its weights are not touched.
+    configuration checks; ``report.ok`` is True only for a pass (``report.status == "pass"``). The
+    audit leaves no trace (:mod:`packsim.auditing.no_trace`): each module's train/eval flag, the
+    random generators and the hooks come back as they were, so ``trainer.train()`` after it trains
+    as it would without it; the weights are not touched.
     """
     warn_outside()  # a transformers / TRL outside the tested window: one notice per process
     if not hasattr(trainer, "get_train_dataloader") or not hasattr(trainer, "model"):
@@ -320,6 +324,7 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
                 raise PacksimError(f"the trainer's forward failed on batch {len(results)} ({type(err).__name__}: "
                                    f"{str(err).splitlines()[0][:200]}): fix the trainer so one training step "
                                    "runs, then audit it.") from err
+            report.trust_boundaries = trust_boundaries  # each batch's own verdict in the batches finding
             results.append((report, view, p, note, base_out))
 
         known = [(p.context["fields"], out.logits) for _r, _v, p, _n, out in results if out.in_eval]
@@ -357,9 +362,9 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
     if hybrid and not any(f.name == "hybrid_state" for f in findings):  # refused: already there
         findings.append(hybrid)
     if batches > 1:
-        verdicts = [f"batch {k}: {'PASS' if r.ok else 'FAIL (' + ', '.join(r.failed) + ')'}"
+        verdicts = [f"batch {k}: {'FAIL (' + ', '.join(r.failed) + ')' if r.failed else 'PASS' if r.ok else r.status.upper()}"
                     for k, (r, *_rest) in enumerate(results)]
-        bad = sum(not r.ok for r, *_rest in results)
+        bad = sum(bool(r.failed) for r, *_rest in results)
         findings.append(Finding("batches", "fail" if bad else "pass",
                                 f"{len(results)} batches audited, {bad} failed ({'; '.join(verdicts)}); "
                                 f"the table shows batch {worst}",
