@@ -703,3 +703,39 @@ def test_objective_lm_still_checks_boundaries_padding_and_coverage(examples, mod
         packsim.audit(model, batch, objective="x")
     with pytest.raises(PacksimError, match="response_mask cannot go with it"):
         packsim.audit(model, batch, response_mask(examples), objective="lm")
+
+
+def _axolotl_row(continuous: bool):
+    """Axolotl's pad_to_sequence_len layout by hand: one row of two examples (BOS ... EOS, prompt labels
+    -100) then a run of pad tokens with labels -100 and positions of its own (0, 1, ...), no attention_mask."""
+    from packsim.core.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+    g = torch.Generator().manual_seed(0)
+    ids, pos, labels = [], [], []
+    for n_prompt, n_resp in ((4, 3), (5, 4)):
+        tokens = [BOS_ID] + (torch.randint(5, 40, (n_prompt + n_resp,), generator=g)).tolist() + [EOS_ID]
+        ids += tokens
+        pos += list(range(len(tokens)))
+        labels += [IGNORE_INDEX] * (1 + n_prompt) + tokens[1 + n_prompt:]
+    ids += [PAD_ID] * 6
+    pos += list(range(6))
+    labels += [IGNORE_INDEX] * 6
+    if continuous:
+        pos = list(range(len(ids)))
+    return {"input_ids": torch.tensor([ids]), "position_ids": torch.tensor([pos]), "labels": torch.tensor([labels])}
+
+
+def test_a_pad_run_ending_the_row_is_padding_so_the_tokens_confirm_the_examples():
+    """Axolotl's padded layout: the pad run is padding (pad_token_id, not a BOS / EOS, no label counted), so
+    BOS / EOS tie to the two examples and the audit is a PASS, not UNVERIFIED; the same row with positions
+    that keep counting leaks (measured here: example 2 packed vs alone) and FAILs."""
+    model = build_model("tiny", seed=0).eval()
+    good = _axolotl_row(continuous=False)
+    report = packsim.audit(model, good)
+    assert report.status == "pass" and "pad token 0" in report.boundaries, report.table()
+    bad = _axolotl_row(continuous=True)
+    with torch.no_grad():
+        packed = model(input_ids=bad["input_ids"], position_ids=bad["position_ids"]).logits[0, 9:20]
+        alone = model(input_ids=bad["input_ids"][:, 9:20]).logits[0]
+    assert float((packed - alone).abs().max()) > 1e-3  # ground truth: it leaks
+    assert packsim.audit(model, bad).status == "fail"

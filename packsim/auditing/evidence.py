@@ -337,12 +337,22 @@ def _untied(text: str, n_tok: int, n_fields: int) -> str:
             "from the trainer's dataset)")
 
 
+def pad_id(config) -> int | None:
+    """The model's pad token where it can mark padding by itself (a run of it ending a row, no label
+    counted: Axolotl's ``pad_to_sequence_len``), or None: none set, or it is also a BOS / EOS (then a
+    trailing run of it may be the last example's own end)."""
+    pad = token_ids("pad", config)
+    if len(pad) != 1 or pad & (token_ids("bos", config) | token_ids("eos", config)):
+        return None
+    return next(iter(pad))
+
+
 def dict_evidence(model, batch: Mapping, examples=None) -> BoundaryEvidence:
     """:func:`collect` for ``packsim.audit(model, batch, examples=...)``; special ids from model.config."""
     from packsim.core.boundaries import find_boundaries
 
     config = getattr(model, "config", None)
-    found = find_boundaries(batch, missing="rows")
+    found = find_boundaries(batch, missing="rows", pad_token_id=pad_id(config))
     field_seq = found.seq_ids.to(batch["input_ids"].device)
     ev = collect(batch, field_seq, examples, token_ids("bos", config), token_ids("eos", config))
     if ev.seq is None:
