@@ -7,7 +7,7 @@ under a ``|---|`` rule (the museum, the benchmark tables pasted into ``benchmark
 Cells are ``str()``-ed; a column is as wide as its widest cell. Rows are sequences of cells,
 ``n_rows x n_columns``, every row with as many cells as the first.
 
-Lessons: none directly.
+Lessons: A6 (and the reports and tables of the library).
 """
 
 from __future__ import annotations
