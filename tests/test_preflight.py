@@ -250,3 +250,20 @@ def test_a_checkpoint_that_is_not_what_it_says_is_a_notice_and_fails_strict(odd_
     assert audit_cli(odd_checkpoints, "packsim") == 0  # the saved tiny checkpoint: every weight loaded, a causal LM
     out = capsys.readouterr().out
     assert "checkpoint_weights" not in out and "causal_lm" not in out
+
+
+def test_a_transformers_the_hybrid_wiring_does_not_fit_is_not_measured_naming_the_version(bamba_files, capsys,
+                                                                                         monkeypatch):
+    """Outside the window (the kernel wrappers moved): the gate cannot wire the reference kernels, so it
+    answers NOT MEASURED (exit 3) with a finding that names the installed transformers, or FAILs where
+    this transformers runs the packed row on its fallback and it leaks (5.16.1); never a crash."""
+    if torch.cuda.is_available() and importlib.util.find_spec("causal_conv1d"):
+        pytest.skip("the real kernels are installed: nothing to wire")
+    import transformers
+
+    import packsim.core.upstream.hub_kernels as hk
+
+    monkeypatch.setattr(hk, "CELLS", (*hk.CELLS, "a_name_transformers_never_had"))
+    code, out = _bamba_gate(bamba_files, "flattening", capsys)
+    assert code in (1, 3), out
+    assert f"packsim's reference kernels could not be wired: transformers {transformers.__version__} moved" in out

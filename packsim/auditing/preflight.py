@@ -214,12 +214,16 @@ def build_trainer(model, tokenizer, records, collator: str, out: str, batch_size
 
 def _hybrid_kernels(model):
     """(emulate_hybrid_kernels() wired now, '') when ``model`` has stateful layers and one of its conv /
-    scan / delta-rule kernels is transformers' torch fallback (its package missing); (None, '') when
-    nothing needs wiring; (None, why) when the installed transformers cannot be wired (the version
-    named: the audit then measures nothing there and says so)."""
+    scan / delta-rule kernels is transformers' torch fallback (its package missing), or none of its
+    kernel wrappers can be read; (None, '') when nothing needs wiring (no stateful layer, or the real
+    packages are bound); (None, why) when the installed transformers cannot be wired (the version
+    named: the audit then measures what transformers runs, and says why it could not do more)."""
     from packsim.auditing.hybrid_findings import boundary_kernels, stateful_layers
 
-    if not stateful_layers(model) or not any(v.startswith("transformers'") for v in boundary_kernels(model).values()):
+    if not stateful_layers(model):
+        return None, ""
+    kernels = boundary_kernels(model)
+    if kernels and not any(v.startswith("transformers'") for v in kernels.values()):
         return None, ""
     from packsim.core.reference_hybrid import emulate_hybrid_kernels
 
