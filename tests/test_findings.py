@@ -108,3 +108,24 @@ def test_flash_fields_catch_a_stale_max_length_and_offsets_that_disagree_with_th
     shifted = flash_fields({**batch, "cu_seq_lens_k": cu})
     assert shifted.status == "fail" and "cu_seq_lens_k" in shifted.evidence and "position_ids" in shifted.evidence
     assert flash_fields({"input_ids": batch["input_ids"]}).status == "pass"
+
+
+def test_packsim_audit_reports_flash_fields_that_disagree_with_the_positions():
+    """packsim.audit adds flash_fields where the batch carries varlen fields: consistent ones pass; offsets
+    one token off the position restarts (computed here) FAIL the audit, whatever the sdpa forward does."""
+    import packsim
+    from packsim.core.model import build_model
+
+    model = build_model("tiny", seed=0).eval()
+    pos = torch.cat([torch.arange(n) for n in (5, 7, 4)])[None]  # (1, 16)
+    cu = torch.tensor([0, 5, 12, 16], dtype=torch.int32)
+    batch = {"input_ids": torch.randint(5, 40, (1, 16), generator=torch.Generator().manual_seed(0)),
+             "position_ids": pos, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": 7, "max_length_k": 7}
+    good = packsim.audit(model, batch, trust_boundaries=True)
+    assert next(f for f in good.findings if f.name == "flash_fields").status == "pass"
+    restarts = [0, *((pos[0, 1:] <= pos[0, :-1]).nonzero()[:, 0] + 1).tolist(), 16]  # ground truth
+    off = cu.clone()
+    off[1] += 1
+    assert restarts == cu.tolist() != off.tolist()
+    bad = packsim.audit(model, {**batch, "cu_seq_lens_q": off, "cu_seq_lens_k": off}, trust_boundaries=True)
+    assert "flash_fields" in bad.failed and not bad.ok

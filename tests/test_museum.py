@@ -19,7 +19,7 @@ from packsim.exhibits.museum_beyond_sft import PUBLIC_BUGS
 LINK = re.compile(r"^https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+$")
 # configuration checks a fixed exhibit may report (passing): the loss ones, and the independent
 # evidence that the boundary fields and special tokens agree with the examples
-CHECKS = {"counted_labels", "equal_token_weights", "boundary_fields", "special_tokens"}
+CHECKS = {"counted_labels", "equal_token_weights", "boundary_fields", "special_tokens", "flash_fields"}
 
 
 def test_the_museum_holds_at_least_eight_documented_bugs():

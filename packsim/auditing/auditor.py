@@ -46,6 +46,7 @@ import torch
 from packsim.auditing.attention_probe import attention_mass
 from packsim.auditing.causes import likely_causes
 from packsim.auditing.evidence import dict_evidence
+from packsim.auditing.findings import flash_fields, has_flash_fields
 from packsim.auditing.hybrid_findings import hybrid_state, kernel_refusal, refused_report
 from packsim.auditing.no_trace import leaves_no_trace
 from packsim.auditing.pipeline import (
@@ -78,7 +79,7 @@ def _pipeline(model, batch, response_mask, forward_kwargs, examples=None, object
         ev = dict_evidence(model, batch, examples)
         p = dict_pipeline(model, batch, response_mask, forward_kwargs, seq=ev.seq, source=ev.source,
                           objective=objective)
-        return p, ev.findings
+        return p, ev.findings + ([flash_fields(batch)] if has_flash_fields(batch) else [])
     raise PacksimError(
         f"cannot audit a batch of type {type(batch).__name__}: pass a packsim.PackedBatch or the "
         "collator's dict (input_ids, labels, position_ids, ...)."

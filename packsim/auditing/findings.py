@@ -260,9 +260,15 @@ def flash_fields(fields) -> Finding:
 
 
 def static_findings(trainer, view: BatchView, impl: str | None) -> list[Finding]:
-    """The findings read from the trainer and one batch (no forward needed)."""
-    return [wrapped_packing(trainer, view), padding_free_attention(view, impl),
-            attention_mask(view, impl), flash_rows(view, impl)]
+    """The findings read from the trainer and one batch (no forward needed); ``flash_fields`` where
+    the batch carries varlen fields."""
+    found = [wrapped_packing(trainer, view), padding_free_attention(view, impl),
+             attention_mask(view, impl), flash_rows(view, impl)]
+    return found + [flash_fields(view.fields)] if has_flash_fields(view.fields) else found
+
+
+def has_flash_fields(fields) -> bool:
+    return any(fields.get(k) is not None for k in _FA_KEYS)
 
 
 # ----------------------------------------------------------------------------- loss
