@@ -72,10 +72,13 @@ def tiny_model(family: str, attn: str = "sdpa"):
         return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn)
 
 
+_OUT = tempfile.TemporaryDirectory(prefix="verdict_")  # one for every trainer (save_strategy "no"), removed at exit
+
+
 def _args(cls=None, **kw):
     from transformers import TrainingArguments
 
-    base = dict(output_dir=tempfile.mkdtemp(prefix="verdict_"), per_device_train_batch_size=N_EX, max_steps=1,
+    base = dict(output_dir=_OUT.name, per_device_train_batch_size=N_EX, max_steps=1,
                 report_to="none", save_strategy="no", use_cpu=True, seed=0, remove_unused_columns=False)
     return (cls or TrainingArguments)(**{**base, **kw})
 
