@@ -740,3 +740,26 @@ def test_a_pad_run_ending_the_row_is_padding_so_the_tokens_confirm_the_examples(
         alone = model(input_ids=bad["input_ids"][:, 9:20]).logits[0]
     assert float((packed - alone).abs().max()) > 1e-3  # ground truth: it leaks
     assert packsim.audit(model, bad).status == "fail"
+
+
+def test_a_forward_that_raises_in_a_backend_is_not_measured_naming_it():
+    """GPT-2 on transformers' flash path (reference kernel): transformers' get_target_dtype looks for an
+    nn.Linear, GPT-2 has Conv1D, and the forward raises StopIteration (measured here). The audit answers
+    NOT MEASURED naming the exception and the implementation, never the raw exception, never ok."""
+    cfg = GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=VOCAB, n_positions=64, bos_token_id=1, eos_token_id=2)
+    model = GPT2LMHeadModel(cfg).eval()
+    model.set_attn_implementation(packsim.emulate_flash().name)
+    batch = {"input_ids": torch.randint(3, VOCAB, (1, 12), generator=torch.Generator().manual_seed(0)),
+             "position_ids": torch.cat([torch.arange(5), torch.arange(7)])[None]}
+    try:
+        with torch.no_grad():
+            model(**batch)
+        raised = None
+    except Exception as err:  # noqa: BLE001 - the ground truth: what the forward itself does here
+        raised = type(err).__name__
+    if raised is None:
+        pytest.skip("this transformers runs GPT-2 on the flash path: nothing to turn into a verdict")
+    report = packsim.audit(model, batch, trust_boundaries=True)
+    assert report.status == "not measured" and not report.ok
+    forward = next(f for f in report.findings if f.name == "forward")
+    assert f"raised {raised}" in forward.evidence and "packsim_reference_flash" in forward.evidence

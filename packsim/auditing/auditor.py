@@ -56,7 +56,7 @@ from packsim.auditing.pipeline import (
     packed_pipeline,
 )
 from packsim.auditing.probes import loss_coverage, positions_probe
-from packsim.auditing.report import AuditReport, ProbeResult, WorstPair
+from packsim.auditing.report import AuditReport, Finding, ProbeResult, WorstPair
 from packsim.auditing.shared_pass import leak_probes, shared_baseline
 from packsim.core.batch import PackedBatch
 from packsim.core.errors import PacksimError
@@ -157,12 +157,14 @@ def audit_pipeline(p: Pipeline, *, max_examples: int = 4, tol: float | None = No
     S = len(p.example_ids)
     try:
         shared = shared_baseline(p, seed, record=S >= 2)  # the leak probes share its graph and maps
-    except ValueError as err:  # a hybrid's torch fallback refusing seq_idx: NOT MEASURED, not a traceback
-        refused = kernel_refusal(p.model, err)
-        if not refused:
-            raise
+    except PacksimError:  # packsim's own word on the input: one line, as before
+        raise
+    except Exception as err:  # noqa: BLE001 - a backend's failure is a verdict (NOT MEASURED), not a traceback
         tol = TOLERANCE.get(next(p.model.parameters()).dtype, 1e-5) if tol is None else float(tol)
-        return refused_report(p, refused, tol, start, findings, LEAK_PROBES)
+        refused = kernel_refusal(p.model, err)  # a hybrid's torch fallback refusing seq_idx
+        if refused:
+            return refused_report(p, refused, tol, start, findings, LEAK_PROBES)
+        return _forward_failed(p, err, tol, start, findings)
     base_out = shared.out
     base = base_out.logits.float()  # (B, T, V)
     tol = TOLERANCE.get(base_out.logits.dtype, 1e-5) if tol is None else float(tol)
@@ -195,6 +197,28 @@ def audit_pipeline(p: Pipeline, *, max_examples: int = 4, tol: float | None = No
         seconds=time.perf_counter() - start, findings=list(findings or []),
     )
     return report, base_out
+
+
+def _forward_failed(p: Pipeline, err: Exception, tol: float, start: float,
+                    findings: list | None) -> tuple[AuditReport, ForwardOutput]:
+    """NOT MEASURED for a forward that raised inside a backend (e.g. transformers' ``get_target_dtype``
+    finding no ``nn.Linear`` in GPT-2 on the flash path: ``StopIteration``): the leak probes and the
+    positions are skipped naming the exception; loss coverage needs no forward and still runs."""
+    first = (str(err).splitlines() or [""])[0][:200]
+    impl = getattr(getattr(p.model, "config", None), "_attn_implementation", None)
+    why = (f"not measured: the pipeline's forward raised {type(err).__name__}"
+           f"{': ' + first if first else ''} (attn_implementation={impl!r}), so no probe that needs it ran")
+    probes = {name: ProbeResult(name, "skipped", None, tol, why) for name in (*LEAK_PROBES, "positions")}
+    probes["loss_coverage"] = loss_coverage(p)
+    S = len(p.example_ids)
+    finding = Finding("forward", "skipped", why, "run the same batch under another attention implementation "
+                      "(eager or sdpa), or fix the error the forward raises; then audit again")
+    report = AuditReport(probes=probes, boundaries=p.boundaries, example_ids=p.example_ids, forward=p.forward,
+                         logit_change=torch.full((S, S), float("nan")), gradient_ratio=None,
+                         attention_outside=None, worst_pair=None, causes=[],
+                         seconds=time.perf_counter() - start, findings=[*(findings or []), finding])
+    dtype = next(p.model.parameters()).dtype
+    return report, ForwardOutput(torch.empty((*p.input_ids.shape, 0), dtype=dtype))
 
 
 def worst_pair(ids: list[int], change: torch.Tensor, ratio) -> WorstPair | None:
