@@ -392,7 +392,9 @@ def test_trl_padding_free_on_the_flash_path_is_measured_on_the_reference_kernel(
 def test_an_sft_trainer_on_a_moe_model_is_not_failed_for_its_router_aux_loss(tmp_path):
     """TRL's SFTTrainer on a MoE model turns the router load-balancing loss on (aux_loss_enabled) and adds it
     to the token mean in compute_loss: the loss over accumulation compares the token mean without it (it
-    is not a per-token mean), says so, and passes a correct run; its value is the mean CE computed here."""
+    is not a per-token mean), says so, and passes a correct run; its value is the mean CE computed here.
+    Also the pin of TRL's ``aux_loss_enabled`` (SFTTrainer.__init__, read from TRL 1.9.0 and 1.16.0), which
+    packsim.core.upstream.trl_trainers.without_aux_loss switches off."""
     from transformers import MixtralConfig, MixtralForCausalLM
 
     from packsim.core.tokenizer import build_tokenizer
@@ -417,3 +419,32 @@ def test_an_sft_trainer_on_a_moe_model_is_not_failed_for_its_router_aux_loss(tmp
     want = torch.nn.functional.cross_entropy(logits[..., :-1, :].reshape(-1, logits.shape[-1]), labels,
                                              ignore_index=-100)
     assert f"the mean over all counted labels is {float(want):.6g}" in accumulation.evidence
+
+
+def test_a_trainer_whose_forward_raises_in_a_backend_is_not_measured(tmp_path):
+    """GPT-2 on transformers' flash path (reference kernel) under a Trainer: the forward raises in
+    transformers' get_target_dtype (measured here through the trainer's own compute_loss); audit_trainer
+    answers NOT MEASURED naming it, and does not run the loss check into the same exception."""
+    from transformers import DataCollatorWithFlattening, GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=64, bos_token_id=1, eos_token_id=2)
+    model = GPT2LMHeadModel(cfg)
+    model.set_attn_implementation(packsim.emulate_flash().name)
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(3, 60, (n,), generator=g).tolist() for n in (7, 9, 6, 8)]
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=1, report_to="none",
+                             use_cpu=True, save_strategy="no")
+    trainer = Trainer(model=model, args=args, train_dataset=datasets.Dataset.from_dict({"input_ids": rows}),
+                      data_collator=DataCollatorWithFlattening())
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    try:
+        trainer.compute_loss(model, batch)
+        raised = None
+    except Exception as err:  # noqa: BLE001 - the ground truth: the trainer's own step
+        raised = type(err).__name__
+    if raised is None:
+        pytest.skip("this transformers runs GPT-2 on the flash path")
+    report = packsim.audit_trainer(trainer, objective="lm")
+    assert report.status == "not measured" and not report.ok, report.table()
+    assert f"raised {raised}" in next(f for f in report.findings if f.name == "forward").evidence
+    assert next(f for f in report.findings if f.name == "loss_over_accumulation").status == "skipped"

@@ -40,14 +40,13 @@ Lessons: none directly.
 from __future__ import annotations
 
 import inspect
-import random
 import warnings
-from contextlib import contextmanager
 
 import torch
 from transformers import Trainer, TrainerCallback
 
 from packsim.auditing.grpo import is_grpo
+from packsim.auditing.no_trace import random_generators
 from packsim.auditing.preference import is_dpo
 from packsim.auditing.trainer import audit_trainer
 from packsim.core.errors import PacksimError
@@ -62,25 +61,6 @@ class AuditFailed(RuntimeError):
         self.report = report
         super().__init__("packsim.AuditCallback stopped training before the first step: the audit\n"
                          "of the training batches failed.\n" + str(report))
-
-
-@contextmanager
-def _own_randomness():
-    """Leave the torch (CPU and CUDA), Python and NumPy generators as they were."""
-    py = random.getstate()
-    try:
-        import numpy as np
-        state = np.random.get_state()
-    except ImportError:  # pragma: no cover - numpy ships with torch's usual installs
-        np, state = None, None
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=devices):
-        try:
-            yield
-        finally:
-            random.setstate(py)
-            if np is not None:
-                np.random.set_state(state)
 
 
 def _calling_trainer():
@@ -138,7 +118,7 @@ class AuditCallback(TrainerCallback):
     def _audit(self, trainer, control, batch=None) -> None:
         self._busy = True
         try:
-            with _own_randomness():  # the sampler's shuffle draws from torch's generator: fork it away
+            with random_generators():  # the sampler's shuffle draws from torch's generator: fork it away
                 self.report = audit_trainer(trainer, batches=self.batches, batch=batch, **self.audit_kwargs)
                 first = batch if batch is not None else next(iter(trainer.get_train_dataloader()), None)
                 self._largest = max(self._largest, _tokens(first))

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.modules.module as torch_module
 
-__all__ = ["leaves_no_trace", "no_trace"]
+__all__ = ["leaves_no_trace", "no_trace", "random_generators"]
 
 
 def _hook_state(owner: dict) -> dict:
@@ -56,24 +56,23 @@ def _restore_hooks(owner: dict, before: dict) -> None:
 
 
 @contextmanager
-def _random_generators():
-    """Torch (CPU, every CUDA device), NumPy's global and Python's generators, as they were."""
-    py, cpu = random.getstate(), torch.get_rng_state()
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+def random_generators():
+    """Torch (CPU, every CUDA device: ``torch.random.fork_rng``), NumPy's global and Python's
+    generators, as they were."""
+    py = random.getstate()
     try:
         import numpy as np
         state = np.random.get_state()
     except ImportError:  # pragma: no cover - numpy ships with torch's usual installs
         np, state = None, None
-    try:
-        yield
-    finally:
-        random.setstate(py)
-        torch.set_rng_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
-        if np is not None:
-            np.random.set_state(state)
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        try:
+            yield
+        finally:
+            random.setstate(py)
+            if np is not None:
+                np.random.set_state(state)
 
 
 @contextmanager
@@ -86,7 +85,7 @@ def no_trace(model=None):
     hooks = [(_hook_state(vars(m)), set(vars(m))) for m in modules]
     global_hooks = _hook_state(vars(torch_module))
     grads = [(p.requires_grad, None if p.grad is None else p.grad.detach().clone()) for p in params]
-    with _random_generators():
+    with random_generators():
         try:
             yield
         finally:

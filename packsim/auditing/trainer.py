@@ -335,10 +335,15 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
             return hit if hit is not None else model(**logit_fields(model, rest)[0], **forward_kwargs).logits
 
         model.eval()  # dropout off: the two forwards compared below must see the same network
+        failed = next((f for r, *_ in results for f in r.findings if f.name == "forward"), None)
         try:
-            accumulation = loss_over_accumulation(trainer, [b for b, _ in drawn], logits, autocast, compute) \
-                if batch is None else Finding("loss_over_accumulation", "skipped", "not measured: a re-audit of "
-                                              "one batch seen during training (it needs a whole accumulation step)")
+            if failed is not None:  # the forward raised in a backend: compute_loss would raise the same
+                accumulation = Finding("loss_over_accumulation", "skipped", f"{failed.evidence} (see forward)")
+            elif batch is None:
+                accumulation = loss_over_accumulation(trainer, [b for b, _ in drawn], logits, autocast, compute)
+            else:
+                accumulation = Finding("loss_over_accumulation", "skipped", "not measured: a re-audit of one "
+                                       "batch seen during training (it needs a whole accumulation step)")
         except ValueError as err:  # a hybrid's torch fallback refusing seq_idx: not measured here
             refused = kernel_refusal(model, err)
             if not refused:
