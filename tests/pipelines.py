@@ -66,3 +66,17 @@ def leak_through_forward(trainer) -> float:
             worst = max(worst, float(diff[others].max()) if bool(others.any()) else 0.0)
     model.train(was_training)
     return worst
+
+
+def flattening_trainer(model, out, high: int = 90, **collate):
+    """A transformers Trainer packing four seeded rows of 7, 9, 6, 8 random ids (3..high) with
+    DataCollatorWithFlattening(**collate), one step, on CPU: the shape several audit tests build."""
+    import datasets
+    from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
+
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(3, high, (n,), generator=g).tolist() for n in (7, 9, 6, 8)]
+    args = TrainingArguments(output_dir=str(out), per_device_train_batch_size=4, max_steps=1, report_to="none",
+                             use_cpu=True, save_strategy="no")
+    return Trainer(model=model, args=args, train_dataset=datasets.Dataset.from_dict({"input_ids": rows}),
+                   data_collator=DataCollatorWithFlattening(**collate)), rows

@@ -108,17 +108,11 @@ def test_a_flattening_trainer_on_a_hybrid_names_the_state_not_custom_attention(b
     """DataCollatorWithFlattening without seq_idx on Bamba: attention is isolated by position_ids, the Mamba2
     conv / SSM state is not. audit_trainer adds the hybrid_state finding and the cause names the state and
     the fix (seq_idx, the kernels), not "check custom attention code"."""
-    import datasets
-    from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
+    from pipelines import flattening_trainer
 
     from packsim import audit_trainer
 
-    g = torch.Generator().manual_seed(0)
-    rows = [torch.randint(3, 90, (n,), generator=g).tolist() for n in (7, 9, 6, 8)]
-    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=1, report_to="none",
-                             use_cpu=True, save_strategy="no")
-    trainer = Trainer(model=bamba, args=args, train_dataset=datasets.Dataset.from_dict({"input_ids": rows}),
-                      data_collator=DataCollatorWithFlattening())
+    trainer, rows = flattening_trainer(bamba, tmp_path)
     batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
     assert "seq_idx" not in batch
     ids = batch["input_ids"][0]

@@ -425,17 +425,13 @@ def test_a_trainer_whose_forward_raises_in_a_backend_is_not_measured(tmp_path):
     """GPT-2 on transformers' flash path (reference kernel) under a Trainer: the forward raises in
     transformers' get_target_dtype (measured here through the trainer's own compute_loss); audit_trainer
     answers NOT MEASURED naming it, and does not run the loss check into the same exception."""
-    from transformers import DataCollatorWithFlattening, GPT2Config, GPT2LMHeadModel
+    from pipelines import flattening_trainer
+    from transformers import GPT2Config, GPT2LMHeadModel
 
     cfg = GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=64, bos_token_id=1, eos_token_id=2)
     model = GPT2LMHeadModel(cfg)
     model.set_attn_implementation(packsim.emulate_flash().name)
-    g = torch.Generator().manual_seed(0)
-    rows = [torch.randint(3, 60, (n,), generator=g).tolist() for n in (7, 9, 6, 8)]
-    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=1, report_to="none",
-                             use_cpu=True, save_strategy="no")
-    trainer = Trainer(model=model, args=args, train_dataset=datasets.Dataset.from_dict({"input_ids": rows}),
-                      data_collator=DataCollatorWithFlattening())
+    trainer, _ = flattening_trainer(model, tmp_path, high=60)
     batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
     try:
         trainer.compute_loss(model, batch)

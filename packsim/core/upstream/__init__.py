@@ -1,9 +1,12 @@
-"""Every reach packsim's library makes into another library's private machinery, one module each.
+"""The reaches packsim's library makes into another library's private machinery, one module each.
 
 A transformers, TRL or ``kernels`` release that moves one of these breaks packsim in exactly one
 place, and the pin test beside each module (``tests/test_upstream_*.py``) fails first, naming what
 moved and the version the reach was read from. The exhibits and the lessons show internals on
-purpose and keep their own reaches; the library (core, auditing) uses only these.
+purpose and keep their own reaches. Still outside (used where they are called, run on both window
+ends by .ci/window): the transformers ``Trainer`` calls the trainer audit makes as the training loop
+does (``_prepare_inputs``, ``get_batch_samples``, ``current_gradient_accumulation_steps``) and reads of
+``config._attn_implementation``.
 
     hub_kernels   transformers' kernel wrappers for the hybrid families (causal_conv1d, mamba_ssm, fla)
     flash_utils   transformers' flash path: ``_lazy_imports`` and the attention / mask registries
