@@ -763,3 +763,26 @@ def test_a_forward_that_raises_in_a_backend_is_not_measured_naming_it():
     assert report.status == "not measured" and not report.ok
     forward = next(f for f in report.findings if f.name == "forward")
     assert f"raised {raised}" in forward.evidence and "packsim_reference_flash" in forward.evidence
+
+
+def test_a_stale_max_length_on_the_flash_path_is_a_fail_not_an_exception():
+    """max_length_q one short of the longest example (computed here from the examples): flash-attn would
+    size its grid by it and silently leave the rest uncomputed; packsim's reference kernel refuses it.
+    Either way the audit answers FAIL naming flash_fields, never the kernel's exception."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = LlamaForCausalLM(cfg).eval()
+    model.set_attn_implementation(packsim.emulate_flash().name)
+    examples = [[1, 5, 6, 7, 2], [1, 8, 9, 2], [1, 10, 11, 12, 13, 14, 2]]
+    batch = dict(DataCollatorWithFlattening(return_flash_attn_kwargs=True)([{"input_ids": e} for e in examples]))
+    longest = max(map(len, examples))
+    assert packsim.audit(model, batch, examples=examples, objective="lm").status == "pass"  # the collator's own fields
+    stale = {**batch, "max_length_q": longest - 1}
+    with pytest.raises(PacksimError, match="max_seqlen_q"), torch.no_grad():
+        model(**stale)  # the ground truth: the reference kernel refuses the forward
+    report = packsim.audit(model, stale, examples=examples, objective="lm")
+    assert report.status == "fail" and not report.ok and report.failed == ["flash_fields"], report.table()
+    assert f"max_length_q={longest - 1}" in next(f for f in report.findings if f.name == "flash_fields").evidence

@@ -444,3 +444,30 @@ def test_a_trainer_whose_forward_raises_in_a_backend_is_not_measured(tmp_path):
     assert report.status == "not measured" and not report.ok, report.table()
     assert f"raised {raised}" in next(f for f in report.findings if f.name == "forward").evidence
     assert next(f for f in report.findings if f.name == "loss_over_accumulation").status == "skipped"
+
+
+def test_a_collator_writing_a_stale_max_length_fails_the_trainer_audit(checkpoint, tmp_path):
+    """A flattening collator whose max_length_q is one short of the longest example of its batch (the
+    ground truth, computed here): the trainer's flash forward is refused by the reference kernel, and
+    audit_trainer answers FAIL naming flash_fields instead of raising."""
+    from pipelines import flattening_trainer
+    from transformers import DataCollatorWithFlattening
+
+    from packsim.core.flash_emulation import emulate_flash
+
+    flat = DataCollatorWithFlattening(return_flash_attn_kwargs=True)
+    stale_batches = []
+
+    def stale(features):
+        batch = flat(features)
+        batch["max_length_q"] = max(len(f["input_ids"]) for f in features) - 1
+        stale_batches.append(batch)
+        return batch
+
+    model = _model(checkpoint, emulate_flash().name)
+    trainer, _rows = flattening_trainer(model, tmp_path, high=model.config.vocab_size)
+    assert packsim.audit_trainer(trainer, objective="lm").status == "pass"  # the collator's own fields
+    trainer.data_collator = stale
+    report = packsim.audit_trainer(trainer, objective="lm")
+    assert stale_batches and report.status == "fail" and report.failed == ["flash_fields"], report.table()
+    assert "max_seqlen_q" in next(f for f in report.findings if f.name == "forward").evidence

@@ -157,8 +157,13 @@ def audit_pipeline(p: Pipeline, *, max_examples: int = 4, tol: float | None = No
     S = len(p.example_ids)
     try:
         shared = shared_baseline(p, seed, record=S >= 2)  # the leak probes share its graph and maps
-    except PacksimError:  # packsim's own word on the input: one line, as before
-        raise
+    except PacksimError as err:  # packsim's own word on the input: one line, unless a finding explains it
+        fields = p.context.get("fields") or {}
+        if not (any(f.status == "fail" for f in findings or ())
+                or (has_flash_fields(fields) and flash_fields(fields).failed)):
+            raise
+        tol = TOLERANCE.get(next(p.model.parameters()).dtype, 1e-5) if tol is None else float(tol)
+        return _forward_failed(p, err, tol, start, findings)  # e.g. a stale max_length_q: FAIL (flash_fields)
     except Exception as err:  # noqa: BLE001 - a backend's failure is a verdict (NOT MEASURED), not a traceback
         tol = TOLERANCE.get(next(p.model.parameters()).dtype, 1e-5) if tol is None else float(tol)
         refused = kernel_refusal(p.model, err)  # a hybrid's torch fallback refusing seq_idx
@@ -211,8 +216,10 @@ def _forward_failed(p: Pipeline, err: Exception, tol: float, start: float,
     probes = {name: ProbeResult(name, "skipped", None, tol, why) for name in (*LEAK_PROBES, "positions")}
     probes["loss_coverage"] = loss_coverage(p)
     S = len(p.example_ids)
-    finding = Finding("forward", "skipped", why, "run the same batch under another attention implementation "
-                      "(eager or sdpa), or fix the error the forward raises; then audit again")
+    fix = ("fix the failing finding (the forward refused the batch it names), then audit again"
+           if isinstance(err, PacksimError) else "run the same batch under another attention implementation "
+           "(eager or sdpa), or fix the error the forward raises; then audit again")
+    finding = Finding("forward", "skipped", why, fix)
     report = AuditReport(probes=probes, boundaries=p.boundaries, example_ids=p.example_ids, forward=p.forward,
                          logit_change=torch.full((S, S), float("nan")), gradient_ratio=None,
                          attention_outside=None, worst_pair=None, causes=[],
