@@ -65,10 +65,14 @@ def test_non_utf8_data_is_exit_2_with_the_line(root, capsys):
 def test_unreadable_data_is_exit_2(root, capsys, monkeypatch):
     import pathlib
 
-    def denied(self):
-        raise PermissionError(13, "Permission denied", str(self))
+    data, opened = root / "data.jsonl", pathlib.Path.open
 
-    monkeypatch.setattr(pathlib.Path, "read_bytes", denied)  # root reads any mode: deny it here
+    def denied(self, *args, **kwargs):
+        if self == data:
+            raise PermissionError(13, "Permission denied", str(self))
+        return opened(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "open", denied)  # root reads any mode: deny the data file here
     assert gate("--model", root / "ckpt", "--data", root / "data.jsonl", "--collator", "packsim") == 2
     assert "cannot read it (Permission denied)" in one_error_line(capsys)
 

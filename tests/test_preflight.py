@@ -206,8 +206,31 @@ def test_a_record_longer_than_the_model_holds_is_refused_before_tokenizing(files
         main(["audit", "--model", str(files / "ckpt"), "--data", str(data), "--collator", "packsim"])
     assert exit_info.value.code == 2 and time.perf_counter() - start < 20
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"line 2 of {data} holds a record of {(megabytes << 20) + 1:,} characters, more " \
+    assert len(err) == 1 and f"line 2 of {data} holds more than" in err[0] and f"bytes, so a record of more " \
         f"than the {limit:,} characters" in err[0] and "split it into shorter records" in err[0], err
+
+
+def test_the_data_file_is_read_a_line_at_a_time_and_a_long_line_no_further_than_the_bound(tmp_path):
+    """A 20 MB line: refused after reading at most the bound's bytes (tracemalloc's peak, measured here, stays
+    under 2 MB); a line of more characters than the bound but fewer bytes than its cap is parsed and named
+    with its exact size; a file of many records is all read."""
+    import tracemalloc
+
+    limit = 20_480
+    data = tmp_path / "long.jsonl"
+    short = json.dumps({"prompt": "p", "completion": "c"}) + "\n"
+    data.write_text(short + json.dumps({"prompt": "a" * (20 << 20), "completion": "b"}) + "\n")
+    tracemalloc.start()
+    with pytest.raises(PacksimError, match="line 2 of .* holds more than"):
+        load_records(data, limit, "characters")
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 2 << 20, f"peak {peak:,} bytes: the long line was read whole"
+    data.write_text(short + json.dumps({"prompt": "a" * (limit + 5), "completion": "b"}) + "\n")
+    with pytest.raises(PacksimError, match=f"holds a record of {limit + 6:,} characters, more than the {limit:,}"):
+        load_records(data, limit, "characters")
+    data.write_text(short * 1000 + "\n")  # a trailing empty line is skipped
+    assert len(load_records(data, limit, "characters")) == 1000
 
 
 @pytest.fixture(scope="module")

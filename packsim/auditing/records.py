@@ -19,32 +19,49 @@ from packsim.core.errors import PacksimError
 __all__ = ["POSITION_KEYS", "load_records", "record_bound"]
 
 
-def _read_text(path: Path) -> str:
-    """The file as UTF-8 text; unreadable or non-UTF-8 bytes raise PacksimError naming the place."""
+# JSON writes a character in at most 12 bytes (an escaped surrogate pair: \ud83d\ude00 for one emoji),
+# plus the keys and quotes of a record: a line longer than this holds more characters than the bound
+_BYTES_PER_CHAR, _RECORD_OVERHEAD = 12, 4096
+
+
+def _lines(path: Path, max_chars: int | None):
+    """(line number, text) of each line, read one line at a time: a line of more bytes than a record of
+    ``max_chars`` characters can take is refused after reading that many bytes, never the whole line or
+    file (memory bounded by the longest record the model holds, not by the file)."""
+    cap = None if max_chars is None else _BYTES_PER_CHAR * max_chars + _RECORD_OVERHEAD
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as f:
+            for n, raw in enumerate(iter(lambda: f.readline(-1 if cap is None else cap + 1), b""), start=1):
+                if cap is not None and len(raw) > cap:
+                    yield n, None  # longer than any record within the bound: not decoded, not parsed
+                    return
+                try:
+                    yield n, raw.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise PacksimError(f"--data {path} is not UTF-8 text (byte 0x{raw[err.start]:02x} on line {n}): "
+                                       "save it as UTF-8 (e.g. iconv -f latin1 -t utf-8).") from None
     except OSError as err:
         raise PacksimError(f"--data {path}: cannot read it ({err.strerror or type(err).__name__}): pass a "
                            "readable JSON Lines file.") from None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = raw[:err.start].count(b"\n") + 1
-        raise PacksimError(f"--data {path} is not UTF-8 text (byte 0x{raw[err.start]:02x} on line {line}): "
-                           "save it as UTF-8 (e.g. iconv -f latin1 -t utf-8).") from None
 
 
 def load_records(path: str | Path, max_chars: int | None = None, limit: str = "") -> list[dict]:
     """The prompt/completion records of a JSONL file; a bad line or bad bytes raise PacksimError naming it.
 
     ``max_chars`` (:func:`record_bound`): a record whose prompt + completion is longer is refused
-    before anything tokenizes it, naming its line, its size and ``limit`` (why the bound)."""
+    before anything tokenizes it, naming its line, its size and ``limit`` (why the bound). The file is
+    read a line at a time and a line is read at most as far as such a record could reach, so a 50 MB
+    line costs no more memory than the longest record the model holds."""
     path = Path(path)
     if not path.is_file():
         raise PacksimError(f"--data {path}: no such file: pass a JSON Lines file with one "
                            '{"prompt": ..., "completion": ...} object per line.')
     records = []
-    for n, line in enumerate(_read_text(path).splitlines(), start=1):
+    for n, line in _lines(path, max_chars):
+        if line is None:
+            raise PacksimError(f"line {n} of {path} holds more than {_BYTES_PER_CHAR * max_chars + _RECORD_OVERHEAD:,} "
+                               f"bytes, so a record of more than the {max_chars:,} {limit}: split it into shorter "
+                               "records or drop it.")
         if not line.strip():
             continue
         try:
