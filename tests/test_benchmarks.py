@@ -426,3 +426,23 @@ def test_pack_inputs_times_every_input_kind_and_checks_their_packs_agree(bench, 
     assert {r["input"] for r in rows} == {*pack_inputs.KINDS, "list (before)", "numpy"}
     assert {r["call"] for r in rows if r["input"] == "list"} == {"pack_arrays", "pack() lists"}
     assert all(len(r["times"]) == 1 and r["x_faster_than_trl_1batch"] is None for r in rows)  # no TRL: no ratio
+
+
+def test_random_audits_quick_agrees_with_its_ground_truth_and_the_truth_can_see_each_fault(tmp_path, bench):
+    """--quick audits random cells (family x path x fault x evidence) and records each seed; every
+    fault is bad by the script's own ground truth (so agreement is not a pass-everything), and a
+    quick run agrees on all of them."""
+    import random
+
+    ra = bench("random_audits")
+    rng = random.Random(0)
+    for fault in ra.FAULTS:  # the ground truth alone, on one batch per fault
+        exs = ra.examples(rng)
+        batch = ra.batch_with_fault(exs, fault)
+        truth = ra.truth(ra.tiny_model("llama", "flash"), exs, batch, random.Random(1))
+        assert truth["bad"] == (fault != "none"), (fault, truth)
+    out = run_script("random_audits.py", tmp_path, "--quick", "--cells", "12")
+    last_line_is_table(out)
+    rows = json.loads((tmp_path / "random_audits.json").read_text())["rows"]
+    assert len(rows) == 12 and all(r["check"] == "agrees" for r in rows), [r for r in rows if r["check"] != "agrees"]
+    assert len({r["seed"] for r in rows}) == 12
