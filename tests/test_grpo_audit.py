@@ -87,3 +87,44 @@ def test_the_audit_sees_a_leak_in_the_same_rows(trainer):
     seq = torch.where(rows["attention_mask"].bool(), torch.arange(4)[:, None].expand_as(rows["input_ids"]), -1)
     report = audit_logprobs(model, ones, seq=seq, use_cache=False)
     assert report.status == "leaks"
+
+
+def _grpo(tmp_path, bf16: bool, callbacks=()):
+    import datasets
+
+    from packsim.core.model import build_model
+    from packsim.core.tokenizer import build_tokenizer
+
+    tok = copy.deepcopy(build_tokenizer())
+    model = build_model("tiny", vocab_size=len(tok), attn_implementation="sdpa", seed=0)
+    args = trl.GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
+                          max_completion_length=6, max_steps=1, report_to="none", save_strategy="no",
+                          use_cpu=True, bf16=bf16, seed=0)
+    return trl.GRPOTrainer(model=model, reward_funcs=_reward, args=args, callbacks=list(callbacks),
+                           train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}), processing_class=tok)
+
+
+def test_a_bf16_grpo_run_is_audited_in_bf16_and_trains_with_the_callback_as_without_it(tmp_path):
+    """GRPOConfig(bf16=True): the log-prob check runs under the trainer's autocast and its tolerance follows
+    bf16, so the padded (isolated, by _truth here) rows are not called leaking; with AuditCallback the run's
+    weights after its step are those of the same run without it (generation, RNG and all)."""
+    import packsim
+
+    trainer = _grpo(tmp_path / "audit", bf16=True)
+    rows = grpo_rows(trainer)
+    ids, mask = rows["input_ids"], rows["attention_mask"]
+    with torch.no_grad():  # ground truth, fp32 outside autocast: each padded row's real tokens vs them alone
+        padded = trainer.model.eval()(input_ids=ids, attention_mask=mask).logits  # (B, T, V)
+        for b in range(ids.shape[0]):
+            alone = trainer.model(input_ids=ids[b, mask[b].bool()][None]).logits[0]
+            assert float((padded[b, mask[b].bool()] - alone).abs().max()) < 1e-4  # isolated
+    result = packsim.audit_trainer(trainer)
+    assert result.ok and result.logprobs.status == "isolated", result.table()
+    reference = _grpo(tmp_path / "a", bf16=True)
+    reference.train()
+    callback = packsim.AuditCallback()
+    audited = _grpo(tmp_path / "b", bf16=True, callbacks=[callback])
+    audited.train()
+    assert callback.report is not None and callback.report.ok
+    for (name, a), b in zip(reference.model.named_parameters(), audited.model.parameters(), strict=True):
+        assert torch.equal(a, b), name

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from collections.abc import Mapping
 
 import torch
 from transformers import Trainer, TrainerCallback
@@ -155,6 +156,7 @@ class AuditCallback(TrainerCallback):
 
 
 def _tokens(batch) -> int:
-    """Tokens a collated batch holds (rows x columns of input_ids), 0 for None."""
-    ids = None if batch is None else batch.get("input_ids")
+    """Tokens a collated batch holds (rows x columns of input_ids), 0 for None or a batch that is not a
+    mapping (GRPOTrainer's dataloader yields the raw prompt records, a list of dicts)."""
+    ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
     return int(ids.numel()) if isinstance(ids, torch.Tensor) else 0
