@@ -6,8 +6,9 @@ config by :func:`packsim.core.model.model_from_config`: no download). Hybrid fam
 Qwen3-Next, LFM2, Mamba2, Zamba2, GraniteMoeHybrid, FalconH1. A cell runs one packed row of 32 tokens
 (three examples of 10, 13 and 9 tokens) under one condition and compares each example's packed logits
 with the example run alone (input_ids (1, L), no positions, no mask): the cell is "isolated" when no
-token moves by more than ``tol`` (fp32: 1e-6 for hybrids, whose isolated cells measure <= 2e-7 and
-whose tiny gated DeltaNet leaks 2.5e-6 without ``cu_seq_lens_*``; 1e-5 for mRoPE), "leaks"
+token moves by more than ``tol`` (fp32: 1e-6 for hybrids, above their isolated cells' round-off and
+below the smallest leak, the tiny gated DeltaNet's without ``cu_seq_lens_*``: docs/audit.md "Beyond
+SFT on attention-only decoders" has the numbers; 1e-5 for mRoPE), "leaks"
 otherwise, and "needs CUDA" when transformers refuses to run the condition because the only path
 that keeps examples apart is a kernel package that is not bound. Then :func:`packsim.audit` runs the
 same forward and the cell records whether its verdict agrees.
@@ -23,18 +24,21 @@ global state; ``reference_kernels=False`` keeps transformers as loaded): packsim
 - the Mamba2 / short-convolution / gated-delta-rule layers call kernel functions wrapped by
   ``integrations.hub_kernels.use_kernel_func_from_hub_with_fallback``; without the packages (and
   without the reference kernels: ``reference_kernels=False``) the torch fallbacks take ``**kwargs``
-  and ignore them, and the wrapper RAISES when ``seq_idx`` or ``cu_seqlens`` reaches a fallback
-  (transformers 5.24 on; 5.16.1 drops them silently, and those cells leak);
+  and ignore them, and the wrapper RAISES when ``seq_idx`` or ``cu_seqlens`` reaches a fallback on
+  the transformers versions whose wrapper refuses (read from the installed wrapper by
+  :func:`packsim.core.upstream.hub_kernels.refuses`); where it drops them silently, those cells leak;
 - the conv kernels read ``seq_idx``, never ``cu_seq_lens_q/k`` (the wrapper passes a kernel only
   its own parameters); Qwen3-Next's gated delta rule takes ``cu_seq_lens_q`` as ``cu_seqlens``, so
   it needs both;
 - ``GraniteMoeHybridModel`` builds its attention mask without ``position_ids`` (mask_kwargs in
   models/granitemoehybrid), so its attention needs a 4D block-diagonal mask next to ``seq_idx``;
-- ``Mamba2ForCausalLM.forward`` passed neither ``seq_idx`` nor ``**kwargs`` to its backbone up to
-  transformers 5.24 (models/mamba2), so ``seq_idx`` never reached a mixer through it, with any kernel
-  (the cells give file:line); 5.25 passes ``**kwargs``, and it isolates with ``seq_idx`` like the
-  others. In 5.16.1 ``Mamba2Block`` and ``FalconH1DecoderLayer`` drop it too, before their mixers.
-  :func:`dropped_seq_idx` reads which call drops it from the installed source;
+- a call on the way from the model to its mixers may pass neither ``seq_idx`` nor ``**kwargs``
+  (``Mamba2ForCausalLM.forward`` to its backbone, ``Mamba2Block`` and ``FalconH1DecoderLayer`` to
+  their mixers, in models/mamba2 and models/falcon_h1): then ``seq_idx`` never reaches a mixer
+  through it, with any kernel (the cells give file:line); where every call passes it, the family
+  isolates with ``seq_idx`` like the others. :func:`dropped_seq_idx` reads which calls drop it from
+  the installed source; which transformers versions do is in the README's "Tested versions" and
+  docs/audit.md's "The versions the audit is tested on";
 - the Qwen2-VL text model (models/qwen2_vl, ``Qwen2VLTextModel.forward``) builds the packed mask
   only from 4-row position_ids (text positions prepended to the 3 rope rows); 2D or 3-row
   positions are expanded and the mask is plain causal over the row.
@@ -148,8 +152,8 @@ def _where(obj, marker: str) -> str:
 
 
 # the calls that carry seq_idx (in **kwargs) from the model down to a family's stateful layer, outermost
-# first: (class in the family's modeling module, the callee inside its forward). Up to transformers 5.24
-# Mamba2ForCausalLM drops it at its backbone; in 5.16.1 Mamba2Block and FalconH1DecoderLayer drop it too
+# first: (class in the family's modeling module, the callee inside its forward): the calls some transformers
+# versions write without it (which ones: the README's "Tested versions"), read from the installed source
 _CARRIERS = {"mamba2": (("Mamba2ForCausalLM", "self.backbone"), ("Mamba2Block", "self.mixer")),
              "falcon_h1": (("FalconH1DecoderLayer", "self.mamba"),)}
 
@@ -174,7 +178,7 @@ def dropped_seq_idx(family: str) -> list[str]:
 
 
 def mamba2_drops_seq_idx() -> bool:
-    """Whether ``Mamba2ForCausalLM.forward`` itself drops seq_idx at its backbone (up to transformers 5.24)."""
+    """Whether ``Mamba2ForCausalLM.forward`` itself drops seq_idx at its backbone, in the installed transformers."""
     return any(d.startswith("Mamba2ForCausalLM.") for d in dropped_seq_idx("mamba2"))
 
 

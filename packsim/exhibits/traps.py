@@ -30,14 +30,14 @@ at run time; after loading it runs the same transformers code as the flash_atten
 running the reference under its name would repeat that column, not measure the hub kernel. Where
 CUDA and the kernels package are present it runs as given (bfloat16, ``FLASH_TOL``).
 flex_attention runs UNCOMPILED on CPU by default (transformers' flex masking code, torch's flex
-kernel without torch.compile): compiling costs seconds per mask on CPU and, measured on torch
-2.13.0+cpu, compiled CPU flex with a 4D tensor mask crashed the process (see
-tests/test_transformers_traps.py); with ``compile_flex=True`` on CPU those 4D-tensor cells are
-"not run" instead of crashing.
+kernel without torch.compile): compiling costs seconds per mask on CPU, and compiled CPU flex with
+a 4D tensor mask has crashed the process (the torch build it crashed on, and the culprit, are in
+tests/test_transformers_traps.py's ``test_compiled_flex_with_4d_tensor_mask``); with
+``compile_flex=True`` on CPU those 4D-tensor cells are "not run" instead of crashing, on any torch.
 
 Meant for lessons 04 and 07 and docs/audit.md, to print instead of prose claims, so the course stays
 true when transformers changes. The full table (8 families x 5 implementations x 8 conditions) takes
-minutes on a 2-core CPU: pass ``families=`` / ``impls=`` / ``conditions=`` for a subset.
+minutes on a small CPU: pass ``families=`` / ``impls=`` / ``conditions=`` for a subset.
 
 Lessons: 04.
 """
@@ -177,9 +177,8 @@ def impl_reason(impl: str) -> str:
 def _cell_reason(impl: str, condition: str, compile_flex: bool, cuda: bool = False) -> str:
     """Why this one cell is not run ('' when it can run)."""
     if impl == "flex_attention" and compile_flex and not torch.cuda.is_available() and condition.endswith("_4d"):
-        return (f"compiled flex_attention on CPU with a 4D tensor mask crashed the process when "
-                f"measured on torch 2.13.0+cpu (installed: {torch.__version__}); run with "
-                "compile_flex=False")
+        return ("compiled flex_attention on CPU with a 4D tensor mask has crashed the process, so it is "
+                f"never run here (installed torch: {torch.__version__}); run with compile_flex=False")
     if impl in FLASH_IMPLS and cuda and condition.endswith("_4d"):  # the out-of-range index of
         return (f"{NO_4D_MASK} (an IndexError on CPU); not run on CUDA, where that index is a "  # _upad_input
                 "device-side assert that would stop every later cell")
