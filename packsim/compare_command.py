@@ -30,7 +30,7 @@ def plotly_installed() -> bool:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--fast", action="store_true", help="notebook budget (~2 min on 2 CPU cores); default: full mode")
+    p.add_argument("--fast", action="store_true", help="the notebook budget (buggy vs correct, 1 seed, 220 steps); default: full mode")
     p.add_argument("--data", choices=COMPARE_DESIGNS, default="tasks", help="data design (default: tasks)")
     p.add_argument("--setups", help="comma-separated presets or mask+positions+loss combinations "
                    "(default: buggy,correct in fast mode; buggy,correct,mask_fix,loss_fix,padded in full)")

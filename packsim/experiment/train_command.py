@@ -1,9 +1,11 @@
 """``packsim train``: its options checked, one process or N through torchrun, and its outputs (lesson 10).
 
 Run plainly it is one process. Launched by a real launcher it trains data-parallel, one rank per
-process (:mod:`packsim.experiment.data_parallel` is the step each rank runs; with accelerate 1.15,
-``--cpu --num_processes 2`` starts ONE process: its simple launcher uses ``--num_processes`` only
-for mpirun; ``--multi_gpu`` goes through torch.distributed.run, gloo when there is no GPU)::
+process (:mod:`packsim.experiment.data_parallel` is the step each rank runs; ``accelerate launch
+--cpu --num_processes 2`` has started ONE process: accelerate's simple launcher used
+``--num_processes`` only for mpirun, the accelerate version it was seen on is in the README's
+"Data-parallel training"; ``--multi_gpu`` goes through torch.distributed.run, gloo when there is no
+GPU)::
 
     packsim train --steps 20 --out runs/one                                 # one process
     python -m torch.distributed.run --standalone --nproc_per_node 2 -m packsim train --out runs/two
