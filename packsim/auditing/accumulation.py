@@ -68,9 +68,10 @@ def _miscount(trainer, evidence: str, items: int, predicted: int, row_starts: in
 @contextmanager
 def _in_the_step(trainer, steps: int):
     """``trainer.current_gradient_accumulation_steps`` as the training loop sets it for the step
-    (transformers' ``Trainer._inner_training_loop``: ``len(batch_samples)``, 5.16.1 and 5.25.0), which
-    ``compute_loss`` reads before any training (TRL 1.16's SFTTrainer divides a MoE aux loss by it);
-    put back, or removed again, afterwards."""
+    (transformers' ``Trainer._inner_training_loop``: ``len(batch_samples)``, on both ends of the tested
+    window, which .ci/window runs), which ``compute_loss`` may read before any training (TRL's
+    SFTTrainer divides a MoE aux loss by it: :mod:`packsim.core.upstream.trl_trainers` names the
+    versions); put back, or removed again, afterwards."""
     missing = object()
     before = getattr(trainer, "current_gradient_accumulation_steps", missing)
     trainer.current_gradient_accumulation_steps = steps
@@ -91,10 +92,10 @@ def loss_over_accumulation(trainer, raw_batches: list, forward, autocast,
     autocast context; ``compute`` the dtype the step computes in
     (:func:`packsim.auditing.tolerance.compute_dtype`). The relative tolerance is the coarser of the
     logits' dtype and ``compute``: the trainer's loss need not come from the logits the audit sees.
-    TRL's SFTTrainer computes it from the hidden states: 1.9 through its chunked-CE forward, 1.16
-    through its fused LM head (:mod:`packsim.core.upstream.trl_trainers`). Under bf16 the two may
-    then differ by bf16 rounding (1.6e-4 relative measured on TRL 1.9, 3e-8 on 1.16), while
-    accelerate returns the audit's logits as float32. Returns a :class:`Finding` named
+    TRL's SFTTrainer computes it from the hidden states, through its chunked-CE forward or its fused
+    LM head depending on the TRL version (:mod:`packsim.core.upstream.trl_trainers` says which). Under
+    bf16 the two may then differ by bf16 rounding (tests/test_audit_callback.py measures how much per
+    TRL version), while accelerate returns the audit's logits as float32. Returns a :class:`Finding` named
     ``loss_over_accumulation``.
     """
     G = max(int(getattr(trainer.args, "gradient_accumulation_steps", 1) or 1), 1)

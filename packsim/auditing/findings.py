@@ -298,9 +298,10 @@ def sft_language_modelling(trainer) -> str:
     return ""  # packed or tokenized: nothing left says the data is language modelling (see UNSET_FIX)
 
 
-# TRL 1.16 (trl/trainer/sft_trainer.py): SFTTrainer.__init__ sets completion_only_loss from the raw data's
-# columns when it is unset (True only for "prompt" + "completion"), and _prepare_dataset folds a tokenized
-# completion_mask into the labels only when it is True; packing then keeps input_ids, labels, seq_lengths.
+# TRL's SFTTrainer (trl/trainer/sft_trainer.py; the TRL version read: docs/audit.md, "A Trainer or
+# SFTTrainer as built"): SFTTrainer.__init__ sets completion_only_loss from the raw data's columns when it
+# is unset (True only for "prompt" + "completion"), and _prepare_dataset folds a tokenized completion_mask
+# into the labels only when it is True; packing then keeps input_ids, labels, seq_lengths.
 UNSET_WHY = ("completion_only_loss is unset, and TRL sets it True only for data with prompt and completion "
              "fields (SFTTrainer.__init__); tokenized data with a completion_mask gets every token in the loss "
              "(the mask is applied only when it is True), and after packing nothing says whether this is "

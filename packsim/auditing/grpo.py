@@ -2,15 +2,15 @@
 own generated completions match each completion run alone?
 
 GRPO weighs each completion's log-probs by its advantage, so the check is
-:func:`packsim.auditing.logprobs.audit_logprobs` on a batch the trainer generates itself. What TRL
-1.9.0 and 1.16.0 do (``trl/trainer/grpo_trainer.py``): ``GRPOConfig`` has no ``padding_free`` /
-``packing`` field; ``_compute_loss`` concatenates ``prompt_ids`` (left-padded) and
-``completion_ids`` (right-padded) into one row per completion with ``attention_mask =
+:func:`packsim.auditing.logprobs.audit_logprobs` on a batch the trainer generates itself. What TRL's
+GRPOTrainer does on every TRL of the tested window (``trl/trainer/grpo_trainer.py``; the versions
+read and what differs between them: :mod:`packsim.core.upstream.trl_trainers`): ``GRPOConfig`` has
+no ``padding_free`` / ``packing`` field; ``_compute_loss`` concatenates ``prompt_ids`` (left-padded)
+and ``completion_ids`` (right-padded) into one row per completion with ``attention_mask =
 cat(prompt_mask, completion_mask)``, and ``_get_per_token_logps_and_entropies`` runs the model on
-those rows: padded, one sequence per row, never packed. 1.16 calls ``model(input_ids,
-attention_mask, labels, fused_lm_head=True)``; 1.9 calls ``model(input_ids, attention_mask,
-use_cache=False)`` and takes ``selective_log_softmax`` of the logits. The audit runs the same rows through
-the model's plain forward (1.16's fused head only fuses ``lm_head`` with the log-softmax). Batch
+those rows: padded, one sequence per row, never packed, whether it asks the model for a fused LM
+head's log-probs or for logits it log-softmaxes itself. The audit runs the same rows through the
+model's plain forward (a fused head only fuses ``lm_head`` with the log-softmax). Batch
 shapes: prompt_ids (B, P), completion_ids (B, C), the audited rows (B, P + C), B = prompts x
 ``num_generations``, grouped by prompt.
 

@@ -6,9 +6,11 @@ mixers, short convolutions, gated DeltaNet) runs straight across a boundary unle
 the CUDA packages ``causal_conv1d``, ``mamba_ssm`` and ``flash-linear-attention`` (``fla``), or
 packsim's reference kernels (pure torch, any CPU) once
 :func:`packsim.core.reference_hybrid.emulate_hybrid_kernels` has put them where transformers looks
-for those packages; the torch fallbacks ignore the boundary kwargs, and transformers (5.24 on)
-raises when ``seq_idx`` reaches one; 5.16.1 drops it silently, and the perturbation probe measures
-the leak (:mod:`packsim.exhibits.hybrid_traps` measures every case).
+for those packages; the torch fallbacks ignore the boundary kwargs, and transformers' wrapper either
+raises when ``seq_idx`` reaches one or drops it silently, and then the perturbation probe measures
+the leak (which one the installed wrapper does is read from it, :func:`_refuses`; which versions do
+which: :mod:`packsim.core.upstream.hub_kernels`; :mod:`packsim.exhibits.hybrid_traps` measures every
+case).
 :func:`hybrid_state` names the stateful layer types, asks
 :func:`packsim.core.reference_hybrid.kernels_in_use` what runs behind the model's kernels (named in
 its evidence) and fails a packed batch that cannot isolate there; it returns None for a model
@@ -42,7 +44,8 @@ __all__ = ["CUDA_REFUSAL", "KERNEL_PACKAGES", "ON_CPU", "boundary_kernels", "hyb
 _STATEFUL = re.compile(r"(Mixer|MambaLayer|GatedDeltaNet|ShortConv|LinearAttention|Mamba\w*Block)$")
 KERNEL_PACKAGES = ("causal_conv1d", "mamba_ssm", "fla")  # import names the boundary-aware kernels live in
 # what transformers' hub_kernels wrapper raises when a packed-sequence kwarg reaches a torch fallback
-# (integrations/hub_kernels.py, use_kernel_func_from_hub_with_fallback's ``wrapped``; 5.24 on)
+# (integrations/hub_kernels.py, use_kernel_func_from_hub_with_fallback's ``wrapped``, where it refuses:
+# packsim.core.upstream.hub_kernels says from which version)
 CUDA_REFUSAL = REFUSAL
 NEEDS_KERNEL = ("not measured: needs a kernel that reads seq_idx (causal_conv1d / mamba_ssm / fla on CUDA, or "
                 "packsim's reference kernels on any CPU)")
@@ -131,7 +134,8 @@ def refused_report(p, refused: str, tol: float, start: float, findings=None,
 
 def _refuses(model) -> bool:
     """Whether the installed transformers' kernel wrappers raise when seq_idx reaches a torch fallback
-    (5.24 on; 5.16.1 drops it silently): read from the wrappers the model's modules hold."""
+    (else they drop it silently; which versions do which: :mod:`packsim.core.upstream.hub_kernels`):
+    read from the wrappers the model's modules hold."""
     import sys
 
     from packsim.core.reference_hybrid import kernel_sites

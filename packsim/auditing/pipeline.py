@@ -94,7 +94,7 @@ def same_randomness(seed: int, device: torch.device):
     """Every forward sees the same RNG state, so dropout in train mode cancels out of differences.
 
     Seeds the CPU generator and the model's CUDA device only: ``torch.manual_seed`` also queues a
-    seed for every lazy accelerator module (each with a formatted stack, ~1 ms a call on CPU).
+    seed for every lazy accelerator module (each with a formatted stack: a cost on every call).
     """
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.default_generator.manual_seed(seed)
@@ -211,9 +211,9 @@ def _packed_roles(model, batch: PackedBatch, response_mask) -> tuple[torch.Tenso
 def dict_pipeline(model, batch: Mapping, response_mask, forward_kwargs, seq=None, source=None,
                   objective: str = "sft") -> Pipeline:
     """The pipeline ``model(**batch, **forward_kwargs)``; ``seq`` (B, T) overrides the batch's boundaries;
-    ``objective`` as :data:`OBJECTIVES` ("lm": every real token is a target). A model running TRL 1.9's
-    chunked-CE forward gets the batch without labels / shift_labels, or it returns no logits
-    (:func:`packsim.core.upstream.trl_trainers.logit_fields`)."""
+    ``objective`` as :data:`OBJECTIVES` ("lm": every real token is a target). A model running the
+    chunked-CE forward some TRL versions leave on it gets the batch without labels / shift_labels, or
+    it returns no logits (:func:`packsim.core.upstream.trl_trainers.logit_fields`; its module names them)."""
     fields = dict(batch)
     if seq is None:
         seq, ex_ids, found = _dict_boundaries(fields)  # checks input_ids is (B, T) first

@@ -4,9 +4,10 @@ match each sequence run alone?
 A DPO loss is built from the summed completion log-probs of chosen and rejected sequences, so the
 check is :func:`packsim.auditing.logprobs.audit_logprobs` on the trainer's own first batch, through
 the trainer's model. Before that, :func:`audit_dpo_trainer` reads what the trainer really does
-with ``padding_free``: TRL 1.9.0 and 1.16.0 (``trl/trainer/dpo_trainer.py``,
-``DPOTrainer.__init__``) log a warning and set ``self.padding_free = False`` ("Falling back to
-standard padding"), so rows come padded, one sequence per row: isolated, and not packed. Batch shapes: input_ids, attention_mask,
+with ``padding_free``: every TRL of the tested window (``trl/trainer/dpo_trainer.py``,
+``DPOTrainer.__init__``; the versions read: :mod:`packsim.core.upstream.trl_trainers`) logs a
+warning and sets ``self.padding_free = False`` ("Falling back to standard padding"), so rows come
+padded, one sequence per row: isolated, and not packed. Batch shapes: input_ids, attention_mask,
 completion_mask (2 * pairs, T), chosen rows first.
 
 The forward runs in eval mode under the trainer's own autocast (``trainer.accelerator.autocast()``)

@@ -138,9 +138,9 @@ def _recorded(p: Pipeline, seed: int) -> Shared | None:
         return caught["emb"]
 
     # transformers' activation checkpointing drops the cache in train mode (modeling_layers.
-    # GradientCheckpointingLayer): with grad only from 5.24, always up to 5.18. The other probes'
-    # forwards run without grad, so a checkpointed model in train mode keeps a graph-free baseline,
-    # as they see it
+    # GradientCheckpointingLayer): always, or only with grad, per version (packsim.core.upstream.outputs
+    # says which). The other probes' forwards run without grad, so a checkpointed model in train mode
+    # keeps a graph-free baseline, as they see it
     checkpointed = p.model.training and any(getattr(m, "gradient_checkpointing", False) is True
                                             for m in p.model.modules())
     handle = module.register_forward_hook(leaf) if isinstance(module, torch.nn.Module) and not checkpointed \

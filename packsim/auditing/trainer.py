@@ -7,8 +7,9 @@ and the call its ``compute_loss`` makes: ``model(**batch)`` for the Trainer (whi
 ``model.config.use_cache`` from ``TrainingArguments.use_cache``), ``model(**batch, use_cache=False)``
 for SFTTrainer, in train mode, under ``trainer.accelerator.autocast()``, with the model's dtype and
 attention implementation. Labels are left out of the probes' forwards (they change the loss, not
-the logits), and so are ``shift_labels`` where the model runs TRL 1.9's chunked-CE forward, which
-returns no logits with them (:mod:`packsim.core.upstream.trl_trainers`). It then adds
+the logits), and so are ``shift_labels`` where the model runs the chunked-CE forward an older TRL
+leaves on it, which returns no logits with them (:mod:`packsim.core.upstream.trl_trainers` names the
+versions). It then adds
 configuration findings (:mod:`packsim.auditing.findings`) and measures the loss normalisation over
 gradient accumulation (:mod:`packsim.auditing.accumulation`).
 

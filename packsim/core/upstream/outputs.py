@@ -13,7 +13,10 @@ course's first stack, ran the tests written with the new names; 5.19 to 5.23 wer
   still renames the old one (:func:`cache_kwargs`);
 - activation checkpointing: ``gradient_checkpointing_enable`` up to 5.18 (``PreTrainedModel``,
   ``modeling_utils.py``); ``activation_checkpointing_enable`` from 5.24, where the old name is a
-  deprecated alias that warns (``FutureWarning``) (:func:`enable_checkpointing`).
+  deprecated alias that warns (``FutureWarning``) (:func:`enable_checkpointing`). With it on, a
+  forward in train mode returns no cache (``modeling_layers.GradientCheckpointingLayer``): up to 5.18
+  always, from 5.24 only with grad (:mod:`packsim.auditing.shared_pass` runs a checkpointed model's
+  forward as the other probes see it).
 
 :func:`per_version` says which side of the move an installed version was read as (None for the
 releases not read), for the tests that pin these facts and the behaviour that moved with them.

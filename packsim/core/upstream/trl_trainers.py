@@ -30,8 +30,19 @@ term for a call: SFTTrainer sets ``aux_loss_enabled`` (1.9.0: ``is_moe`` and a n
 ``router_aux_loss_coef``; 1.16.0: a text config with ``output_router_logits``) and sets
 ``output_router_logits`` on the model's text config, so ``compute_loss`` adds
 ``router_aux_loss_coef * aux_loss`` to the token mean (and a transformers MoE forward adds it to its
-own loss when ``config.output_router_logits``). tests/test_upstream_trl_trainers.py pins each fact per
+own loss when ``config.output_router_logits``); 1.16.0's ``compute_loss`` divides that term by
+``current_gradient_accumulation_steps`` when given ``num_items_in_batch``, which is why
+:mod:`packsim.auditing.accumulation` sets that attribute as the training loop does. tests/test_upstream_trl_trainers.py pins each fact per
 installed version.
+
+Not reaches, read from 1.9.0 and 1.16.0 for the audits of the trainers that are not packed (the
+public behaviour :mod:`packsim.auditing.preference` and :mod:`packsim.auditing.grpo` rely on):
+``DPOTrainer.__init__`` (``dpo_trainer.py``) logs a warning and sets ``self.padding_free = False``
+("Falling back to standard padding") on both; ``GRPOConfig`` (``grpo_trainer.py``) has no
+``padding_free`` / ``packing`` field on both, and ``_get_per_token_logps_and_entropies`` runs the
+model on padded rows, one completion per row: 1.16.0 calls ``model(input_ids, attention_mask,
+labels, fused_lm_head=True)``, 1.9.0 calls ``model(input_ids, attention_mask, use_cache=False)`` and
+takes ``selective_log_softmax`` of the logits.
 
 Lessons: none directly (packsim.auditing.trainer and packsim.auditing.pipeline call it).
 """
