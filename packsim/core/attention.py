@@ -181,7 +181,8 @@ def _flex(q, k, v, cu, causal, scale):
     from torch.nn.attention.flex_attention import flex_attention
 
     if q.device.type == "cpu" and not torch.is_grad_enabled():
-        # torch 2.13 refuses CPU flex whenever an input has requires_grad, even under no_grad
+        # torch (the CPU build of the tested window) refuses CPU flex whenever an input has requires_grad,
+        # even under no_grad; detached inputs run on any torch
         q, k, v = q.detach(), k.detach(), v.detach()
     ids = seq_ids_from_cu_seqlens(cu.to(q.device))  # (N,)
     block_mask = flex_block_mask(ids, causal=causal, device=q.device)
@@ -206,9 +207,9 @@ def _torch_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
     params = inspect.signature(varlen_attn).parameters
     cu_q, cu_k = (c.to(q.device, torch.int32).contiguous() for c in (cu_q, cu_k))
     kwargs = {}
-    if "window_size" in params:  # torch >= 2.12: causal is window_size=(-1, 0)
+    if "window_size" in params:  # the newer signature (read, not the version): causal is window_size=(-1, 0)
         kwargs["window_size"] = (-1, 0) if causal else (-1, -1)
-    elif causal:  # torch 2.10/2.11: is_causal flag
+    elif causal:  # the first varlen_attn signature: an is_causal flag
         kwargs["is_causal"] = True
     if scale is not None:
         kwargs["scale"] = scale

@@ -4,7 +4,8 @@
 :func:`available_backends` says, for a device and dtype, whether each can run, why (or every
 reason why not, at once) and whether it trains (:class:`BackendStatus`); flash and
 ``torch_varlen`` need CUDA on an Ampere or newer GPU with float16/bfloat16 tensors, and eager
-FlexAttention has no backward on CPU in torch 2.13. :func:`resolve_backend` turns ``"auto"`` (or a
+FlexAttention may have no backward on CPU (probed once in the installed torch, whatever its
+version: the tested CPU builds have none). :func:`resolve_backend` turns ``"auto"`` (or a
 name) into the backend for q (total_q, H, D)'s device and dtype, with the reason; the choice is
 logged once at INFO on the ``packsim`` logger (:func:`log_choice`).
 
@@ -62,7 +63,7 @@ def torch_varlen_fn():
 
 @functools.lru_cache(maxsize=1)
 def _flex_cpu_trains() -> bool:
-    """Probe once: does FlexAttention support backward on CPU in this torch? (2.13: no)."""
+    """Probe once: does FlexAttention support backward on CPU in this torch? (the tested CPU builds: no)."""
     try:
         from torch.nn.attention.flex_attention import flex_attention
     except ImportError:

@@ -9,8 +9,8 @@ kernel (packsim, pure torch), not flash-attn). Where a real flash-attn and CUDA 
 real kernel wins: nothing is installed and the name is ``"flash_attention_2"``
 (``force_reference=True`` installs the reference anyway, to compare the two on a GPU).
 
-What is ours: only the two kernel functions. How they get in (transformers 5.16.1 to 5.25.0; every
-reach into transformers' private flash machinery is in :mod:`packsim.core.upstream.flash_utils`,
+What is ours: only the two kernel functions. How they get in (on every transformers of the tested window;
+every reach into transformers' private flash machinery is in :mod:`packsim.core.upstream.flash_utils`,
 which says per version what was read):
 
 1. ``modeling_flash_attention_utils._lazy_imports(implementation)`` picks a flash implementation's
@@ -29,8 +29,9 @@ takes ``cu_seq_lens_*`` / ``max_length_*``, infers segments from ``position_ids`
 ``_is_packed_sequence`` says so (batch size 1 only) via ``_prepare_from_posids``, and turns
 ``sliding_window`` / ``softcap`` into ``window_size`` / ``softcap`` (``_process_flash_attention_kwargs``,
 which reads the reference's signature like a real kernel's). The kernel reads q/k/v as
-(B, T, H, D) or, unpadded, (total, H, D) with ``cu_seqlens`` (S+1,) int32. 5.16.1 and 5.25.0 write
-``_flash_attention_forward``'s branches differently and take the same decisions on these inputs.
+(B, T, H, D) or, unpadded, (total, H, D) with ``cu_seqlens`` (S+1,) int32. The window's transformers
+versions write ``_flash_attention_forward``'s branches differently and take the same decisions on these
+inputs (:mod:`packsim.core.upstream.flash_utils` has both forms).
 
 ``emulate_flash()`` is also a context manager: ``with emulate_flash() as flash:`` installs as the
 plain call does and, on leaving, undoes what that call installed (the ``_lazy_imports`` wrapper, the
@@ -158,7 +159,8 @@ def reference_for_flash_requests() -> Iterator[FlashRequests]:
 
     Every way a model gets its attention implementation (``from_pretrained``, ``from_config``, its
     config, ``set_attn_implementation``) goes through ``PreTrainedModel._check_and_adjust_attn_implementation``
-    (5.16.1 to 5.25.0): wrapped inside, it answers ``"flash_attention_2"`` as :data:`REFERENCE_NAME`
+    (on every transformers of the tested window: :func:`packsim.core.upstream.flash_utils.answering_attn_requests`
+    names the versions read): wrapped inside, it answers ``"flash_attention_2"`` as :data:`REFERENCE_NAME`
     for a model whose class supports flash attention (one that does not is refused by transformers
     as on a GPU), installing :func:`emulate_flash` at the first such request. On leaving, the method is
     transformers' again and the emulation is undone. Where a real flash-attn runs, nothing changes.

@@ -242,7 +242,8 @@ def _forward_dense_mask(model, batch: PackedBatch, inputs: dict) -> torch.Tensor
     """The reference path: the model's own attention with an explicit mask from the setup.
 
     eager / sdpa get a dense 4D additive float mask (B, 1, T, T), O(T^2); flex_attention gets a
-    BlockMask (torch 2.13's compiled CPU flex crashes on a 4D tensor mask read by transformers).
+    BlockMask (compiled CPU flex has crashed on a 4D tensor mask read by transformers: the torch build,
+    in tests/test_transformers_traps.py's ``test_compiled_flex_with_4d_tensor_mask``).
     """
     impl = _unwrapped(model).config._attn_implementation
     if impl == ATTN_NAME:

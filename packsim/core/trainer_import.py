@@ -5,8 +5,9 @@ is_datasets_available(): import datasets``, at module import), and reads it only
 ``isinstance(x, datasets.Dataset)`` (to drop unused columns, infer lengths) and
 ``datasets.__version__`` (reached only for such a dataset). The gate's own Trainers
 (``--collator packsim`` / ``flattening``) take a plain list of features, and a factory's
-(``--trainer``) may too: ``datasets`` there is about 550 modules and 0.4-0.8 s of the gate's
-time to verdict for nothing.
+(``--trainer``) may too: ``datasets`` there is hundreds of modules and a good share of the gate's
+time to verdict for nothing (tests/test_gate_imports.py holds that the gate does not import it;
+benchmarks/gate_time.py times it).
 
 :func:`import_trainer` imports ``transformers.trainer`` with a stand-in bound as its ``datasets``:
 
