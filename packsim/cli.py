@@ -2,8 +2,15 @@
 
 - ``packsim doctor``: check the environment (packages, device, attention backends);
 - ``packsim compare``: train setups side by side, write ``results.json`` and ``report.html``;
-- ``packsim report DIR``: rebuild ``report.html`` from ``DIR/results.json``;
-- ``packsim audit``: run the contamination audit on the built-in tiny pipeline under each setup.
+- ``packsim report DIR``: rebuild a comparison's ``report.html`` from ``DIR/results.json``;
+- ``packsim audit``: the pre-flight gate on a local checkpoint and data (``--model DIR --data FILE
+  --collator NAME``) or on your own trainer (``--trainer FILE.py:FUNC``), exit codes 0-4 and 130
+  (:data:`packsim.auditing.command.EXIT_CODES`); without them, the demo on the built-in tiny
+  pipeline under each setup;
+- ``packsim train``: train one setup on one process, or data-parallel under torchrun.
+
+:data:`SUBCOMMANDS` is the list ``packsim --help`` prints (tests/test_docstrings_state_rules.py holds
+that this docstring names each one).
 
 Each subcommand lives in the module it belongs to, which provides ``add_arguments(parser)`` and
 ``run(args) -> int``; this file only wires them up. Imports are lazy and the options come from

@@ -1,4 +1,4 @@
-"""``packsim audit``: the contamination audit on the built-in tiny pipeline under each setup.
+"""``packsim audit``: the pre-flight gate on the pipeline a run would train, or the built-in demo.
 
 As a gate it audits the pipeline a run would train and prints the report:
 
@@ -21,6 +21,8 @@ raises :class:`GateTimeout` in the main thread (a ``BaseException``, so no ``exc
 the user's code swallows it); a watchdog thread ends the process with ``os._exit(3)`` and the same
 line where the signal cannot get through (a C call that never returns: 10 s later) or is not
 available (Windows, or the gate run from another thread: at once).
+Without ``--model`` or ``--trainer`` it is the demo: the built-in tiny pipeline (``make_examples`` +
+``build_model``) audited under each setup, its tables printed, exit 0.
 The options import nothing heavy (torch comes with the run), so a bad option answers at once.
 
 Lessons: none directly.

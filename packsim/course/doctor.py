@@ -82,7 +82,7 @@ def _parse_req(text: str, extra: str | None = None) -> Requirement:
 def _load_toml(path: Path) -> dict | None:
     try:
         import tomllib
-    except ImportError:  # Python 3.10
+    except ImportError:  # a Python without tomllib (older than 3.11)
         try:
             import tomli as tomllib  # type: ignore[no-redef]
         except ImportError:
@@ -114,7 +114,8 @@ def project_requirements() -> tuple[list[Requirement], str, str | None]:
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
-    """Numeric release part of a version, e.g. '2.13.0+cpu' -> (2, 13, 0); '0.20rc1' -> (0, 20)."""
+    """Numeric release part of a version: the numbers before a local label ('+cpu') or a pre-release tag
+    ('rc1'), e.g. '0.20rc1' -> (0, 20)."""
     nums = []
     for piece in v.split("+")[0].split("."):
         m = re.match(r"\d+", piece)
@@ -212,8 +213,9 @@ def _extra_checks(reqs: list[Requirement], checkout: bool, course: bool) -> list
 
 
 def _lower_extras(check: Check, req: Requirement, bounds: dict[str, str | None]) -> Check:
-    """A package too old for the course but enough for another extra naming it at a lower bound (TRL 1.9:
-    the audit's ``trl`` extra, not the course's 1.16) says so, instead of only "too old"."""
+    """A package too old for the course but enough for another extra naming it at a lower bound (e.g. a
+    TRL the audit's ``trl`` extra accepts and the course's extra does not: pyproject.toml has the bounds)
+    says so, instead of only "too old"."""
     installed = _installed(req.name)
     if check.ok or installed is None or check.required:
         return check
