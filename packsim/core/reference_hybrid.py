@@ -7,9 +7,10 @@ FalconH1, ...) calls its conv / scan / delta-rule kernels through module-level f
 looks for the package (``causal_conv1d``, ``mamba_ssm``, ``fla``) and, when it is missing, binds
 the model's own torch function instead; the wrapper it returns closes over that choice
 (``implementation``, ``is_new_implementation``, ``applicable_params``) and RAISES when ``seq_idx``
-or ``cu_seqlens`` reaches the torch function, which cannot keep packed sequences apart. How that
+or ``cu_seqlens`` reaches the torch function, which cannot keep packed sequences apart (where the
+transformers version refuses; older ones drop them silently). How that
 wrapper is found and read on each transformers version (bare, or inside a ``kernels`` function
-module from 5.25) is :mod:`packsim.core.upstream.hub_kernels`'s, the one place that reaches in.
+module, per version) is :mod:`packsim.core.upstream.hub_kernels`'s, the one place that reaches in.
 
 :func:`emulate_hybrid_kernels` finds those wrappers in the loaded modeling modules and, for each
 kernel packsim has a reference for whose package is neither bound nor installed, puts the
