@@ -40,6 +40,7 @@ import torch
 
 from packsim.auditing.locate import feature_examples, locate, locate_cut
 from packsim.auditing.report import UNTIED_PIECES, Finding
+from packsim.core import boundaries
 from packsim.core.segments import run_starts, seq_ids_from_starts
 from packsim.core.special_tokens import example_starts, is_token, start_ids, token_ids
 
@@ -70,41 +71,16 @@ class BoundaryEvidence:
         return self.seq is not None
 
 
-def _allowed(mask: torch.Tensor) -> torch.Tensor:
-    if mask.dtype == torch.bool:
-        return mask
-    if mask.is_floating_point():
-        return mask > torch.finfo(mask.dtype).min / 2
-    return mask != 0
-
-
 def field_starts(fields: Mapping, B: int, T: int) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
-    """Every boundary field the batch carries -> ((B, T) bool starts, (B, T) bool padding or None)."""
-    out = {}
-    pos = fields.get("position_ids")
-    if isinstance(pos, torch.Tensor) and pos.shape[-1] == T:
-        out["position_ids"] = (run_starts(pos.reshape(-1, T).expand(B, T), step=1), None)
+    """Every boundary field the batch carries -> ((B, T) bool starts, (B, T) bool padding or None), read by
+    :func:`packsim.core.boundaries.field_starts`; each row starts an example (a row of a batch is never
+    the continuation of the row before it, whatever ``cu_seq_lens_*`` over the flattened rows say)."""
+    out = boundaries.field_starts(fields, B, T)
     for key in ("cu_seq_lens_q", "cu_seq_lens_k"):
-        cu = fields.get(key)
-        if isinstance(cu, torch.Tensor) and cu.numel() >= 2:
-            offsets = cu.reshape(-1).long().clamp(0, B * T)
-            starts = torch.zeros(B * T, dtype=torch.bool, device=cu.device)
-            starts[offsets[:-1][offsets[:-1] < B * T]] = True
-            pad = torch.zeros(B * T, dtype=torch.bool, device=cu.device)
-            pad[int(offsets[-1]):] = True
-            starts = starts.view(B, T).clone()
+        if key in out:
+            starts = out[key][0].clone()
             starts[:, 0] = True
-            out[key] = (starts, pad.view(B, T))
-    idx = fields.get("seq_idx")
-    if isinstance(idx, torch.Tensor) and idx.shape[-1] == T:
-        idx = idx.reshape(-1, T).expand(B, T)
-        out["seq_idx"] = (run_starts(idx, step=0), idx < 0)
-    mask = fields.get("attention_mask")
-    if isinstance(mask, torch.Tensor) and mask.dim() == 4 and tuple(mask.shape[-2:]) == (T, T):
-        allowed = _allowed(mask[:, 0]).expand(B, T, T)  # (B, T, T)
-        starts = torch.ones(B, T, dtype=torch.bool, device=mask.device)
-        starts[:, 1:] = ~torch.diagonal(allowed, offset=-1, dim1=1, dim2=2)  # t may not see t-1
-        out["attention_mask (4D)"] = (starts, None)
+            out[key] = (starts, out[key][1])
     return out
 
 
@@ -349,10 +325,8 @@ def pad_id(config) -> int | None:
 
 def dict_evidence(model, batch: Mapping, examples=None) -> BoundaryEvidence:
     """:func:`collect` for ``packsim.audit(model, batch, examples=...)``; special ids from model.config."""
-    from packsim.core.boundaries import find_boundaries
-
     config = getattr(model, "config", None)
-    found = find_boundaries(batch, missing="rows", pad_token_id=pad_id(config))
+    found = boundaries.find_boundaries(batch, missing="rows", pad_token_id=pad_id(config))
     field_seq = found.seq_ids.to(batch["input_ids"].device)
     ev = collect(batch, field_seq, examples, token_ids("bos", config), token_ids("eos", config))
     if ev.seq is None:

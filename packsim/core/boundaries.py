@@ -6,6 +6,9 @@ collator dict of (B, T) fields (``input_ids``, ``position_ids``, ``cu_seq_lens_q
 ``seq_idx``, ``attention_mask``) is read in the order ``cu_seq_lens_q`` > ``seq_idx`` >
 ``position_ids`` restarts, the fields transformers' ``DataCollatorWithFlattening`` returns; the
 three forms themselves and their conversions are in :mod:`packsim.core.segments`.
+:func:`field_starts` is the one tolerant reader of every boundary field (the audit's evidence
+compares each with independent evidence); ``find_boundaries`` checks the field it takes, then reads
+it there.
 
 Lessons: none directly (the audit, the model and PackedBatch.from_flattening read batches with it).
 """
@@ -25,7 +28,7 @@ from packsim.core.segments import (
     seq_ids_from_starts,
 )
 
-__all__ = ["Boundaries", "find_boundaries"]
+__all__ = ["Boundaries", "field_starts", "find_boundaries"]
 
 
 @dataclass(frozen=True)
@@ -156,8 +159,56 @@ def _per_token(batch: Mapping, key: str, B: int, T: int) -> torch.Tensor:
     return field.reshape(-1, T).expand(B, T)
 
 
+def _mask_allows(mask: torch.Tensor) -> torch.Tensor:
+    """A 4D attention mask as bool "may attend": bool as is, additive float above half its minimum, else != 0."""
+    if mask.dtype == torch.bool:
+        return mask
+    if mask.is_floating_point():
+        return mask > torch.finfo(mask.dtype).min / 2
+    return mask != 0
+
+
+def field_starts(fields: Mapping, B: int, T: int) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+    """Every boundary field the batch carries, read tolerantly: field -> ((B, T) bool "an example starts
+    here", (B, T) bool padding or None).
+
+    The one reader of the boundary fields: :func:`find_boundaries` checks the field it takes first and
+    reads it here; the audit's evidence (:mod:`packsim.auditing.evidence`) reads every field here and
+    compares each with independent evidence. Tolerant: a field of the wrong shape is left out, and
+    ``cu_seq_lens_q/k`` offsets are clamped to the batch (offsets over B*T tokens in row-major order;
+    tokens after the last offset are padding). ``position_ids`` restart where they do not rise by 1,
+    ``seq_idx`` starts where it changes (padding where < 0), and a 4D ``attention_mask`` (B, 1, T, T)
+    starts where a token may not see the token before it.
+    """
+    out = {}
+    pos = fields.get("position_ids")
+    if isinstance(pos, torch.Tensor) and pos.shape[-1] == T and pos.numel() in (T, B * T):
+        out["position_ids"] = (run_starts(pos.reshape(-1, T).expand(B, T), step=1), None)
+    for key in ("cu_seq_lens_q", "cu_seq_lens_k"):
+        cu = fields.get(key)
+        if isinstance(cu, torch.Tensor) and cu.numel() >= 2:
+            offsets = cu.reshape(-1).long().clamp(0, B * T)
+            starts = torch.zeros(B * T, dtype=torch.bool, device=cu.device)
+            starts[offsets[:-1][offsets[:-1] < B * T]] = True
+            pad = torch.zeros(B * T, dtype=torch.bool, device=cu.device)
+            pad[int(offsets[-1]):] = True  # tokens after the last offset: padding (flash-attn ignores them)
+            out[key] = (starts.view(B, T), pad.view(B, T))
+    idx = fields.get("seq_idx")
+    if isinstance(idx, torch.Tensor) and idx.shape[-1] == T and idx.numel() in (T, B * T):
+        idx = idx.reshape(-1, T).expand(B, T)
+        out["seq_idx"] = (run_starts(idx, step=0), idx < 0)
+    mask = fields.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 4 and tuple(mask.shape[-2:]) == (T, T):
+        allowed = _mask_allows(mask[:, 0]).expand(B, T, T)  # (B, T, T)
+        starts = torch.ones(B, T, dtype=torch.bool, device=mask.device)
+        starts[:, 1:] = ~torch.diagonal(allowed, offset=-1, dim1=1, dim2=2)  # t may not see t-1
+        out["attention_mask (4D)"] = (starts, None)
+    return out
+
+
 def _starts_and_padding(batch: Mapping, B: int, T: int):
-    """(starts (B, T) bool, padding (B, T) bool, source) from the first field present, or None."""
+    """(starts (B, T) bool, padding (B, T) bool, source) from the first field present, or None; the
+    field is checked (shape, offsets within the batch and rising) before :func:`field_starts` reads it."""
     if batch.get("cu_seq_lens_q") is not None:
         cu = torch.as_tensor(batch["cu_seq_lens_q"]).reshape(-1).to(torch.int32)
         end = int(cu[-1]) if cu.numel() else 0
@@ -166,16 +217,11 @@ def _starts_and_padding(batch: Mapping, B: int, T: int):
                 f"cu_seq_lens_q ends at {end} but the batch holds {B}x{T}={B * T} tokens: the "
                 "offsets belong to a different (longer) batch; rebuild them from the same examples."
             )
-        offsets = check_cu_seqlens(cu, end, name="cu_seq_lens_q")
-        starts = torch.zeros(B * T, dtype=torch.bool, device=cu.device)
-        starts[torch.tensor(offsets[:-1], dtype=torch.long, device=cu.device)] = True
-        pad = torch.zeros(B * T, dtype=torch.bool, device=cu.device)
-        pad[end:] = True  # tokens after the last offset: padding (flash-attn ignores them)
-        return starts.view(B, T), pad.view(B, T), "cu_seq_lens_q"
-    if batch.get("seq_idx") is not None:
-        ids = _per_token(batch, "seq_idx", B, T)
-        return run_starts(ids, step=0), ids < 0, "seq_idx"
-    if batch.get("position_ids") is not None:
-        pos = _per_token(batch, "position_ids", B, T)
-        return run_starts(pos, step=1), torch.zeros_like(pos, dtype=torch.bool), _POSITIONS_SOURCE
+        check_cu_seqlens(cu, end, name="cu_seq_lens_q")
+        starts, pad = field_starts({"cu_seq_lens_q": cu}, B, T)["cu_seq_lens_q"]
+        return starts, pad, "cu_seq_lens_q"
+    for key, source in (("seq_idx", "seq_idx"), ("position_ids", _POSITIONS_SOURCE)):
+        if batch.get(key) is not None:
+            starts, pad = field_starts({key: _per_token(batch, key, B, T)}, B, T)[key]
+            return starts, torch.zeros_like(starts) if pad is None else pad, source
     return None
