@@ -32,6 +32,7 @@ entry       ``preference``       DPO pairs: chosen / rejected log-probs through 
 entry       ``grpo``             GRPO groups: per-token log-probs of a group's completions
 entry       ``trainer``          :func:`audit_trainer`: a Trainer / SFTTrainer's own batches
 entry       ``callback``         :class:`AuditCallback`: the audit at ``on_train_begin``
+entry       ``context_parallel`` :func:`audit_context_parallel`: each CP rank's shard vs its documents alone
 gate        ``factory``          ``packsim audit --trainer FILE.py:FUNC``: import and call the factory
 gate        ``records``          the gate's JSONL records, and the bound on a record's length
 gate        ``checkpoint_checks`` weights that did not load, a model that is not a causal LM (the gate's findings)
@@ -57,6 +58,7 @@ _HOMES = {
     "audit_trainer": "packsim.auditing.trainer",
     "audit_logprobs": "packsim.auditing.logprobs",
     "AuditCallback": "packsim.auditing.callback",
+    "audit_context_parallel": "packsim.auditing.context_parallel",
     "AuditFailed": "packsim.auditing.callback",
     "response_mask_from_features": "packsim.auditing.features",
 }
