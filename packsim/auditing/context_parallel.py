@@ -24,8 +24,8 @@ It measures, on each rank's shard:
 The gradient and attention-mass probes are not measured (skipped: a CP forward takes tokens).
 Every rank returns the same :class:`~packsim.auditing.report.AuditReport`; a failure names context
 parallelism as the cause. Tolerance ``tol`` (default :data:`CP_TOLERANCE` by the logits' dtype):
-float32 logits of a CP run and of one process differ by float summation order (~1e-5 measured on
-the course's tiny model), so float32 uses 1e-4.
+float32 logits of a CP run and of one process differ by float summation order only, an order of
+magnitude under float32's 1e-4 on the course's tiny model (``benchmarks/RESULTS.md`` has the numbers).
 
 Lessons: 10.
 """

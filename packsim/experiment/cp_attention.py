@@ -8,10 +8,13 @@ values of the whole row, and torch's context-parallel code (``torch.distributed.
 (:data:`LAYOUTS`):
 
 - ``"documents"`` (correct): torch's ``_PerDocumentHeadTailLoadBalancer`` cuts every document into
-  ``2R`` chunks, rank ``i`` keeping chunks ``i`` and ``2R-1-i`` (the split
-  :func:`packsim.experiment.context_parallel.zigzag_split` computes, so every document is first
-  padded to a multiple of ``2R``: :func:`~packsim.experiment.context_parallel.pad_lengths`);
-  ``_context_parallel_shard`` shards the tokens, positions, targets and the document mask, a flex
+  ``2R`` chunks (so each is first padded to a multiple of ``2R``:
+  :func:`~packsim.experiment.context_parallel.pad_lengths`) and orders them chunk ``0``, ``2R-1``,
+  ``1``, ``2R-2``, ..., document after document; each rank takes ``T/R`` of that order
+  (:func:`rank_positions`). With one document that is
+  :func:`packsim.experiment.context_parallel.zigzag_split`; with several, a rank holds the chunks of
+  a few whole documents, not chunks ``i`` and ``2R-1-i`` of every document (the figure in the
+  balancer's docstring). ``_context_parallel_shard`` shards the tokens, positions, targets and the document mask, a flex
   ``BlockMask`` that torch's ``_create_cp_block_mask`` rewrites for the rank's queries; in every
   layer torch's ``_ContextParallel`` flex hook all-gathers K and V (``flex_cp_allgather``:
   all-gather forward, reduce-scatter of their gradients backward).
@@ -20,8 +23,9 @@ values of the whole row, and torch's context-parallel code (``torch.distributed.
   split of the whole row (``_HeadTailLoadBalancer``) with a plain causal mask. Positions still
   restart, but every document attends to the documents before it.
 
-What runs on a CPU with gloo in torch 2.13, measured by :func:`probe_torch_cp` (benchmark and lesson
-print it): ``context_parallel()`` with SDPA raises (the CPU SDPA op has no context-parallel sharding
+What of it runs on a CPU with gloo is measured by :func:`probe_torch_cp` on the installed torch (the
+benchmark and the lesson print it; ``benchmarks/RESULTS.md`` records the versions it was read on):
+``context_parallel()`` with SDPA raises (the CPU SDPA op has no context-parallel sharding
 strategy; the dispatcher handles only the CUDA flash / efficient / cuDNN ops, none of which takes a
 mask); flex attention's forward on the context-parallel ``BlockMask`` runs; its backward raises
 (flex attention has no backward on CPU, compiled or not). So the ``"documents"`` run has two
