@@ -9,6 +9,9 @@ docs/audit.md ("The versions the audit is tested on") and benchmarks/results. A 
 rule ("where the installed wrapper refuses ...", "per version: packsim.core.upstream.hub_kernels")
 and points to where the number lives.
 
+Each public name of the top-level face also carries an ``Example::`` that runs (small, CPU, seconds):
+the tests at the end execute them as doctests.
+
 The scanner reads every line of every module (code, comments and strings alike) with the patterns
 of :data:`RULES`, tuned to catch versions ("transformers 5.24", "TRL 1.9's", "5.16.1", "up to
 5.18"), dates ("2026-12-07", "2025-26"), and measurements ("measured on torch", "~2 min",
@@ -19,10 +22,13 @@ of :data:`RULES`, tuned to catch versions ("transformers 5.24", "TRL 1.9's", "5.
 
 from __future__ import annotations
 
+import doctest
+import inspect
 import re
 from pathlib import Path
 
 import pytest
+import torch
 
 import packsim
 
@@ -185,3 +191,41 @@ def test_the_audit_command_docstring_names_every_exit_code():
     missing = [code for code in command.EXIT_CODES if not re.search(rf"(?<![\d.]){code}(?![\d.])", codes)]
     assert missing == [], f"packsim/auditing/command.py's docstring does not give exit codes {missing}"
     assert "built-in tiny pipeline" not in command.__doc__.splitlines()[0]  # the gate first, not only the demo
+
+
+# ---- one runnable example per public name of the face (packsim.__all__) -------------------------
+NO_DOCSTRING = {"SETUPS", "__version__"}  # constants: their docstrings are dict's and str's
+EXAMPLES_PENDING = {  # names whose home another session edits this round: their example comes next
+    "audit": "packsim/auditing/auditor.py: owned elsewhere this round; see issue 42",
+    "AuditCallback": "packsim/auditing/callback.py: owned elsewhere this round; see issue 42",
+    "pack": "packsim/core/packing.py: owned elsewhere this round; see issue 42",
+    "pack_arrays": "packsim/core/packing.py: owned elsewhere this round; see issue 42",
+    "Results": "packsim/experiment/results.py: needs a comparison's results folder; see issue 42",
+}
+FACE = [name for name in packsim.__all__ if name not in NO_DOCSTRING]
+
+
+def run_example(name: str) -> tuple[doctest.TestResults, str]:
+    """Run the ``>>>`` lines of ``packsim.<name>``'s docstring; (results, what doctest printed)."""
+    doc = inspect.getdoc(getattr(packsim, name)) or ""
+    test = doctest.DocTestParser().get_doctest(doc, {}, f"packsim.{name}", None, 0)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    printed: list[str] = []
+    with torch.random.fork_rng(devices=[]):  # an example that seeds leaves the caller's RNG as it was
+        results = runner.run(test, out=printed.append, clear_globs=True)
+    return results, "".join(printed)
+
+
+@pytest.mark.parametrize("name", FACE)
+def test_each_public_name_has_an_example_that_runs(name):
+    doc = inspect.getdoc(getattr(packsim, name)) or ""
+    if "Example::" not in doc:
+        if name in EXAMPLES_PENDING:
+            pytest.skip(EXAMPLES_PENDING[name])
+        pytest.fail(f"packsim.{name}'s docstring has no Example:: (one short runnable example, CPU, seconds)")
+    results, printed = run_example(name)
+    assert results.attempted > 0 and results.failed == 0, printed
+
+
+def test_the_pending_list_names_only_public_names():
+    assert set(EXAMPLES_PENDING) <= set(FACE)

@@ -153,6 +153,15 @@ def audit_logprobs(model, batch: dict, *, completion_mask=None, seq=None, exampl
     (each sequence's token ids, as the collator got them): where the sequences are, independently of
     the batch's fields; ``trust_boundaries``: the batch's fields are the ground truth. Returns a
     :class:`LogprobReport`.
+
+    Example::
+
+        >>> import packsim
+        >>> model = packsim.build_model("tiny", seed=0)
+        >>> batch = packsim.PackingCollator("correct", return_flash_attn_kwargs=True)(
+        ...     [{"prompt_ids": [5, 6, 7], "response_ids": [8, 9, 10]}, {"prompt_ids": [11, 12], "response_ids": [13, 14]}])
+        >>> packsim.audit_logprobs(model, batch, completion_mask=batch["labels"] != -100, trust_boundaries=True).status
+        'isolated'
     """
     warn_outside()  # a transformers / TRL outside the tested window: one notice per process
     if not isinstance(batch, dict) or "input_ids" not in batch:

@@ -141,6 +141,14 @@ class AuditReport:
         worst_pair, causes (plain-language likely causes and fixes), forward (what was run),
         seconds (wall time of the audit);
         findings: configuration checks (:class:`Finding`), filled by :func:`packsim.audit_trainer`.
+
+    Example::
+
+        >>> import packsim
+        >>> model, examples = packsim.build_model("tiny", seed=0), packsim.make_examples(4, seed=0)
+        >>> report = packsim.audit(model, packsim.PackedBatch.from_examples(examples, capacity=64, setup="buggy"))
+        >>> report.ok, report.status, "perturbation" in report.failed
+        (False, 'fail', True)
     """
 
     probes: dict[str, ProbeResult]

@@ -289,6 +289,18 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
     audit leaves no trace (:mod:`packsim.auditing.no_trace`): each module's train/eval flag, the
     random generators and the hooks come back as they were, so ``trainer.train()`` after it trains
     as it would without it; the weights are not touched.
+
+    Example::
+
+        >>> import tempfile, transformers, packsim
+        >>> model = packsim.build_model("tiny", seed=0, attn_implementation="sdpa")
+        >>> args = transformers.TrainingArguments(tempfile.mkdtemp(), per_device_train_batch_size=4, report_to=[],
+        ...                                       remove_unused_columns=False, use_cpu=True)
+        >>> data = [{"prompt_ids": e.prompt, "response_ids": e.response} for e in packsim.make_examples(8)]
+        >>> trainer = transformers.Trainer(model=model, args=args, train_dataset=data,
+        ...                                data_collator=packsim.PackingCollator("correct"))
+        >>> packsim.audit_trainer(trainer).status
+        'pass'
     """
     warn_outside()  # a transformers / TRL outside the tested window: one notice per process
     if not hasattr(trainer, "get_train_dataloader") or not hasattr(trainer, "model"):

@@ -234,6 +234,16 @@ def varlen_attention(
     dense/blocked/flex need ``cu_seqlens_q == cu_seqlens_k`` (self-attention over one pack).
     All input errors raise :class:`PacksimError` before any compute.
     Used by notebooks 03_block_diagonal and 08_flash_varlen_internals.
+
+    Example::
+
+        >>> import torch, packsim
+        >>> q = k = v = torch.randn(7, 2, 8)  # two sequences of 3 and 4 tokens, 2 heads, head dim 8
+        >>> cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+        >>> out = packsim.varlen_attention(q, k, v, cu, cu, 4, 4, backend="dense")
+        >>> alone = packsim.varlen_attention(q[:3], k[:3], v[:3], cu[:2], cu[:2], 3, 3, backend="dense")
+        >>> out.shape, torch.allclose(out[:3], alone)
+        (torch.Size([7, 2, 8]), True)
     """
     if backend != "auto" and backend not in BACKENDS:
         raise unknown_backend(backend)

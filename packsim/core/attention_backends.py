@@ -150,6 +150,13 @@ def available_backends(device=None, dtype: torch.dtype | None = None) -> dict[st
 
     ``dtype=None`` skips the dtype check (flash and torch_varlen need fp16/bf16).
     Notebooks 00_start_here and 08_flash_varlen_internals print this table.
+
+    Example::
+
+        >>> import torch, packsim
+        >>> status = packsim.available_backends("cpu", torch.float32)
+        >>> status["dense"].available, sorted(status) == sorted(packsim.core.attention.BACKENDS)
+        (True, True)
     """
     device = get_device() if device is None else torch.device(device)
     return {name: _status(name, device, dtype) for name in BACKENDS}

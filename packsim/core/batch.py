@@ -116,6 +116,13 @@ class PackedBatch:
         lengths: token count of each input example (before any truncate/split);
         roles_from_labels: True when ``roles`` were inferred from given labels
         (:meth:`from_flattening`), so prompt vs response is only as right as those labels.
+
+    Example::
+
+        >>> import packsim
+        >>> batch = packsim.PackedBatch.from_examples(packsim.make_examples(6), capacity=64, setup="correct")
+        >>> batch.input_ids.shape[1], batch.cu_seqlens.dtype
+        (64, torch.int32)
     """
 
     input_ids: torch.Tensor

@@ -45,6 +45,15 @@ class PackingCollator:
 
     Calling it on a list of S features returns ``input_ids``, ``labels`` (1, N) int64 and the
     fields asked for, N = total tokens. Bad input raises :class:`packsim.PacksimError`.
+
+    Example::
+
+        >>> import packsim
+        >>> collate = packsim.PackingCollator("correct", return_flash_attn_kwargs=True)
+        >>> batch = collate([{"prompt_ids": [5, 6], "response_ids": [7, 8]},
+        ...                  {"prompt_ids": [9], "response_ids": [10, 11]}])
+        >>> batch["labels"].tolist(), batch["position_ids"].tolist(), batch["cu_seq_lens_q"].tolist()
+        ([[-100, -100, 7, 8, -100, 10, 11]], [[0, 1, 2, 3, 0, 1, 2]], [0, 4, 7])
     """
 
     def __init__(self, setup: str | Setup = "correct", return_flash_attn_kwargs: bool = False,

@@ -223,7 +223,15 @@ def _draw(rng: random.Random, tasks: tuple[str, ...]) -> Example:
 def make_examples(
     n: int, tasks: str | Iterable[str] = DEFAULT_TASKS, seed: int = 0
 ) -> list[Example]:
-    """``n`` i.i.d. examples, each task drawn uniformly from ``tasks``; same seed, same list."""
+    """``n`` i.i.d. examples, each task drawn uniformly from ``tasks``; same seed, same list.
+
+    Example::
+
+        >>> import packsim
+        >>> examples = packsim.make_examples(3, seed=0)
+        >>> len(examples), examples == packsim.make_examples(3, seed=0)
+        (3, True)
+    """
     n = _check_n(n)
     tasks = _check_tasks(tasks)
     rng = random.Random(seed)

@@ -21,6 +21,12 @@ def get_device(prefer: str | None = None) -> torch.device:
 
     Order: the argument, then the ``PACKSIM_DEVICE`` env var, then CUDA if available, else CPU.
     Asking for CUDA on a machine without it raises :class:`PacksimError` saying what to do.
+
+    Example::
+
+        >>> import packsim
+        >>> packsim.get_device("cpu")
+        device(type='cpu')
     """
     name = prefer or os.environ.get("PACKSIM_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
     try:

@@ -12,4 +12,14 @@ __all__ = ["PacksimError"]
 
 
 class PacksimError(ValueError):
-    """Bad input to packsim: the message names the problem and the fix."""
+    """Bad input to packsim: the message names the problem and the fix.
+
+    Example::
+
+        >>> import packsim
+        >>> try:
+        ...     packsim.get_setup("no_such_setup")
+        ... except packsim.PacksimError as err:
+        ...     print(str(err).split(":")[0])
+        unknown setup 'no_such_setup'
+    """

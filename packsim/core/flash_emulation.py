@@ -144,6 +144,14 @@ def emulate_flash(*, force_reference: bool = False) -> FlashEmulation:
     emulate_flash().name)``) and the kernel behind it: the real flash-attn where it and CUDA are
     there (unless ``force_reference``), else the reference kernel (packsim, pure torch), not
     flash-attn, installed behind :data:`REFERENCE_NAME`.
+
+    Example::
+
+        >>> import packsim
+        >>> with packsim.emulate_flash() as flash:  # undone on leaving
+        ...     model = packsim.build_model("tiny", attn_implementation=flash.name)
+        ...     print(model.config._attn_implementation == flash.name)
+        True
     """
     real = real_flash_attn()
     if real is not None and not force_reference:

@@ -61,6 +61,13 @@ def build_model(
 
     ``use_cache=False`` is set in the config: with a cache, transformers skips packed-sequence
     detection (a trap notebook 04 shows). ``vocab_size`` defaults to packsim's tokenizer.
+
+    Example::
+
+        >>> import packsim
+        >>> model = packsim.build_model("tiny", seed=0)
+        >>> type(model).__name__, model.config.use_cache
+        ('LlamaForCausalLM', False)
     """
     if size not in MODEL_SIZES:
         raise PacksimError(f"unknown model size {size!r}: use one of {sorted(MODEL_SIZES)}.")

@@ -32,7 +32,15 @@ _CHOICES = {
 
 @dataclass(frozen=True)
 class Setup:
-    """One combination of the switches. Build presets with :func:`get_setup`."""
+    """One combination of the switches. Build presets with :func:`get_setup`.
+
+    Example::
+
+        >>> import packsim
+        >>> setup = packsim.Setup(mask="causal", positions="reset", loss="completion")
+        >>> setup.name, setup == packsim.get_setup("causal+reset+completion")
+        ('causal+reset+completion', True)
+    """
 
     mask: str = "block_diagonal"
     positions: str = "reset"
@@ -71,7 +79,14 @@ SETUPS: dict[str, Setup] = {
 def get_setup(setup: str | Setup) -> Setup:
     """A :class:`Setup` from a preset name (``"buggy"``), a combination written like its default
     name (``"causal+reset+completion"``, add ``+padded`` for one example per row), or a ``Setup``
-    (returned unchanged). ``packsim compare --setups`` accepts the same strings."""
+    (returned unchanged). ``packsim compare --setups`` accepts the same strings.
+
+    Example::
+
+        >>> import packsim
+        >>> packsim.get_setup("buggy").mask, packsim.get_setup("causal+reset+completion").positions
+        ('causal', 'reset')
+    """
     if isinstance(setup, Setup):
         return setup
     if isinstance(setup, str) and setup in SETUPS:

@@ -96,6 +96,13 @@ def evaluate_isolated(model, examples: Sequence, batch_size: int = 128, backend:
     Returns ``{"exact_match", "response_loss", "exact_match_by_task", "n"}`` (means over examples).
     Rows are built with the ``padded`` setup: a causal mask over a row that holds a single example
     followed by padding, so nothing but the example itself is visible.
+
+    Example::
+
+        >>> import packsim
+        >>> scores = packsim.evaluate_isolated(packsim.build_model("tiny"), packsim.make_examples(4))
+        >>> scores["n"], 0.0 <= scores["exact_match"] <= 1.0
+        (4, True)
     """
     _check_examples(examples)
     losses, exact = [], []

@@ -14,5 +14,14 @@ __all__ = ["fast_mode"]
 
 
 def fast_mode() -> bool:
-    """True when ``PACKSIM_FAST`` is set to a truthy value (CI and quick notebook runs)."""
+    """True when ``PACKSIM_FAST`` is set to a truthy value (CI and quick notebook runs).
+
+    Example::
+
+        >>> import packsim
+        >>> from unittest import mock
+        >>> with mock.patch.dict("os.environ", {"PACKSIM_FAST": "1"}):
+        ...     print(packsim.fast_mode())
+        True
+    """
     return os.environ.get("PACKSIM_FAST", "").strip().lower() not in ("", "0", "false", "no")

@@ -39,7 +39,15 @@ __all__ = ["TrainConfig", "lr_at", "make_optimizer", "optimizer_step", "autocast
 
 @dataclass
 class TrainConfig:
-    """Optimisation and budget of one run (the same for every setup of a comparison)."""
+    """Optimisation and budget of one run (the same for every setup of a comparison).
+
+    Example::
+
+        >>> import packsim
+        >>> cfg = packsim.TrainConfig(steps=2, examples_per_step=4, capacity=64, warmup_steps=1, eval_every=2)
+        >>> cfg.steps * cfg.examples_per_step  # examples one run consumes
+        8
+    """
 
     steps: int = 600
     examples_per_step: int = 224  # ~15 packs of 256 tokens with the default task mix
@@ -146,6 +154,15 @@ def train(
             step also records ``response_loss_<label>``, the in-pack loss of that group.
     Returns:
         the run's :class:`RunResult` (``curves["train"]``, ``curves["eval"]``, ``final``).
+
+    Example::
+
+        >>> import packsim
+        >>> model = packsim.build_model("tiny", seed=0)
+        >>> cfg = packsim.TrainConfig(steps=2, examples_per_step=4, capacity=64, warmup_steps=1, eval_every=2)
+        >>> run = packsim.train(model, packsim.make_examples(8), "correct", cfg, progress=False)
+        >>> len(run.curves["train"]["step"])
+        2
     """
     cfg = cfg or TrainConfig()
     setup = get_setup(setup)
