@@ -69,8 +69,6 @@ ALLOWED = {
     "packsim/course/exercises/lesson09_follow_up_drills.py": "owned elsewhere this round; see issue 42",  # ~5e-7
     "packsim/course/exercises/lesson09_interview_drills.py": "owned elsewhere this round; see issue 42",  # ~1e-7
     # new modules other sessions are writing this round (context parallelism, RoPE scaling, pretrained control)
-    "packsim/auditing/context_parallel.py": "owned elsewhere this round; see issue 42",  # ~1e-5 measured
-    "packsim/experiment/cp_attention.py": "owned elsewhere this round; see issue 42",  # "in torch 2.13"
     "packsim/experiment/pretrained_control.py": "owned elsewhere this round; see issue 42",  # "about 15 min on a 2-core CPU"
     "packsim/exhibits/cp_ring.py": "owned elsewhere this round; see issue 42",  # "installed torch 2.13"
     "packsim/exhibits/rope_scaling.py": "owned elsewhere this round; see issue 42",  # "read from 5.25.0"
