@@ -14,6 +14,7 @@ from packsim.exhibits.museum import (
     audit_exhibit,
     museum_table,
 )
+from packsim.exhibits.museum_2026 import PIECES_2026
 from packsim.exhibits.museum_beyond_sft import PUBLIC_BUGS
 
 LINK = re.compile(r"^https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+$")
@@ -32,19 +33,43 @@ def test_the_museum_holds_at_least_eight_documented_bugs():
 
 
 def test_exhibits_hold_the_2026_pieces_too():
-    assert list(EXHIBITS) == [*AUDITED, *PUBLIC_BUGS] and all(EXHIBITS[n] is PUBLIC_BUGS[n] for n in PUBLIC_BUGS)
-    for name, piece in PUBLIC_BUGS.items():
+    assert list(EXHIBITS) == [*AUDITED, *PUBLIC_BUGS, *PIECES_2026]
+    assert all(EXHIBITS[n] is pieces[n] for pieces in (PUBLIC_BUGS, PIECES_2026) for n in pieces)
+    for name, piece in {**PUBLIC_BUGS, **PIECES_2026}.items():
         assert piece.name == name and piece.links and all(LINK.match(link) for link in piece.links), piece.links
-    with pytest.raises(PacksimError, match="checked by its own probe"):
-        audit_exhibit("label_roll_across_boundary")
+    for name in ("label_roll_across_boundary", "roll_label_across_boundary"):
+        with pytest.raises(PacksimError, match="checked by its own probe"):
+            audit_exhibit(name)
     with pytest.raises(PacksimError, match="unknown exhibit"):
         audit_exhibit("nope")
 
 
 def test_museum_table_runs_a_piece_like_an_exhibit():
-    md = museum_table(["boundary_label", "label_roll_across_boundary"]).to_markdown()
-    assert "https://github.com/verl-project/verl/issues/6475" in md
-    assert md.count("| yes |") == 2 and "NOT CAUGHT" not in md
+    md = museum_table(["boundary_label", "label_roll_across_boundary", "roll_label_across_boundary"]).to_markdown()
+    assert "https://github.com/verl-project/verl/issues/6475" in md and "packsim.audit: FAIL (loss_coverage)" in md
+    assert md.count("| yes |") == 3 and "NOT CAUGHT" not in md
+
+
+_UNITS = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen " \
+         "seventeen eighteen nineteen".split()
+_TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50}
+
+
+def _number(word: str) -> int:
+    """'seventeen' -> 17, 'twenty-three' -> 23 (the README writes its counts in words)."""
+    tens, _, unit = word.lower().partition("-")
+    if tens in _TENS:
+        return _TENS[tens] + (_UNITS.index(unit) if unit else 0)
+    return _UNITS.index(tens)
+
+
+def test_the_readme_counts_every_bug_of_the_museum():
+    """The README's count is the museum's: museum_table() makes one row per name of EXHIBITS."""
+    from packsim.core.paths import repo_path
+
+    found = re.findall(r"replays\s+([a-z-]+)\s+packing\s+bugs", repo_path("README.md").read_text())
+    assert found and [_number(w) for w in found] == [len(EXHIBITS)] * len(found), (found, len(EXHIBITS))
+    assert _number("seventeen") == 17 and _number("twenty-three") == 23 and _number("thirty") == 30
 
 
 @pytest.mark.parametrize("name", list(AUDITED))

@@ -6,8 +6,8 @@ its shard, the key/value shards travel round the ring, and at step i rank r atte
 of rank (r - i) % R, merging each block's output into what it has by the blocks' log-sum-exp.
 :func:`ring_attention` runs exactly that schedule for every rank in one process (contiguous
 shards, ``torch.tensor_split``), merging with torch's own merger (``_SDPAMerger`` of
-``torch.distributed.tensor.experimental._context_parallel._attention``, installed torch 2.13); the
-multi-rank run on gloo ranks is lesson 10's. Each block is masked causal by position in the row,
+``torch.distributed.tensor.experimental._context_parallel._attention`` in the installed torch); across
+real processes the same schedule needs a process group (torch's ``context_parallel``). Each block is masked causal by position in the row,
 and with ``documents=True`` also to the same document (the documents read from the restarting
 ``position_ids`` by transformers' own ``masking_utils.find_packed_sequence_indices``). In the
 installed torch the SDPA ring takes ``is_causal`` and no mask (its efficient-attention ring raises

@@ -14,7 +14,7 @@ Batches are transformers' ``DataCollatorWithFlattening`` rows (1, N) (``input_id
 ``position_ids``, ``cu_seq_lens_q/k``) unless the story says otherwise; ``response_mask`` (1, N) is
 True on response tokens and the final EOS (:func:`packsim.auditing.features.response_mask_from_features`).
 Every link was checked against the stored public thread; the stories are ours. ``AUDITED`` holds
-these exhibits; ``EXHIBITS`` holds them, the 2025-26 pieces of :mod:`packsim.exhibits.museum_beyond_sft`
+these exhibits; ``EXHIBITS`` holds them, the pieces beyond SFT of :mod:`packsim.exhibits.museum_beyond_sft`
 (each checked by its own probe) and the 2026 pieces of :mod:`packsim.exhibits.museum_2026` (each judged
 by the audit it names). :func:`museum_table` runs every one (buggy and fixed) and tabulates
 what caught it. For lesson 07 and docs/audit.md; tests/test_museum.py runs every exhibit.
@@ -122,7 +122,7 @@ def audit_exhibit(exhibit: Exhibit | str, fixed: bool = False) -> AuditReport:
     """
     if isinstance(exhibit, str) and exhibit in {**PUBLIC_BUGS, **PIECES_2026} or isinstance(exhibit, PublicBug | Piece):
         name = exhibit if isinstance(exhibit, str) else exhibit.name
-        raise PacksimError(f"{name!r} is a 2025-26 piece checked by its own probe, not by one audit: "
+        raise PacksimError(f"{name!r} is a newer piece checked by its own probe, not by one audit: "
                            f"run EXHIBITS[{name!r}].run(buggy) or museum_table([{name!r}]).")
     if isinstance(exhibit, str) and exhibit not in AUDITED:
         raise PacksimError(f"unknown exhibit {exhibit!r}: use one of {list(AUDITED)}.")
@@ -348,7 +348,7 @@ def _caught_by(report: AuditReport) -> str:
     return "; ".join(parts) or "NOT CAUGHT"
 
 
-# every bug of the museum: the audited exhibits above, the 2025-26 pieces (each checked by its own
+# every bug of the museum: the audited exhibits above, the pieces beyond SFT (each checked by its own
 # probe: PublicBug.run(buggy) -> (caught, evidence)), then the 2026 ones (Piece.run(buggy) -> Verdict)
 EXHIBITS: dict[str, Exhibit | PublicBug | Piece] = {**AUDITED, **PUBLIC_BUGS, **PIECES_2026}
 
