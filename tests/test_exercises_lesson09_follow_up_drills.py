@@ -293,6 +293,10 @@ def test_loss_by_place_is_by_position_under_the_causal_pack_and_flat_when_isolat
     # place 1: nothing came before it, equal up to fp32 round-off (the row's longer matmuls block differently:
     # 0.0 on transformers 5.24, 3.0e-09 on 5.25)
     assert abs(suspect_log[1]["gap"]) <= 1e-6 and max(abs(v["gap"]) for k, v in suspect_log.items() if k > 1) > 1e-2
+    run_log = loss_by_place("buggy", "buggy", n_examples=64, strategy="run")  # as the run packed them: bfd per step
+    assert run_log == by_position(load_committed_model("buggy"), make_dataset(64, 0, seed=0)[0], capacity=256,
+                                  strategy="bfd", examples_per_step=224)
+    assert abs(run_log[1]["gap"]) <= 1e-6 and run_log != suspect_log  # another layout, the same clean first place
     for model_setup in ("buggy", "correct"):  # block-diagonal: in pack == alone for any weights
         log = loss_by_place(model_setup, "correct", n_examples=64)
         assert max(abs(v["gap"]) for v in log.values()) < 1e-4 and sum(v["n"] for v in log.values()) == 64

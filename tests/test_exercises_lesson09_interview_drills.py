@@ -1,29 +1,35 @@
-"""Checks of notebook 09_interview_drills: the reference passes, typical mistakes are named."""
+"""Checks of notebook 09_interview_drills: the reference passes, typical mistakes are named; question 1's
+written answer gets a self-check that never gives a verdict and points at what each wrong answer gets wrong."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nbformat
 import pytest
 
+from packsim.course.exercises import Feedback
 from packsim.course.exercises.lesson09_interview_drills import (
     BUGS,
     CAUSES,
     FOLLOWUPS,
     REVIEW_SNIPPET,
     SYMPTOMS,
+    assess_q1_answer,
     check_diagnosis,
     check_followups,
-    check_q1_answer,
     check_review,
 )
+from packsim.course.exercises.lesson09_rubric import Q1_RUBRIC, SelfCheck, read, sentences
 from packsim.course.solutions import lesson09_interview_drills as sol
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "09_interview_drills.ipynb"
 
 
 def _text(fb) -> str:
+    if isinstance(fb, SelfCheck):  # a self-check has no message and hint: its text, as a script prints it
+        return str(fb).lower()
     return (fb.message + " " + fb.hint).lower()
 
 
@@ -88,7 +94,7 @@ def test_review_stub_not_attempted():
     assert check_review(set()).attempted is True  # an empty review is an answer: all missed
 
 
-# ----------------------------------------------------------------------------- q1
+# ----------------------------------------------------------------------------- q1: a self-check, no verdict
 
 
 def _model_answer_of_lesson_09() -> str:
@@ -96,6 +102,69 @@ def _model_answer_of_lesson_09() -> str:
     nb = nbformat.read(NOTEBOOK, as_version=4)
     return next(c.source for c in nb.cells if c.source.startswith("<details><summary><b>Model answer to question 1"))
 
+
+def _reading(answer):
+    return read("\n\n".join(answer) if isinstance(answer, list) else answer, Q1_RUBRIC)
+
+
+# Issue 40: the earlier check called seven of ten wrong answers "correct". Each wrong answer here, the
+# issue's (quoted, completed into an answer where it quotes a sentence) and more in other styles, with
+# what the self-check must point at, written by hand: ("flag", its claim), ("missing", a part),
+# ("negated", a phrase a negation governs) or ("list",) for a sentence that only names terms.
+WRONG_ANSWERS = {
+    "issue: none of that matters": (
+        "Tiles, online softmax, cu_seqlens, skip, sum of squares: none of that matters, the kernel just "
+        "computes the full N x N attention.", [("flag", "N^2 work or memory"), ("list",)]),
+    "issue: a dense mask loaded from HBM": (
+        "The kernel works in tiles with an online softmax and takes cu_seqlens; it loads a dense mask from "
+        "HBM tile by tile and skips cross-example tiles, so the work is the sum of squared lengths.",
+        [("flag", "a mask loaded from HBM")]),
+    "issue: still N^2 work": (
+        "It uses tiles and an online softmax with cu_seqlens offsets, and cross-example tiles are skipped, but "
+        "it is still N^2 work because every block is launched, so the sum of squared lengths is only the "
+        "useful part.", [("flag", "N^2 work or memory")]),
+    "issue: RoPE positions keep the examples apart": (
+        "Tiles with an online softmax, cu_seqlens offsets, cross-example tiles skipped, work the sum of squared "
+        "lengths: the restarted RoPE positions are what keep the examples apart.", [("flag", "position ids isolate")]),
+    "issue: the bare keyword list": ("tiles, online softmax, cu_seqlens, skip, sum of squared lengths", [("list",)]),
+    "a materialised backward": (
+        "Forward: tiles with an online softmax and cu_seqlens; cross-example tiles are skipped; work is the sum "
+        "of squared lengths. In the backward it stores the attention probabilities of every tile to compute "
+        "the gradients.", [("flag", "a materialised backward")]),
+    "padded to max_seqlen": (
+        "Each example is padded to max_seqlen and run in tiles with an online softmax; cu_seqlens gives the "
+        "offsets, tiles across examples are skipped, and the cost is the sum of squared lengths.",
+        [("flag", "examples padded to max_seqlen")]),
+    "terse: scores zeroed": (
+        "Tiles + online softmax. cu_seqlens. Cross-example scores multiplied by zero. Cost Σ L_i².",
+        [("flag", "cross-example scores zeroed"), ("missing", "what is skipped")]),
+    "non-native: every tile computed": (
+        "The flash kernel is make the tiles with online softmax and it take the cu_seqlens, but it compute all "
+        "the tiles of the pack and put -inf for other example, so only the sum of squared lengths is useful.",
+        [("flag", "N^2 work or memory"), ("missing", "what is skipped")]),
+    "formulas: O(N^2) FLOPs": (
+        "O(N²) FLOPs with tiling + online softmax; mask M[i,j] = (seg[i]==seg[j]) applied per tile; cu_seqlens "
+        "only for the output offsets; Σ L_i² is the useful work.",
+        [("flag", "N^2 work or memory"), ("missing", "what is skipped")]),
+    "long paragraph: the mask built in shared memory": (
+        "FlashAttention never writes the attention matrix to HBM. Instead each thread block loads a tile of "
+        "queries into SRAM and streams the key tiles past it with an online softmax, keeping a running max and "
+        "sum. For a packed batch you pass cu_seqlens, the cumulative lengths, and the kernel builds the "
+        "block-diagonal mask in shared memory for each tile, then skips the tiles that the mask leaves empty, "
+        "so the work is the sum of squared lengths rather than the square of the pack length.",
+        [("flag", "a mask built on chip")]),
+    "a list: position ids isolate": (
+        ["Tiles and an online softmax.", "Position ids restart at 0 for each example, which isolates them.",
+         "cu_seqlens gives the offsets.", "Cross-example tiles are skipped.", "Work: Σ L_i²."],
+        [("flag", "position ids isolate")]),
+    "tiles not skipped": (
+        "Tiles are not skipped: the kernel computes every tile with an online softmax and cu_seqlens, and the "
+        "sum of squared lengths is the part that is kept.", [("flag", "N^2 work or memory"), ("negated", "skip")]),
+    "shallow": (
+        "FlashAttention is fast because it is IO-aware and fuses the kernel, so it handles masks efficiently "
+        "without any extra memory.",
+        [("missing", "how"), ("missing", "with what"), ("missing", "what is skipped"), ("missing", "what it costs")]),
+}
 
 RIGHT_ANSWERS = {
     "reference": sol.q1_answer,
@@ -116,19 +185,112 @@ RIGHT_ANSWERS = {
     "within each document: the sum over documents of L squared.",
     "as a list": ["Tiles and an online softmax.", "cu_seqlens gives the offsets.",
                   "Cross-example tiles are never computed.", "Work: Σ L_i²."],
+    # the three right answers the earlier check rejected (issue 40)
+    "issue: formulas": "S = QKᵀ computed tile by tile with an online softmax: m ← max(m, rowmax(S_ij)), "
+    "ℓ ← e^(m_old − m)·ℓ + rowsum(P_ij). cu = [0, L0, L0+L1, …]; block (b, i) only visits key tiles j with "
+    "cu[b] ≤ j·B < cu[b+1]. FLOPs ∝ Σ_b L_b², not N².",
+    "issue: a prefix-sum array of the lengths": "It processes Q and K in tiles, with a running softmax so no "
+    "N x N matrix is stored. The boundaries come from a prefix-sum array of the lengths, so each query tile "
+    "only loops over key tiles of its own example: tiles that straddle two examples are skipped. Cost is "
+    "the sum of squared lengths.",
+    "issue: L1 squared plus L2 squared": "Two examples of lengths L1 and L2: the kernel tiles Q, K and V and "
+    "keeps an online softmax, and it takes cu_seqlens = [0, L1, L1+L2]. It never forms a tile that mixes "
+    "the two, so the work is L1 squared plus L2 squared (halved for causal), not (L1+L2) squared.",
+    "non-native": "Flash attention make tiles of Q and K and use online softmax, so it never need the big "
+    "N x N matrix. It get cu_seqlens, the offsets of every example, and one block work only inside its own "
+    "example, the tiles between two examples are skip. So cost is like sum of each length square, not N square.",
+    "long paragraph": "The trick is that FlashAttention never has the score matrix at all. Each thread block "
+    "owns one tile of queries, keeps it on chip, and walks over the key tiles with an online softmax (a "
+    "running maximum and a running sum, rescaled as it goes), writing only the output and a log-sum-exp per "
+    "row. For a pack you call the varlen entry point with cu_seqlens, the int32 offsets where each example "
+    "starts, and max_seqlen, which sizes the grid. A block reads its example's start and end from the "
+    "offsets and loops only over the key tiles of that example, stopping at the diagonal, so a tile "
+    "spanning two examples is never computed and there is nothing to mask except inside the diagonal "
+    "tiles. The cost is therefore the sum of the squared example lengths instead of the square of the pack "
+    "length, memory stays linear, and the backward recomputes the same tiles from the log-sum-exp.",
+    "bullets": "- tiling + online softmax (no N x N scores)\n- cu_seqlens offsets\n- cross-example tiles "
+    "skipped\n- work ∑ L_i²",
 }
+
+# Right sentences that use a red flag's words to deny it: the first two are the issue's (the second is the
+# rubric's own explanation), the others are written here. Each is appended to a right answer.
+CONTRASTIVE = [
+    "Position ids separate nothing: the offsets do.",
+    "Restarting position ids are used to separate the examples into cu_seqlens before the kernel runs.",
+    "Unlike a dense mask loaded from HBM, the kernel reads only cu_seqlens.",
+    "Nothing is padded to max_seqlen: max_seqlen only sizes the grid.",
+    "Instead of N^2 work it does the sum of L_i^2.",
+    "The backward does not store the N x N probabilities either: it recomputes each tile from the log-sum-exp.",
+    "A naive kernel would compute the full N x N attention; this one does not.",
+    "No mask is read from memory.",
+    "It avoids N² memory and work.",
+    "That is far less than N^2 work.",
+    "Position ids alone never isolate anything; the mask or the offsets do.",
+]
+
+# a verdict word anywhere outside the box's fixed intro would read as a grade
+VERDICT = re.compile(r"\b(correct|wrong|right|pass(ed|es)?|fail(ed|s)?|well done|good answer|all four)\b", re.I)
+
+
+def _outside_intro(result, answer) -> str:
+    """The box's text without its fixed intro and without what it quotes of the answer."""
+    text = str(result).replace(SelfCheck.INTRO, "")
+    r = _reading(answer)
+    quoted = [f'"{s}"' for s in sentences("\n\n".join(answer) if isinstance(answer, list) else answer)]
+    quoted += [f"'{f.phrase}'" for hits in [*r.found.values(), *r.extras.values()] for f in hits]
+    for q in sorted(quoted, key=len, reverse=True):
+        text = text.replace(q, "")
+    return text
+
+
+@pytest.mark.parametrize("name", [*WRONG_ANSWERS, *RIGHT_ANSWERS, "the notebook's model answer"])
+def test_q1_never_gives_a_verdict(name):
+    answer = (WRONG_ANSWERS.get(name, (None,))[0] or RIGHT_ANSWERS.get(name) or _model_answer_of_lesson_09())
+    result = assess_q1_answer(answer)
+    assert isinstance(result, SelfCheck) and not hasattr(result, "passed"), result
+    assert result.status == "self-check" and not VERDICT.search(_outside_intro(result, answer)), result
+    html = result._repr_html_()
+    assert "self-check" in html and "&#10004;" not in html and "&#10008;" not in html  # no verdict mark
+
+
+@pytest.mark.parametrize("name", WRONG_ANSWERS)
+def test_q1_each_wrong_answer_is_pointed_at_what_is_wrong(name):
+    answer, expected = WRONG_ANSWERS[name]
+    r = _reading(answer)
+    got = {("flag", f.claim) for f, _ in r.flags} | {("missing", i.name) for i in r.missing}
+    got |= {("negated", f.phrase) for hits in r.found.values() for f in hits if f.denied}
+    got |= {("list",)} if r.term_lists else set()
+    assert got == set(expected), got
+    text = _text(assess_q1_answer(answer))
+    for kind, *what in expected:  # the box says each of them
+        if kind == "flag":
+            flag = next(f for f in Q1_RUBRIC.flags if f.claim == what[0])
+            sentence = next(s for f, s in r.flags if f is flag)
+            assert f'reread "{sentence.lower()}"' in text and flag.why.lower() in text
+        elif kind == "missing":
+            assert f"{what[0]}: the model answer:" in text and "no words of it found" in text
+        elif kind == "negated":
+            assert f"a negation governs '{what[0].lower()}'" in text
+        else:
+            assert "a list, not an explanation" in text
 
 
 @pytest.mark.parametrize("name", [*RIGHT_ANSWERS, "the notebook's model answer"])
-def test_q1_right_answers_pass(name):
-    answer = RIGHT_ANSWERS.get(name) or _model_answer_of_lesson_09()
-    fb = check_q1_answer(answer)
-    assert fb.passed and fb.attempted, fb
-    assert "all four ingredients" in _text(fb)
+def test_q1_right_answers_have_every_part_and_no_flag(name):
+    r = _reading(RIGHT_ANSWERS.get(name) or _model_answer_of_lesson_09())
+    assert not r.missing and not r.flags and not r.term_lists, (r.missing, r.flags, r.term_lists)
+    assert not [f for hits in r.found.values() for f in hits if f.denied]
+
+
+@pytest.mark.parametrize("sentence", CONTRASTIVE)
+def test_q1_right_contrastive_sentences_raise_no_flag(sentence):
+    for base in (sol.q1_answer, RIGHT_ANSWERS["terse"]):
+        r = _reading(base + " " + sentence)
+        assert not r.flags and not r.missing, r.flags
 
 
 BASE = "Tiles with an online softmax; it takes cu_seqlens; cross-example tiles are skipped; work is the sum of squared lengths."
-RED_FLAGS = {  # a junior answer's false claim, and a word of the check's reason it is false
+RED_FLAGS = {  # a junior answer's false claim, and a word of the reason the box gives
     "It builds the block-diagonal boolean mask once in fast on-chip memory.": "not even on chip",
     "It builds the mask in shared memory and reuses it for every head.": "not even on chip",
     "Cross-example scores are multiplied by zero before the softmax.": "exp(0) = 1",
@@ -139,19 +301,24 @@ RED_FLAGS = {  # a junior answer's false claim, and a word of the check's reason
     "Cross-example scores are multiplied by zero, so no extra memory is needed.": "exp(0) = 1",
     "It multiplies the cross-example scores by zero instead of computing a mask.": "exp(0) = 1",
     "Position ids are what isolate the examples, no mask needed.": "do not restrict",
+    # issue 40's red flags
+    "It reads the block-diagonal mask from HBM one tile at a time.": "in hbm or on chip",
+    "The kernel still computes all the scores and discards the cross-example ones.": "sum of squared",
+    "The memory is O(N^2) because of the scores.": "memory o(n)",
+    "The backward keeps the N x N attention matrix from the forward.": "recomputes each score tile",
 }
 
 
 @pytest.mark.parametrize("claim", RED_FLAGS)
-def test_q1_red_flag_fails_and_says_why(claim):
-    fb = check_q1_answer(BASE + " " + claim)
-    assert not fb.passed and "red flag" in _text(fb), fb
-    assert RED_FLAGS[claim] in _text(fb) and claim.lower().rstrip(".") in _text(fb)  # the sentence quoted
+def test_q1_red_flag_is_quoted_with_why(claim):
+    text = _text(assess_q1_answer(BASE + " " + claim))
+    assert f'reread "{claim.lower()}"' in text and RED_FLAGS[claim] in text, text
 
 
-def test_q1_right_answers_with_a_red_flag_added_fail():
+def test_q1_right_answers_with_a_red_flag_added_get_it():
     for answer in (sol.q1_answer, _model_answer_of_lesson_09()):
-        assert not check_q1_answer(answer + " It multiplies the cross-example scores by zero.").passed
+        assert [f.claim for f, _ in _reading(answer + " It multiplies the cross-example scores by zero.").flags] == [
+            "cross-example scores zeroed"]
 
 
 @pytest.mark.parametrize(("cut", "missing"), [
@@ -160,22 +327,29 @@ def test_q1_right_answers_with_a_red_flag_added_fail():
     ("cross-example tiles are skipped", "what is skipped"),
     ("Tiles with an online softmax", "how"),
 ])
-def test_q1_missing_ingredient_named(cut, missing):
-    fb = check_q1_answer(BASE.replace(cut, "it is fast"))
-    assert not fb.passed and f"missing: {missing}" in _text(fb).replace("*", ""), fb
+def test_q1_missing_part_shown_beside_the_model_answer(cut, missing):
+    r = _reading(BASE.replace(cut, "it is fast"))
+    assert [i.name for i in r.missing] == [missing]
+    what = next(i.what for i in Q1_RUBRIC.required if i.name == missing)
+    assert f"{missing}: the model answer: {what}. yours: no words of it found.".lower() in _text(assess_q1_answer(BASE.replace(cut, "it is fast")))
+
+
+def test_q1_shows_where_each_part_was_read():
+    text = _text(assess_q1_answer(BASE))
+    assert "how: the model answer:" in text and "yours: 'tiles' + 'online softmax' in \"tiles with an online softmax;\"" in text
 
 
 def test_q1_depth_named_when_present_and_asked_next_when_absent():
-    assert "depth you added" in _text(check_q1_answer(sol.q1_answer))
-    fb = check_q1_answer(BASE)
-    assert fb.passed and "may ask next" in _text(fb) and "backward" in _text(fb)
+    assert "depth you touched" in _text(assess_q1_answer(sol.q1_answer))
+    text = _text(assess_q1_answer(BASE))
+    assert "may ask next" in text and "backward" in text
 
 
 def test_q1_not_text_and_stub():
-    fb = check_q1_answer({"A", "B", "C", "D"})  # the old multiple-choice form
-    assert not fb.passed and "as text" in _text(fb)
-    assert check_q1_answer(...).attempted is False
-    assert not check_q1_answer("").passed
+    fb = assess_q1_answer({"A", "B", "C", "D"})  # the old multiple-choice form
+    assert isinstance(fb, Feedback) and not fb.passed and "as text" in _text(fb)
+    assert assess_q1_answer(...).attempted is False and assess_q1_answer(...).status == "not done yet"
+    assert not assess_q1_answer("").passed and "empty" in _text(assess_q1_answer("  "))
 
 
 # ----------------------------------------------------------------------------- diagnosis

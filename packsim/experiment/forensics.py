@@ -12,6 +12,12 @@ seeded bootstrap 95% interval), not as two means side by side. Not :func:`packsi
 leak lived in the run's forward. Examples: ``Example`` objects or ``prompt_ids``/``response_ids``
 dicts; per-example losses (N,).
 
+The natural control (:func:`by_position`): the first example of a row never had a neighbour, so
+its in-pack loss is its loss alone; rescored in the run's own packer (``strategy``,
+``examples_per_step``), the rows are the run's. Which examples sit at a place depends on the
+packer (:func:`length_by_place`: BFD opens each row with its longest examples), so loss by place
+read from a log alone tests nothing; the gap to each example's loss alone does.
+
 Lessons: 07, 09.
 """
 
@@ -28,12 +34,14 @@ import torch
 from packsim.core.batch import PackedBatch
 from packsim.core.device import model_device
 from packsim.core.errors import PacksimError
+from packsim.core.packing import pack_arrays
 from packsim.core.setups import Setup
 from packsim.core.text_table import text_table
 from packsim.core.token_example import as_example
 from packsim.experiment.evaluation import example_scores
 
-__all__ = ["Evidence", "ForensicsReport", "PairedGap", "measure", "forensics", "flag_comparison", "by_position"]
+__all__ = ["Evidence", "ForensicsReport", "PairedGap", "measure", "forensics", "flag_comparison", "by_position",
+           "length_by_place"]
 
 # The contaminated forward: one causal mask over the pack, positions continuing (preset "loss_fix").
 _LEAKY = Setup("causal", "continuous", "completion", name="causal pack")
@@ -240,33 +248,82 @@ def flag_comparison(out: str | Path, control_setup: str = "correct", n_examples:
     return rows
 
 
-@torch.no_grad()
-def by_position(model, examples: Sequence, capacity: int = 256, setup=_LEAKY) -> dict[int, dict]:
-    """The run's natural control: response loss by an example's place in its causal pack.
+_WHOLE = ("sequential", "ffd", "bfd")  # packers that keep every example whole: one place each
 
-    The first example of every row has nothing before it, in training as here, so it is never
-    contaminated: in a causal pack with positions continuing (the leaky forward) its loss equals its
-    loss alone. Later places sit after neighbours. Packed ``sequential``ly into rows of ``capacity``
-    tokens, returns ``{place: {"n", "alone", "packed", "gap"}}`` (place 1 = first in its row; mean
-    response losses in nats; gap = packed - alone). A model that never saw neighbours in training
-    shows a gap that jumps after place 1; one trained on leaky packs barely moves. ``setup``: the
-    forward the packs are scored under (default the leaky one; a run's own setup gives what its
-    per-example log would hold).
+
+def _chunks(items: Sequence, examples_per_step: int | None) -> list:
+    if examples_per_step is None:
+        return [items]
+    if isinstance(examples_per_step, bool) or not isinstance(examples_per_step, int) or examples_per_step < 1:
+        raise PacksimError(f"examples_per_step={examples_per_step!r}: pass the run's examples per step "
+                           "(an int >= 1), or None to pack the sample in one go.")
+    return [items[i : i + examples_per_step] for i in range(0, len(items), examples_per_step)]
+
+
+def length_by_place(lengths, capacity: int, strategy: str = "bfd",
+                    examples_per_step: int | None = None) -> dict[int, dict]:
+    """Mean example length by place in the row: what a loss-by-place reading must hold equal.
+
+    ``lengths`` (N,) packed by ``strategy`` into rows of ``capacity`` tokens, ``examples_per_step``
+    at a time as a training loop packs each step's examples (None: all at once). Returns
+    ``{place: {"n", "mean_length"}}`` (place 1 = first piece of its row; the length is its whole
+    example's). Under ``bfd`` / ``ffd`` the longest examples open the rows; under ``sequential`` the
+    first place holds the example the previous row could not take, under ``wrapped`` the example
+    the cut fell in: both longer than the mean (a long example is likelier to straddle a cut).
     """
+    counts, sums = np.zeros(1, dtype=np.int64), np.zeros(1)  # indexed by place (0 unused)
+    for chunk in _chunks(np.asarray(lengths), examples_per_step):
+        packs = pack_arrays(chunk, capacity, strategy)
+        starts = np.repeat(packs.row_offsets[:-1], np.diff(packs.row_offsets))  # (pieces,) its row's first piece
+        place = np.arange(packs.n_pieces) - starts + 1  # (pieces,)
+        size = packs.example_lengths[packs.index]  # (pieces,) the whole example's length
+        n, total = np.bincount(place), np.bincount(place, weights=size)
+        counts, sums = (np.pad(a, (0, max(0, len(n) - len(a)))) for a in (counts, sums))
+        counts[: len(n)] += n
+        sums[: len(n)] += total
+    return {int(k): {"n": int(counts[k]), "mean_length": float(sums[k] / counts[k])} for k in np.nonzero(counts)[0]}
+
+
+@torch.no_grad()
+def by_position(model, examples: Sequence, capacity: int = 256, setup=_LEAKY, strategy: str = "sequential",
+                examples_per_step: int | None = None) -> dict[int, dict]:
+    """The run's natural control: response loss by an example's place in its pack, in the pack and alone.
+
+    The first example of every row has nothing before it, in training as here, so under a causal
+    pack (the leaky forward, the default ``setup``) its loss equals its loss alone. Later places sit
+    after neighbours. ``examples`` are packed by ``strategy`` (``sequential``, ``ffd`` or ``bfd``;
+    ``wrapped`` cuts examples, so an example has no one place) into rows of ``capacity`` tokens,
+    ``examples_per_step`` at a time as the training loop packs each step (None: all at once): pass
+    the run's own ``strategy`` and ``examples_per_step`` and the rows are the run's. Returns
+    ``{place: {"n", "alone", "packed", "gap"}}`` (place 1 = first in its row; mean response losses
+    in nats; gap = packed - alone). A model that never saw neighbours in training shows a gap that
+    jumps after place 1; one trained on leaky packs barely moves. Under the run's own ``setup`` the
+    ``packed`` column is what a per-example log would hold; read alone it is no test, since which
+    examples sit at a place depends on the packer (:func:`length_by_place`), and ``alone`` (a
+    forward per example) is what it needs beside it.
+    """
+    if strategy not in _WHOLE:
+        raise PacksimError(f"by_position scores whole examples: strategy={strategy!r} must be one of "
+                           f"{list(_WHOLE)} ('wrapped' cuts examples across rows).")
     exs = _examples(examples)
     longest = max(len(ex.tokens) for ex in exs)
     capacity = max(int(capacity), longest)
     alone, _ = _scores(model, exs, "padded", longest)
-    batch = PackedBatch.from_examples(exs, capacity, setup=setup, strategy="sequential")
-    packed, _ = example_scores(model, batch.to(model_device(model)))
+    packed = torch.empty(len(exs))
     place = torch.zeros(len(exs), dtype=torch.long)
-    seen: dict[int, int] = {}
-    for seg in batch.segments:  # row-major: the k-th segment of a row is at place k
-        seen[seg.row] = seen.get(seg.row, 0) + 1
-        place[seg.example] = seen[seg.row]
+    offset = 0
+    for chunk in _chunks(exs, examples_per_step):
+        batch = PackedBatch.from_examples(chunk, capacity, setup=setup, strategy=strategy)
+        scores, _ = example_scores(model, batch.to(model_device(model)))
+        packed[offset : offset + len(chunk)] = scores.float().cpu()
+        seen: dict[int, int] = {}
+        for seg in batch.segments:  # row-major: the k-th segment of a row is at place k
+            seen[seg.row] = seen.get(seg.row, 0) + 1
+            place[offset + seg.example] = seen[seg.row]
+        offset += len(chunk)
     out = {}
     for k in sorted(set(place.tolist())):
         at = place == k
-        out[k] = {"n": int(at.sum()), "alone": float(alone[at].mean()), "packed": float(packed.float()[at].mean()),
-                  "gap": float((packed.float() - alone)[at].mean())}
+        out[k] = {"n": int(at.sum()), "alone": float(alone[at].mean()), "packed": float(packed[at].mean()),
+                  "gap": float((packed - alone)[at].mean())}
     return out

@@ -14,7 +14,8 @@ packsim.course.solutions.lesson09_follow_up_drills).
   consistent with :data:`Q2_BEFORE` (a partial order, each edge with its reason) passes; the
   distractors of :data:`Q2_DISTRACTORS` are rejected with why they prove nothing.
 - :func:`loss_by_place`: the cheapest evidence, live: a committed model's per-example response loss
-  by place in the row, scored under a setup's forward and alone (``by_position``'s numbers).
+  by place in the row, scored under a setup's forward and alone (``by_position``'s numbers), in
+  data order or as the run packed them (``strategy="run"``).
 
 Lessons: A8.
 """
@@ -259,7 +260,8 @@ Q2_BEFORE = (
 
 _WHY_NEEDED = {
     "which": "without it you may answer the wrong question",
-    "by_place": "it is free: the run's own log holds a clean control, the first example of each row",
+    "by_place": "it is free: the run's own log holds a clean control, the first example of each row (set beside "
+                "the same examples alone: under BFD the first places hold the longest examples)",
     "call": "a leak lived in the training-time call; only it says which mask the run had",
     "packs": "the batch to probe comes from them, and related neighbours are where a leak helps and harms most",
     "probe": "it answers exactly (0 or not) whether the reconstructed call isolated",
@@ -371,15 +373,19 @@ def check_q2_order(q2_order) -> Feedback:
 
 
 @torch.no_grad()
-def loss_by_place(model_setup: str, scored_under: str, n_examples: int | None = None) -> dict[int, dict]:
+def loss_by_place(model_setup: str, scored_under: str, n_examples: int | None = None,
+                  strategy: str = "sequential") -> dict[int, dict]:
     """The committed ``model_setup`` model's response loss by place in the row, under ``scored_under``'s forward.
 
     The run's first ``n_examples`` training examples (``make_dataset(n, 0, seed)``; default 256, 128
-    in fast mode, as lesson 09's row E), packed in data
-    order into rows of the run's capacity, scored in the packs and alone:
+    in fast mode, as lesson 09's row E), scored in packs of the run's capacity and alone:
     ``{place: {"n", "alone", "packed", "gap"}}`` (place 1 = first in its row; mean nats; gap = packed -
-    alone), through :func:`packsim.experiment.forensics.by_position`.
-    Under the run's own setup it is what a per-example log would hold at its last step.
+    alone), through :func:`packsim.experiment.forensics.by_position`. ``strategy``: ``"sequential"``
+    packs them in data order, in one go; ``"run"``, as the run packed them (its packer, ``bfd``, on
+    each step's examples): under the run's own setup the ``packed`` column is then what a
+    per-example log would hold at its last step (read alone it tests nothing: BFD puts the longest
+    examples first in each row, so places hold different examples; the ``gap`` to each example
+    alone does).
     """
     from packsim.core.data import make_dataset
     from packsim.experiment.committed_models import committed_metadata, load_committed_model
@@ -389,4 +395,8 @@ def loss_by_place(model_setup: str, scored_under: str, n_examples: int | None = 
     n_examples = n_examples or (128 if fast_mode() else 256)
     model, meta = load_committed_model(model_setup), committed_metadata(model_setup)
     sample = make_dataset(n_examples, 0, seed=meta["seed"])[0]
-    return by_position(model, sample, meta["capacity"], setup=scored_under)
+    if strategy == "run":
+        packer = _runs()[0].config["train"]["strategy"]  # results/tasks-full, which the committed models rerun
+        return by_position(model, sample, meta["capacity"], setup=scored_under, strategy=packer,
+                           examples_per_step=meta["examples_per_step"])
+    return by_position(model, sample, meta["capacity"], setup=scored_under, strategy=strategy)

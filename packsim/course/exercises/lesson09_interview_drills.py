@@ -1,11 +1,13 @@
 """Checks for notebook 09_interview_drills: a code review, interview question 1, symptoms to bugs.
 
-Four exercises:
+Four exercises (three checked, one self-checked):
 
 - ``review``: the set of bug ids (from :data:`BUGS`) hiding in :data:`REVIEW_SNIPPET`;
 - ``q1_answer``: the learner's own answer to "how does FlashAttention do block-diagonal masking
-  without a dense mask?", read against :data:`Q1_RUBRIC` (``lesson09_rubric``: its four
-  ingredients, the red flags of a junior answer, the depth an interviewer asks for next);
+  without a dense mask?", laid beside :data:`Q1_RUBRIC`'s model answer by :func:`assess_q1_answer`
+  (``lesson09_rubric``: its four ingredients, the red flags of a junior answer, the depth an
+  interviewer asks for next): a self-check with **no verdict**, since a reader of words cannot
+  tell a right claim from a wrong one in the same words (issue 40);
 - ``diagnosis``: for each symptom in :data:`SYMPTOMS`, which bug causes it: ``"attention"``
   (cross-example attention), ``"loss"`` (loss on the wrong tokens) or ``"neither"``;
 - ``followups``: one option per follow-up drill of :data:`FOLLOWUPS` (varlen backward, sliding
@@ -17,8 +19,8 @@ items were missed and why each false alarm is not a bug, never just "wrong".
 
 from __future__ import annotations
 
-from packsim.course.exercises import Feedback, check, fail, ok
-from packsim.course.exercises.lesson09_rubric import Q1_RUBRIC, read
+from packsim.course.exercises import Feedback, _announce, check, fail, ok
+from packsim.course.exercises.lesson09_rubric import Q1_RUBRIC, SelfCheck, read
 
 __all__ = [
     "BUGS",
@@ -26,7 +28,7 @@ __all__ = [
     "SYMPTOMS",
     "CAUSES",
     "check_review",
-    "check_q1_answer",
+    "assess_q1_answer",
     "check_diagnosis",
     "FOLLOWUPS",
     "check_followups",
@@ -176,45 +178,28 @@ def check_review(review) -> Feedback:
 
 # ----------------------------------------------------------------------------- interview Q1
 
-def _quote(phrases: list[str]) -> str:
-    return " + ".join(f"'{p}'" for p in phrases)
+Q1_EXERCISE = "interview question 1 in your words"
 
 
-@check("interview question 1 in your words")
-def check_q1_answer(q1_answer) -> Feedback:
-    """``q1_answer``: your answer to question 1, a string (or a list of sentences), read against
-    :data:`Q1_RUBRIC`."""
-    if isinstance(q1_answer, (list, tuple)) and all(isinstance(s, str) for s in q1_answer):
-        q1_answer = "\n".join(q1_answer)
-    if not isinstance(q1_answer, str):
-        return fail(
-            f"q1_answer should be your answer as text, got {type(q1_answer).__name__}.",
-            'write it as a string: q1_answer = """The kernel works in tiles ..."""',
-        )
-    reading = read(q1_answer, Q1_RUBRIC)
-    heard = "; ".join(f"{name} ({_quote(p)})" for name, p in reading.found.items())
-    if reading.passed:
-        more = "; ".join(f"{name} ({_quote(p)})" for name, p in reading.extras.items())
-        next_up = "; ".join(f"{i.name}: {i.what}" for i in reading.extras_missing)
-        return ok(
-            f"all four ingredients, read as: {heard}."
-            + (f" Depth you added: {more}." if more else "")
-            + (f" An interviewer may ask next about {next_up}." if next_up else "")
-        )
-    parts = []
-    if reading.flags:
-        parts.append(" ".join(
-            f"Red flag, {flag.claim}: \"{sentence}\" is false: {flag.why}." for flag, sentence in reading.flags
-        ))
-    if reading.missing:
-        parts.append("Missing: " + "; ".join(f"*{i.name}*: {i.what}" for i in reading.missing) + ".")
-    if heard:
-        parts.append(f"Read so far: {heard}.")
-    return fail(
-        " ".join(parts),
-        "say how (tiles, online softmax), with what (cu_seqlens), what is skipped and what it costs. "
-        "The check reads words, not meaning: if it misread a right part, say it more plainly.",
-    )
+def assess_q1_answer(q1_answer=...) -> SelfCheck | Feedback:
+    """``q1_answer``: your answer to question 1, a string (or a list of sentences), laid beside
+    :data:`Q1_RUBRIC`'s model answer part by part, with its red flags: a :class:`SelfCheck`, no
+    verdict (a word reader cannot tell a right claim from a wrong one in the same words). Not
+    text yet: a :class:`Feedback` that says so."""
+    if q1_answer is ... or q1_answer is None:
+        result = Feedback(False, "replace the `...` with your answer, run the cell, then run this one.",
+                          exercise=Q1_EXERCISE, attempted=False)
+    elif isinstance(q1_answer, (list, tuple)) and q1_answer and all(isinstance(s, str) for s in q1_answer):
+        result = SelfCheck.of(Q1_EXERCISE, read("\n\n".join(q1_answer), Q1_RUBRIC), Q1_RUBRIC)
+    elif not isinstance(q1_answer, str) or not q1_answer.strip():
+        result = Feedback(False, f"q1_answer should be your answer as text, got {type(q1_answer).__name__}"
+                          + (" (empty)" if isinstance(q1_answer, str) else "") + ".",
+                          'write it as a string: q1_answer = """The kernel works in tiles ..."""',
+                          exercise=Q1_EXERCISE)
+    else:
+        result = SelfCheck.of(Q1_EXERCISE, read(q1_answer, Q1_RUBRIC), Q1_RUBRIC)
+    _announce(result)
+    return result
 
 
 # ----------------------------------------------------------------------------- symptoms
