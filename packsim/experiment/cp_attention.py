@@ -35,7 +35,9 @@ around the kernel is torch's. The ring runs its forward and backward on torch's 
 (``aten._scaled_dot_product_flash_attention_for_cpu`` and its ``_backward``), tied to autograd here.
 
 Shapes: a :class:`DocumentRow` is ``(1, T)``; a :class:`Shard` holds ``(1, T/R)`` tensors and
-``held`` ``(T/R,)``: the row positions this rank holds. Lessons: 10.
+``held`` ``(T/R,)``: the row positions this rank holds.
+
+Lessons: 10.
 """
 
 from __future__ import annotations

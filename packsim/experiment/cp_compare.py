@@ -196,7 +196,10 @@ def launch(nproc: int = 2, tokens: int = 256, seed: int = 7, timeout: float = 60
 def summary(result: dict) -> str:
     """The comparison as lines of text: one per layout, then the audit's verdicts, then the probe."""
     R, T = result["world_size"], result["tokens"]
-    lines = [f"{R} gloo ranks, one packed row of {T} tokens ({len(result['real'])} documents), torch {result['torch']}"]
+    docs = len(result["real"])
+    filler = len(result["lengths"]) - docs  # the padding segment that fills the row (the audit checks it too)
+    lines = [f"{R} gloo ranks, one packed row of {T} tokens: {docs} documents" + (" and a padding filler" if filler else "")
+             + f", torch {result['torch']}"]
     for name, r in result["layouts"].items():
         lines.append(f"{name:12} vs one process (same mask): max |logit diff| {r['max_logit_diff_one_process']:.1e}, "
                      f"max |grad diff| {r['max_grad_diff']:.1e} (largest gradient {r['max_grad']:.1e}); vs each "
