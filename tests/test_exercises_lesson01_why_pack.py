@@ -186,6 +186,46 @@ def test_ffd_mistakes(wrong, words):
     assert words in str(fb), fb
 
 
+def _bfd_sorted_positions(lengths, cap):
+    """A learner's best-fit decreasing (issue 40): it sorts the lengths and returns positions in the sorted list."""
+    ordered = sorted((int(x) for x in lengths), reverse=True)
+    packs, room = [], []
+    for j, n in enumerate(ordered):
+        fits = [p for p, free in enumerate(room) if n <= free]
+        if fits:
+            best = min(fits, key=lambda p: room[p])
+            packs[best].append(j)  # j: a position in `ordered`, not the example's index in `lengths`
+            room[best] -= n
+        else:
+            packs.append([j])
+            room.append(cap - n)
+    return packs
+
+
+def _ffd_sorted_positions(lengths, cap):
+    ordered = sorted(int(x) for x in lengths)[::-1]
+    return sol.ffd_pack(ordered, cap)  # right packs of the sorted list, its positions returned
+
+
+@pytest.mark.parametrize("wrong", [_bfd_sorted_positions, _ffd_sorted_positions])
+def test_ffd_positions_in_the_sorted_list_name_the_index_mapping(wrong):
+    # ground truth by hand: [2, 5, 4, 7, 1, 3, 8, 6] sorted is [8, 7, 6, 5, 4, 3, 2, 1]; best and first fit
+    # both give [[0, 6], [1, 5], [2, 4], [3, 7]] there (8+2, 7+3, 6+4, 5+1: all fit 10), and pack 3's
+    # positions 3, 7 are the examples of lengths 7 and 6 in the data: 13 tokens
+    assert wrong([2, 5, 4, 7, 1, 3, 8, 6], 10) == [[0, 6], [1, 5], [2, 4], [3, 7]]
+    fb = check_ffd_pack(wrong)
+    text = str(fb)
+    assert not fb.passed and "pack 3 holds 13 tokens, over the capacity 10" in text, fb
+    assert "positions in the sorted list, not the examples' indices" in text and "[5, 1] there, but [7, 6]" in text
+    assert "room check is right" in text and "check the room left" not in text
+    assert "sorted(range(len(lengths))" in text
+
+
+def test_ffd_over_capacity_without_a_sorted_reading_still_points_at_the_room():
+    fb = check_ffd_pack(_overfill)
+    assert "over the capacity" in str(fb) and "check the room left" in str(fb), fb
+
+
 def test_ffd_accepts_best_fit_and_numpy_ints():
     import numpy as np
 

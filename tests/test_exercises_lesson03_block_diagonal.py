@@ -99,3 +99,28 @@ def test_mask_other_right_answers_pass():
     for fn in (from_aranges, keys_only):
         fb = check_block_causal_mask(fn)
         assert fb.passed, (fn.__name__, fb)
+
+
+# ----------------------------------------------------------------------------- every fault named (issue 40)
+
+
+def test_cu_seqlens_two_faults_are_both_named():
+    # the learner's answer: torch.cumsum of the lengths, no leading 0, int64 (cumsum's dtype for int64 input)
+    answer = lambda ls: torch.tensor(ls).cumsum(0)  # noqa: E731
+    assert answer([3, 2, 4]).tolist() == [3, 5, 9] and answer([3, 2, 4]).dtype == torch.int64  # ground truth
+    fb = check_cu_seqlens_from_lengths(answer)
+    text = _text(fb)
+    assert not fb.passed and "two faults" in text and "leading 0" in text and "int64" in text and "int32" in text
+    assert "prepend a 0" in text and "dtype=torch.int32" in text  # a fix for each
+
+
+def test_cu_seqlens_a_list_without_the_leading_zero_hears_both():
+    fb = check_cu_seqlens_from_lengths(lambda ls: torch.tensor(ls).cumsum(0).tolist())
+    text = _text(fb)
+    assert "two faults" in text and "not a torch.tensor" in text and "leading 0" in text
+
+
+def test_cu_seqlens_three_faults():
+    fb = check_cu_seqlens_from_lengths(lambda ls: torch.tensor([0, *ls])[None].float())  # lengths, 2-D, float
+    text = _text(fb)
+    assert "three faults" in text and "lengths, not the offsets" in text and "1-d" in text and "float32" in text

@@ -5,7 +5,8 @@ triangle reaches across examples), the block-diagonal causal mask (the fix), and
 view of the fix: per (query block, key block) of ``block_size`` tokens, whether the kernel skips
 it, computes it with the mask applied per element (partial) or computes it unmasked (full). The
 counts compare with the block map of the plain causal mask, which skips only blocks above the
-diagonal.
+diagonal; the score-pair counts (:func:`pair_counts`) compare causal and block-diagonal over the same
+real tokens, the padding's causal pairs named apart.
 
 Lessons: 02, 03.
 """
@@ -30,7 +31,8 @@ from packsim.viz.widget import (
     style_html,
 )
 
-__all__ = ["MaskExplorer", "mask_explorer", "mask_figure", "row_sparsity", "BLOCK_SIZES", "allowed_pairs_figure"]
+__all__ = ["MaskExplorer", "mask_explorer", "mask_figure", "row_sparsity", "pair_counts", "BLOCK_SIZES",
+           "allowed_pairs_figure"]
 
 BLOCK_SIZES = (4, 8, 16, 32, 64, 128)
 _BLOCK_NAMES = ("skipped", "partial (mask applied)", "full (no mask needed)")
@@ -48,6 +50,23 @@ def row_sparsity(seq_ids_row: torch.Tensor, block_size: int, document: bool = Tr
     return block_sparsity(flex_block_mask(ids, causal=True, block_size=_check_block(block_size)))
 
 
+def pair_counts(seq_ids_row: torch.Tensor) -> dict[str, int]:
+    """Score pairs (query, key) one row (T,) lets attend: ``causal`` over the whole row, padding
+    included (what a causal kernel computes), ``causal_real`` among its real tokens only, and
+    ``block_diagonal`` (real tokens of the same example): the last two count the same tokens."""
+    seq = torch.as_tensor(seq_ids_row)
+    T, real = seq.numel(), seq >= 0
+    causal = causal_mask(T)  # (T, T)
+    return {"causal": int(causal.sum()), "causal_real": int((causal & real[:, None] & real[None, :]).sum()),
+            "block_diagonal": int(block_diagonal_mask(seq).sum())}
+
+
+def _causal_title(pairs: dict[str, int]) -> str:
+    if pairs["causal"] == pairs["causal_real"]:
+        return f"causal over the pack<br>{pairs['causal']} pairs"
+    return f"causal over the pack<br>{pairs['causal_real']} pairs of real tokens (+{pairs['causal'] - pairs['causal_real']} padding)"
+
+
 def _default_batch(examples_or_batch, capacity: int, seed: int):
     if examples_or_batch is None:
         examples_or_batch = make_examples(6, seed=seed)
@@ -59,9 +78,10 @@ def _figure(batch, row: int, block_size: int) -> go.Figure:
     T = seq.numel()
     masks = {"causal": causal_mask(T), "block_diagonal": block_diagonal_mask(seq)}  # (T, T) bool
     doc, plain = row_sparsity(seq, block_size), row_sparsity(seq, block_size, document=False)
+    pairs = pair_counts(seq)
     titles = (
-        f"causal over the pack<br>{int(masks['causal'].sum())} pairs",
-        f"block-diagonal<br>{int(masks['block_diagonal'].sum())} pairs",
+        _causal_title(pairs),
+        f"block-diagonal<br>{pairs['block_diagonal']} pairs",
         f"Flex blocks of {block_size}: {doc.skipped}/{doc.total} skipped<br>"
         f"(causal alone: {plain.skipped})",
     )
@@ -165,7 +185,14 @@ class MaskExplorer(PacksimWidget):
         doc = row_sparsity(seq, self.block.value)
         plain = row_sparsity(seq, self.block.value, document=False)
         show_figure(self.out, self.figure())
+        pairs = pair_counts(seq)
         self.counts.value = (
+            f"Score pairs among the row's real tokens: <b>causal</b> {pairs['causal_real']}, "
+            f"<b>block-diagonal</b> {pairs['block_diagonal']} "
+            f"({pairs['block_diagonal'] / max(pairs['causal_real'], 1):.0%} of them)"
+            + (f"; a causal kernel over the whole row also computes the padding's: {pairs['causal']} in all. "
+               if pairs["causal"] != pairs["causal_real"] else ". ")
+            +
             f"<b>block-diagonal</b>: {doc.full} full, {doc.partial} partial, {doc.skipped} skipped "
             f"of {doc.total} blocks ({doc.skipped_fraction:.1%} skipped). "
             f"<b>plain causal</b>: {plain.full} full, {plain.partial} partial, {plain.skipped} "

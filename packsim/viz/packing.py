@@ -1,11 +1,13 @@
 """Packing playground (notebook 01): draw a length mix, pack it, see the rows and the waste.
 
-Controls: length distribution (long-tailed lognormal or uniform) and its parameters, number of
-examples, capacity, algorithm (``wrapped`` | ``ffd`` | ``bfd``), seed. The packs are drawn as
+Controls: length distribution (long-tailed lognormal or uniform) and its parameters (only the
+chosen mix's show, bounded by the capacity), number of examples, capacity, algorithm
+(``wrapped`` | ``sequential`` | ``ffd`` | ``bfd``), seed. The packs are drawn as
 stacked bars (one bar per row, one segment per example or piece, capacity dashed), and a table
-compares the three algorithms: rows vs the lower bound ``ceil(tokens / capacity)``, fill ratio,
+compares the four algorithms: rows vs the lower bound ``ceil(tokens / capacity)``, fill ratio,
 examples cut, and the padding one-example-per-row would waste. Lengths are clipped to the
-capacity (as a ``max_length`` truncation would), so every example fits one row.
+capacity (as a ``max_length`` truncation would), so every example fits one row; the numbers say how
+many were (:func:`clipped_count`).
 
 Lessons: 01.
 """
@@ -23,7 +25,7 @@ from packsim.core.packing import STRATEGIES, as_piece, pack
 from packsim.viz.style import LEAK_RED, chip_text, example_colour, layout
 from packsim.viz.widget import PacksimWidget, escape, show_figure, style_html
 
-__all__ = ["PackingPlayground", "packing_playground", "packing_figure", "draw_lengths"]
+__all__ = ["PackingPlayground", "packing_playground", "packing_figure", "draw_lengths", "clipped_count"]
 
 CAPACITIES = (64, 128, 256, 512, 1024, 2048, 4096)
 DISTRIBUTIONS = ("long_tailed", "uniform")
@@ -54,6 +56,17 @@ def draw_lengths(
         high = min(high, capacity)
         return uniform_lengths(n, min(low, high), high, seed=seed)
     raise PacksimError(f"unknown distribution {distribution!r}: use one of {list(DISTRIBUTIONS)}.")
+
+
+def clipped_count(distribution: str, n: int, capacity: int, seed: int = 0, median: float = 90,
+                  sigma: float = 0.9) -> int:
+    """How many of :func:`draw_lengths`'s long-tailed draws were longer than ``capacity`` before the
+    clip (the same draw, unclipped); 0 for ``uniform``, whose range is cut to the capacity instead."""
+    if distribution.replace("-", "_") != "long_tailed":
+        return 0
+    raw = long_tailed_lengths(n, median=min(max(median, 8), capacity), sigma=sigma, max_len=2**40,
+                              min_len=min(8, capacity), seed=seed)
+    return int((raw > capacity).sum())
 
 
 def _segments(packs, lengths):
@@ -136,7 +149,7 @@ def comparison_rows(lengths, capacity: int) -> list[dict]:
     return out
 
 
-def _stats_html(lengths, capacity: int, strategy: str) -> str:
+def _stats_html(lengths, capacity: int, strategy: str, clipped: int = 0) -> str:
     s = packing_stats(lengths, pack(lengths, capacity, strategy=strategy), capacity)
     cols = ("algorithm", "rows", "lower bound", "fill", "examples cut")
     head = "<tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>"
@@ -147,7 +160,9 @@ def _stats_html(lengths, capacity: int, strategy: str) -> str:
         for r in comparison_rows(lengths, capacity)
     )
     return (
-        f"<div>{s.n_examples} examples, {s.total_tokens} tokens, longest {int(np.max(lengths))}. "
+        f"<div>{s.n_examples} examples, {s.total_tokens} tokens, longest {int(np.max(lengths))}"
+        + (f" ({clipped} drawn longer, clipped to the capacity as a max_length truncation would). " if clipped else ". ")
+        +
         f"<b>{escape(strategy)}</b>: {s.n_packs} rows (lower bound {s.lower_bound}), "
         f"<b>fill {s.fill_ratio:.1%}</b>. One example per row would waste "
         f"<b>{s.one_per_row_padding_waste:.1%}</b> of its tokens on padding (padded to the "
@@ -208,6 +223,7 @@ class PackingPlayground(PacksimWidget):
             continuous_update=False,
             **short,
         )
+        self._syncing = False  # True while update() moves slider bounds (no redraw per change)
         self.seed = widgets.BoundedIntText(
             value=seed, min=0, max=10**6, description="seed", **short
         )
@@ -223,11 +239,14 @@ class PackingPlayground(PacksimWidget):
             self.uniform_range,
             self.seed,
         ):
-            w.observe(lambda _c: self.update(), names="value")
+            w.observe(lambda _c: self._syncing or self.update(), names="value")
+        # only the controls of the chosen mix show: a box each (the sliders share one Layout object)
+        self.long_tailed_controls = widgets.VBox([self.median, self.sigma])
+        self.uniform_controls = widgets.VBox([self.uniform_range])
         controls = widgets.HBox(
             [
                 widgets.VBox([self.distribution, self.n, self.capacity, self.seed]),
-                widgets.VBox([self.median, self.sigma, self.uniform_range]),
+                widgets.VBox([self.long_tailed_controls, self.uniform_controls]),
             ]
         )
         self.widget = widgets.VBox([style_html(), controls, self.strategy, self.out, self.stats])
@@ -252,13 +271,22 @@ class PackingPlayground(PacksimWidget):
         return packing_figure(self.lengths(), self.capacity.value, self.strategy.value)
 
     def update(self) -> None:
-        """Redraw the bars and the numbers for the current controls."""
+        """Show the chosen mix's controls, bound them by the capacity, redraw the bars and numbers."""
         long_tailed = self.distribution.value == "long_tailed"
         self.median.disabled = self.sigma.disabled = not long_tailed
         self.uniform_range.disabled = long_tailed
+        self.long_tailed_controls.layout.display = "" if long_tailed else "none"
+        self.uniform_controls.layout.display = "none" if long_tailed else ""
+        self._syncing = True
+        try:  # no length above the capacity can be drawn, so no slider offers one
+            self.median.max = self.uniform_range.max = self.capacity.value
+        finally:
+            self._syncing = False
         lengths = self.lengths()
         show_figure(self.out, packing_figure(lengths, self.capacity.value, self.strategy.value))
-        self.stats.value = _stats_html(lengths, self.capacity.value, self.strategy.value)
+        clipped = clipped_count(self.distribution.value, self.n.value, self.capacity.value, self.seed.value,
+                                self.median.value, self.sigma.value)
+        self.stats.value = _stats_html(lengths, self.capacity.value, self.strategy.value, clipped)
 
 
 def packing_playground(

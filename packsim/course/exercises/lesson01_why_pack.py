@@ -178,6 +178,23 @@ def _next_fit(sizes: list[int], order: list[int], capacity: int) -> list[list[in
     return packs
 
 
+def _over_capacity(shown: str, packs, sizes: list[int], capacity: int, p: int, load: int) -> Feedback:
+    """Pack ``p`` is over capacity: say why, naming a packing of positions in the sorted lengths
+    (it fits there, so the room check was right and the index mapping wrong)."""
+    for name, ordered in (("longest first", sorted(sizes, reverse=True)), ("shortest first", sorted(sizes))):
+        if ordered != sizes and all(sum(ordered[i] for i in q) <= capacity for q in packs):
+            entries = list(packs[p])
+            return fail(
+                f"{shown}: pack {p} holds {load} tokens, over the capacity {capacity}; yet every pack fits when "
+                f"its entries are read as positions in the lengths sorted {name}: pack {p}'s {entries} are lengths "
+                f"{[ordered[i] for i in entries]} there, but {[sizes[i] for i in entries]} in `lengths`. Your room "
+                "check is right; your packs hold positions in the sorted list, not the examples' indices.",
+                "sort the indices, not the lengths: order = sorted(range(len(lengths)), key=lambda i: "
+                "-lengths[i]), then place and append each i (or sort (length, index) pairs and keep the index).")
+    return fail(f"{shown}: pack {p} holds {load} tokens, over the capacity {capacity}.",
+                "check the room left (capacity - load) before placing; a fit is length <= room.")
+
+
 def _canon(packs) -> list[tuple[int, ...]]:
     return sorted(tuple(sorted(p)) for p in packs)
 
@@ -243,9 +260,7 @@ def _check_one_packing(ffd_pack, lengths, capacity: int) -> Feedback | None:
             return fail(f"{shown}: pack {p} is empty.", "open a pack only for an example that needs it.")
         load = sum(sizes[i] for i in entries)
         if load > capacity:
-            return fail(f"{shown}: pack {p} holds {load} tokens, over the capacity {capacity}.",
-                        "check the room left (capacity - load) before placing; a fit is "
-                        "length <= room.")
+            return _over_capacity(shown, packs, sizes, capacity, p, load)
     target = len(pack(sizes, capacity, strategy="ffd"))
     if len(packs) <= target:
         return None

@@ -7,6 +7,8 @@
 
 Each check runs the learner's function on small hand-made packs and compares it with answers
 computed here independently (plain Python loops, or :func:`packsim.core.masks.block_diagonal_mask`).
+The ``cu_seqlens`` check names every fault of an answer (its type, values, shape and dtype judged
+apart: no leading 0 *and* int64 hears both).
 """
 
 from __future__ import annotations
@@ -43,47 +45,56 @@ def _offsets(lengths) -> list[int]:
 
 
 
+def _cu_faults(got, lengths) -> list[tuple[str, str]]:
+    """Every fault of one answer ``got`` for ``lengths``, each (what is wrong, how to fix it): its
+    type, its values, its shape and its dtype are judged apart, so an answer with two faults hears both."""
+    want = _offsets(lengths)
+    faults = []
+    if isinstance(got, torch.Tensor):
+        values = got.reshape(-1).tolist()
+    else:
+        faults.append((f"you returned a {type(got).__name__}, not a torch.Tensor",
+                       "kernels take a tensor: torch.tensor(offsets, dtype=torch.int32)"))
+        try:
+            values = [int(v) for v in got]
+        except (TypeError, ValueError):
+            return faults
+    if values == want:
+        pass
+    elif values == want[1:]:
+        faults.append((f"the values {values} are the running totals without the leading 0",
+                       "cu_seqlens has one entry more than there are examples: it starts at 0, so example i "
+                       "spans cu_seqlens[i]:cu_seqlens[i+1]; prepend a 0"))
+    elif values in (list(lengths), [0, *lengths]):
+        faults.append((f"the values {values} are the lengths, not the offsets",
+                       "cu_seqlens is cumulative: each entry is where an example starts (a running sum of the "
+                       "lengths), e.g. torch.cumsum"))
+    else:
+        faults.append((f"the values are {values}, expected {want}",
+                       "start at 0 and add each example's length: [0, l0, l0+l1, ..., total]"))
+    if isinstance(got, torch.Tensor):
+        if got.dim() != 1:
+            faults.append((f"the shape is {tuple(got.shape)}; cu_seqlens is 1-D (S+1,)",
+                           "return a flat tensor, e.g. with .reshape(-1)"))
+        if got.dtype != torch.int32:
+            faults.append((f"the dtype is {got.dtype}, not torch.int32",
+                           "flash_attn_varlen_func rejects anything but int32 offsets (torch.cumsum of int lengths "
+                           "gives int64): add dtype=torch.int32 or call .to(torch.int32)"))
+    return faults
+
+
 @check("cu_seqlens from lengths")
 def check_cu_seqlens_from_lengths(fn) -> Feedback:
-    """``fn(lengths: list[int]) -> torch.Tensor`` (S+1,) int32: ``[0, l0, l0+l1, ..., sum]``."""
+    """``fn(lengths: list[int]) -> torch.Tensor`` (S+1,) int32: ``[0, l0, l0+l1, ..., sum]``; every
+    fault of the first wrong answer is named (values, shape and dtype apart)."""
     for lengths in LENGTH_CASES:
-        got = fn(list(lengths))
-        want = _offsets(lengths)
-        where = f"for lengths {list(lengths)}"
-        if not isinstance(got, torch.Tensor):
-            return fail(
-                f"{where} you returned a {type(got).__name__}, not a torch.Tensor.",
-                "kernels take a tensor: torch.tensor(offsets, dtype=torch.int32).",
-            )
-        values = got.reshape(-1).tolist()
-        if values == want:
-            if got.dim() != 1:
-                return fail(
-                    f"{where} your tensor has shape {tuple(got.shape)}; cu_seqlens is 1-D (S+1,).",
-                    "return a flat tensor, e.g. with .reshape(-1).",
-                )
-            if got.dtype != torch.int32:
-                return fail(
-                    f"{where} the values are right but the dtype is {got.dtype}, not torch.int32.",
-                    "flash_attn_varlen_func rejects anything but int32 offsets (torch.cumsum of "
-                    "int lengths gives int64): add dtype=torch.int32 or call .to(torch.int32).",
-                )
+        faults = _cu_faults(fn(list(lengths)), lengths)
+        if not faults:
             continue
-        if values == want[1:]:
-            return fail(
-                f"{where} you returned {values}: the running totals without the leading 0.",
-                "cu_seqlens has one entry more than there are examples: it starts at 0, so "
-                "example i spans cu_seqlens[i]:cu_seqlens[i+1]. Prepend a 0.",
-            )
-        if values in (list(lengths), [0, *lengths]):
-            return fail(
-                f"{where} you returned {values}: those are the lengths, not the offsets.",
-                "cu_seqlens is cumulative: each entry is where an example starts (a running sum "
-                "of the lengths), e.g. torch.cumsum.",
-            )
+        count = {1: "", 2: "two faults: ", 3: "three faults: ", 4: "four faults: "}[len(faults)]
         return fail(
-            f"{where} you returned {values}, expected {want}.",
-            "start at 0 and add each example's length: [0, l0, l0+l1, ..., total].",
+            f"for lengths {list(lengths)} {count}" + "; ".join(what for what, _ in faults) + ".",
+            "; ".join(fix for _, fix in faults) + ".",
         )
     return ok(
         f"right on {len(LENGTH_CASES)} packs: int32 offsets that start at 0 and end at the "
