@@ -70,6 +70,8 @@ def test_torch_head_tail_balancer_is_the_zigzag_of_the_whole_row():
 def test_bad_input():
     with pytest.raises(PacksimError, match="multiple of cp_size x 128"):
         document_row(make_examples(8), T=200, cp_size=2)
+    with pytest.raises(PacksimError, match="cp_size must be a positive int"):
+        document_row(make_examples(8), T=256, cp_size=0)
     with pytest.raises(PacksimError, match="no example fits"):
         document_row([_Ex([1] * 300, 1)], T=256, cp_size=2)
     row = document_row(make_examples(40), T=256, cp_size=2)

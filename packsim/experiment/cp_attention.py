@@ -98,6 +98,8 @@ def document_row(examples, T: int, cp_size: int, pad_id: int = 0) -> DocumentRow
     """The first examples (``.tokens``, ``.n_prompt``) that fit ``T`` once each is padded to a multiple
     of ``2 * cp_size``; completion-only targets (response and EOS). ``T`` must be a multiple of
     ``cp_size * 128`` (torch's context-parallel BlockMask)."""
+    if isinstance(cp_size, bool) or not isinstance(cp_size, int) or cp_size < 1:
+        raise PacksimError(f"cp_size must be a positive int (ranks sharing the row), got {cp_size!r}.")
     if T % (cp_size * BLOCK):
         raise PacksimError(f"T={T} must be a multiple of cp_size x {BLOCK} = {cp_size * BLOCK} "
                            "(torch's _create_cp_block_mask shards whole flex blocks).")
