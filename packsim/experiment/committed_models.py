@@ -20,7 +20,7 @@ How the files were made (``runs/`` is not committed)::
     packsim compare --setups buggy,correct --seeds 1 --out runs/trained
     python -c "from packsim.experiment.committed_models import export_committed; export_committed('runs/trained')"
 
-Lessons: 02, 06, 07, 09, A2.
+Lessons: 02, 06, 07, 09, A2, A6, A8.
 """
 
 from __future__ import annotations

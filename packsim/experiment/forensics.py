@@ -18,7 +18,7 @@ its in-pack loss is its loss alone; rescored in the run's own packer (``strategy
 packer (:func:`length_by_place`: BFD opens each row with its longest examples), so loss by place
 read from a log alone tests nothing; the gap to each example's loss alone does.
 
-Lessons: 07, 09.
+Lessons: 07, 09, A8.
 """
 
 from __future__ import annotations
