@@ -226,6 +226,12 @@ CONTRASTIVE = [
     "It avoids N² memory and work.",
     "That is far less than N^2 work.",
     "Position ids alone never isolate anything; the mask or the offsets do.",
+    # right sentences with a flag's words that deny nothing: about one tile, or about another path
+    "Each block computes all the scores of its tile with an online softmax.",
+    "The causal kernel over the whole pack computes all N^2/2 pairs, which is the bug's cost.",
+    "With one example per row and padding to the longest, you would pay for the padding too.",
+    "The dense path (sdpa with a 4D mask) costs N^2 memory; varlen costs O(N).",
+    "It never loads a mask: the boundaries come from cu_seqlens.",
 ]
 
 # a verdict word anywhere outside the box's fixed intro would read as a grade
@@ -306,6 +312,7 @@ RED_FLAGS = {  # a junior answer's false claim, and a word of the reason the box
     "The kernel still computes all the scores and discards the cross-example ones.": "sum of squared",
     "The memory is O(N^2) because of the scores.": "memory o(n)",
     "The backward keeps the N x N attention matrix from the forward.": "recomputes each score tile",
+    "The kernel computes all the scores in the pack and masks the cross-example ones.": "never computed",
 }
 
 

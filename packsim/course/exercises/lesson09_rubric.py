@@ -40,8 +40,8 @@ CONTRAST = re.compile(
 )
 # before a claim in its sentence: the claim is about another path, not the varlen kernel
 ELSEWHERE = re.compile(
-    r"\b(naive|standard|vanilla|regular|plain|ordinary|eager|sdpa|would|baseline|textbook)\b|"
-    r"\bdense[- ]mask (path|attention|kernel|version)", re.I
+    r"\b(naive|standard|vanilla|regular|plain|ordinary|eager|sdpa|would|baseline|textbook|buggy)\b|the bug\b|"
+    r"\bdense[- ]mask (path|attention|kernel|version)|causal (kernel|mask|attention) over the (whole )?(pack|row)", re.I
 )
 # right after a claim (two words at most, before any conjunction): "separate nothing", "scores never exist"
 _AFTER = re.compile(r"^\W*(?:(?!and\b|but\b|so\b|because\b|which\b|that\b|while\b)\w+\W+)?"
@@ -257,7 +257,7 @@ Q1_RUBRIC = Rubric(
         ),
         RedFlag(
             "examples padded to max_seqlen",
-            r"\bpad\w*.{0,40}\b(to|up to) (the )?(max_?seq_?len|longest|max(imum)? (length|sequence length))|"
+            r"\bpad\w*.{0,40}\b(to|up to) (the )?max_?seq_?len|"
             r"(examples|sequences)\s*[x×*]\s*max_?seq_?len\b.{0,20}(work|pairs|cost|flops)",
             "there is no padding: an example of length L costs about L^2/2 pairs; the grid is sized "
             "by max_seqlen, but blocks past a short example exit at once",
@@ -273,6 +273,7 @@ Q1_RUBRIC = Rubric(
             "the varlen kernel's work is the sum of squared example lengths (sum L_i^2 / 2 pairs, causal) "
             "and its memory O(N): cross-example tiles are never computed, and blocks past a short "
             "example exit at once",
+            unless=r"\b(of|in|within|inside) (its|the|each|that|a|one) (own )?(query )?(tile|block|example|sequence|document)\b",
         ),
         RedFlag(
             "a materialised backward",
