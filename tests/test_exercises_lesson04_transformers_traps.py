@@ -369,6 +369,10 @@ WRONG = {  # answer, words the verdict must hold, the first case that leaks (by 
     "padding_mask_on_flash": (lambda r, i: {**sol.forward_kwargs_for(r, i), **({"attention_mask": _padding_mask(r)} if i == FLASH else {})}, "zeros in a 2D attention_mask mark padding", (FLASH, 1)),
     "padding_mask_on_sdpa": (_with(attention_mask=lambda r, i: _padding_mask(r)), "a 2D attention_mask.", ("sdpa", 1)),
     "row_0_4d_mask": (_not_flash(lambda r, i: {"attention_mask": _block_diagonal(r[:1]), "use_cache": False}), "the batch needs (2, 1, 32, 32)", ("sdpa", 2)),
+    # a learner's answer (issue 40): the rows flattened into one, as DataCollatorWithFlattening does, input_ids kept (2, 32)
+    "flattened_rows": (lambda r, i: {"position_ids": _restart([[n for row in r for n in row]]), "use_cache": False,
+                                     **(_varlen(r) if i == FLASH else {})}, "the rows are not yours to reshape", ("sdpa", 2)),
+    "flattened_on_flash": (_flash_only(position_ids=lambda r: _restart([[n for row in r for n in row]])), "the rows are not yours to reshape", (FLASH, 2)),
 }
 
 
@@ -445,3 +449,14 @@ def test_a_misspelt_field_really_changes_nothing():
     typo = _truth({"position_id": _restart(rows), "use_cache": False}, "sdpa", rows)
     none = _truth({"use_cache": False}, "sdpa", rows)
     assert typo == none > 1e-2
+
+
+def test_flattened_rows_get_a_one_line_hint_with_the_shape_to_give():
+    """The learner's answer of issue 40: position_ids flattened to (1, 64) with input_ids (2, 32); the forward
+    raises a tensor-size RuntimeError, and the check says the rows stay as given."""
+    answer = WRONG["flattened_rows"][0]
+    fields = answer([[12, 8, 12], [5, 1, 14, 12]], "sdpa")
+    assert tuple(fields["position_ids"].shape) == (1, 64)  # what the learner passed
+    fb = check_forward_kwargs_for(answer)
+    assert not fb.passed and "RuntimeError" in fb.message and "(1, 64)" in fb.message, fb
+    assert "\n" not in fb.hint and fb.hint.startswith("give position_ids (2, 32)"), fb.hint

@@ -14,7 +14,8 @@ check itself: ``lesson04_transformers_traps.check_forward_kwargs_for``).
   ``input_ids`` in it, a name no backend reads: transformers passes unknown keywords on through
   ``**kwargs`` where nothing reads them, so a typo changes nothing and raises nothing);
 - :func:`trap_in`: (message, hint) naming the trap a leaking (or failing) case fell into, read from
-  its fields and the lesson's rules per backend;
+  its fields and the lesson's rules per backend (first: a field that flattens the rows into one
+  while input_ids stays (B, T), which raises a tensor-size error);
 - :func:`ignored_fields`: the fields of a case that its backend never reads.
 
 No check lives here, so no solution mirrors this module.
@@ -251,10 +252,29 @@ def where(impl: str, rows) -> str:
     return f"{impl}, {len(rows)} row{'s' if len(rows) > 1 else ''} {[list(r) for r in rows]}"
 
 
+def _flattened(fields: dict, rows, where: str) -> tuple[str, str] | None:
+    """(message, hint) when a per-token field holds the rows flattened into one, (1, B*T) or (B*T,),
+    while input_ids stays (B, T): the forward then fails on a tensor size (None: no such field)."""
+    B = len(rows)
+    for key in ("position_ids", "attention_mask"):
+        value = fields.get(key)
+        if B > 1 and isinstance(value, torch.Tensor) and value.dim() <= 2 and tuple(value.shape) in ((1, B * T), (B * T,)):
+            return (f"{where}: your {key} is {tuple(value.shape)}, the {B} rows flattened into one, but the check "
+                    f"passes input_ids as they are, ({B}, {T}), and every per-token field must match that shape: the "
+                    "rows are not yours to reshape (DataCollatorWithFlattening flattens input_ids too).",
+                    f"give {key} ({B}, {T}), one row per packed row; on the flash path the offsets over the "
+                    "flattened batch go in cu_seq_lens_* (the kernel flattens the rows itself).")
+    return None
+
+
 def trap_in(fields: dict, impl: str, rows, error: BaseException | None = None) -> tuple[str, str]:
     """(message, hint) naming the trap of a case that leaked (or raised ``error``)."""
     where_ = where(impl, rows)
-    message, hint = _flash_trap(fields, rows, where_) if impl == FLASH else _sdpa_trap(fields, impl, rows, where_)
+    flat = _flattened(fields, rows, where_)
+    if flat is not None:
+        message, hint = flat
+    else:
+        message, hint = _flash_trap(fields, rows, where_) if impl == FLASH else _sdpa_trap(fields, impl, rows, where_)
     if error is not None:
         first = (str(error).splitlines() or [""])[0][:140].rstrip(".")
         message += f" (The forward raised {type(error).__name__}: {first}.)"
