@@ -19,6 +19,8 @@ Lengths must also be at least 1 and at most ``2**63 - 1`` (packsim's offsets are
 packers, :func:`total_tokens` is their exact sum, refused past ``2**63 - 1`` (the packed tokens'
 offsets are int64), and :func:`check_room` refuses, before it is allocated, a packing whose arrays
 would not fit this machine's memory (a capacity far below the lengths: billions of pieces).
+:func:`packable_lengths` is both checks at once (what the packers and the statistics take), and
+:func:`check_capacity` the row length they pack into.
 
 Lessons: none directly.
 """
@@ -33,7 +35,7 @@ import numpy as np
 
 from packsim.core.errors import PacksimError
 
-__all__ = ["check_lengths", "check_room", "is_int", "total_tokens"]
+__all__ = ["check_capacity", "check_lengths", "check_room", "is_int", "packable_lengths", "total_tokens"]
 
 _INT64_MAX = 2**63 - 1
 # element types whose values np.fromiter(..., np.int64) takes exactly (uint64 may not fit: checked one by one)
@@ -43,6 +45,9 @@ _FAST_TYPES = frozenset({int} | {np.dtype(c).type for c in "bhilqBHI"})
 def is_int(value: object) -> bool:
     """True for Python and numpy integers, False for bools (which Python counts as ints)."""
     return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
+_one_int = is_int  # one value (the capacity), never per example: the per-element tests patch is_int
 
 
 def check_lengths(lengths: object) -> np.ndarray:
@@ -81,6 +86,31 @@ def total_tokens(sizes: np.ndarray) -> int:
             "token counts (e.g. [len(ids) for ids in tokenized])."
         )
     return total
+
+
+def check_capacity(capacity: object) -> int:
+    """``capacity`` (tokens per packed row) as a positive int at most ``2**63 - 1``, or a one-line error."""
+    if not _one_int(capacity) or capacity <= 0:
+        raise PacksimError(
+            f"capacity must be a positive int (tokens per packed row), got {capacity!r}; "
+            "pass e.g. capacity=2048 (use int(...) if you computed it as a float)."
+        )
+    if capacity > _INT64_MAX:  # lengths and offsets are int64: no row can use more
+        raise PacksimError(
+            f"capacity {capacity} is past 2**63 - 1, the most tokens packsim's int64 offsets hold; "
+            "pass the row length you train with (e.g. capacity=2048)."
+        )
+    return int(capacity)
+
+
+def packable_lengths(lengths: object) -> np.ndarray:
+    """The lengths as every packer and ``packing_stats`` take them, int64 ``(n_examples,)``: read and
+    checked (:func:`~packsim.core.pack_lengths.check_lengths`), and their sum at most ``2**63 - 1``
+    (:func:`~packsim.core.pack_lengths.total_tokens`): the packed tokens' offsets (``np.cumsum(length)``,
+    ``PackArrays.row_lengths``, the wrapped cuts) and the statistics' totals are int64 and would wrap."""
+    sizes = check_lengths(lengths)
+    total_tokens(sizes)
+    return sizes
 
 
 def check_room(n_values: int, itemsize: int, what: str, fix: str) -> None:

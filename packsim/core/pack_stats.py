@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from packsim.core.errors import PacksimError
-from packsim.core.packing import Entry, _check_capacity, _check_lengths, as_piece
+from packsim.core.pack_lengths import check_capacity, packable_lengths
+from packsim.core.packing import Entry, as_piece
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,8 @@ def packing_stats(
     Raises:
         PacksimError: when the packs do not match the lengths or capacity they claim to come from.
     """
-    capacity = _check_capacity(capacity)
-    sizes = _check_lengths(lengths)
+    capacity = check_capacity(capacity)
+    sizes = packable_lengths(lengths)
     kept = _kept_tokens(sizes, packs, capacity)
     total, n, n_packs = int(kept.sum()), len(sizes), len(packs)
     lower_bound = -(-total // capacity)
@@ -85,7 +86,7 @@ def examples_cut(lengths: Sequence[int] | np.ndarray, packs: Sequence[Sequence[E
 
     An example counts once however many pieces it is in; entries are read by :func:`as_piece`.
     """
-    sizes = _check_lengths(lengths).tolist()
+    sizes = packable_lengths(lengths).tolist()
     pieces = (as_piece(entry, sizes) for entries in packs for entry in entries)
     return len({p.index for p in pieces if p.stop - p.start < sizes[p.index]})
 

@@ -28,7 +28,12 @@ from heapq import heappop, heappush
 import numpy as np
 
 from packsim.core.errors import PacksimError
-from packsim.core.pack_lengths import check_lengths, check_room, total_tokens
+from packsim.core.pack_lengths import (
+    check_capacity,
+    check_lengths,
+    check_room,
+    total_tokens,
+)
 from packsim.core.pack_lengths import is_int as _is_int
 from packsim.core.pack_result import Entry, PackArrays, Piece, piece_dtype
 from packsim.core.pack_wrapped import wrapped_arrays
@@ -46,7 +51,6 @@ __all__ = [
 
 STRATEGIES = ("wrapped", "sequential", "ffd", "bfd")
 OVERFLOW_POLICIES = ("error", "truncate", "split")
-_INT64_MAX = 2**63 - 1
 
 
 def pack(
@@ -115,11 +119,11 @@ def pack_arrays(
     no Python object per example, so it is the form to use for large datasets (for ``"wrapped"``
     at a million examples, several times faster than building the lists).
     """
-    capacity = _check_capacity(capacity)
+    capacity = check_capacity(capacity)
     _check_choice("strategy", strategy, STRATEGIES, "strategy='bfd'")
     _check_choice("overflow", overflow, OVERFLOW_POLICIES, "overflow='split'")
     sizes = check_lengths(lengths)
-    total = total_tokens(sizes)  # refused past 2**63 - 1, as _check_lengths does for packing_stats
+    total = total_tokens(sizes)  # refused past 2**63 - 1, as packable_lengths does for packing_stats
     if strategy == "wrapped":
         index, start, length, row_offsets = wrapped_arrays(sizes, capacity, total)
     else:
@@ -174,30 +178,6 @@ def as_piece(entry: Entry, lengths: Sequence[int] | np.ndarray) -> Piece:
 
 
 # --- validation ---------------------------------------------------------------------------------
-
-
-def _check_capacity(capacity: object) -> int:
-    if not _is_int(capacity) or capacity <= 0:
-        raise PacksimError(
-            f"capacity must be a positive int (tokens per packed row), got {capacity!r}; "
-            "pass e.g. capacity=2048 (use int(...) if you computed it as a float)."
-        )
-    if capacity > _INT64_MAX:  # lengths and offsets are int64: no row can use more
-        raise PacksimError(
-            f"capacity {capacity} is past 2**63 - 1, the most tokens packsim's int64 offsets hold; "
-            "pass the row length you train with (e.g. capacity=2048)."
-        )
-    return int(capacity)
-
-
-def _check_lengths(lengths: object) -> np.ndarray:
-    """The lengths as every packer and ``packing_stats`` take them, int64 ``(n_examples,)``: read and
-    checked (:func:`~packsim.core.pack_lengths.check_lengths`), and their sum at most ``2**63 - 1``
-    (:func:`~packsim.core.pack_lengths.total_tokens`): the packed tokens' offsets (``np.cumsum(length)``,
-    ``PackArrays.row_lengths``, the wrapped cuts) and the statistics' totals are int64 and would wrap."""
-    sizes = check_lengths(lengths)
-    total_tokens(sizes)
-    return sizes
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...], example: str) -> None:

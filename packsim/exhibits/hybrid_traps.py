@@ -69,7 +69,7 @@ from packsim.auditing.hybrid_findings import (
 )
 from packsim.core.errors import PacksimError
 from packsim.core.segments import cu_seqlens_from_lengths, example_positions
-from packsim.exhibits.trap_cases import ROWS, VOCAB
+from packsim.exhibits.trap_cases import ROWS, TINY_DECODER, TINY_IDS, VOCAB
 from packsim.exhibits.trap_results import Cell, TrapTable
 
 __all__ = ["CUDA_REFUSAL", "FRONTIER_CONDITIONS", "FRONTIER_FAMILIES", "FRONTIER_TOL", "build_frontier",
@@ -77,22 +77,19 @@ __all__ = ["CUDA_REFUSAL", "FRONTIER_CONDITIONS", "FRONTIER_FAMILIES", "FRONTIER
            "mamba2_drops_seq_idx",
            "needs_cuda_reason"]
 
-_IDS = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-_BASE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=256)
 _MAMBA = dict(mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=16, mamba_chunk_size=8,
               mamba_expand=2)
 # family -> (kind, config class, config kwargs, what its stateful layer is)
 FRONTIER_FAMILIES = {
-    "bamba": ("hybrid", "BambaConfig", {**_BASE, **_MAMBA, "attn_layer_indices": [1]},
+    "bamba": ("hybrid", "BambaConfig", {**TINY_DECODER, **_MAMBA, "attn_layer_indices": [1]},
               "Mamba2 mixer (conv1d + SSM scan) then an attention layer"),
     "qwen3_next": ("hybrid", "Qwen3NextConfig",
-                   {**_BASE, "layer_types": ["linear_attention", "full_attention"], "head_dim": 8,
+                   {**TINY_DECODER, "layer_types": ["linear_attention", "full_attention"], "head_dim": 8,
                     "linear_num_value_heads": 2, "linear_num_key_heads": 2, "linear_key_head_dim": 8,
                     "linear_value_head_dim": 8, "num_experts": 2, "num_experts_per_tok": 1,
                     "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32},
                    "gated DeltaNet (conv1d + gated delta rule) then an attention layer"),
-    "lfm2": ("hybrid", "Lfm2Config", {**_BASE, "layer_types": ["conv", "full_attention"], "block_ff_dim": 64},
+    "lfm2": ("hybrid", "Lfm2Config", {**TINY_DECODER, "layer_types": ["conv", "full_attention"], "block_ff_dim": 64},
              "short convolution (kernel 3) then an attention layer"),
     "mamba2": ("hybrid", "Mamba2Config", dict(hidden_size=32, num_hidden_layers=2, num_heads=4, head_dim=16,
                                                n_groups=1, state_size=16, chunk_size=8, expand=2),
@@ -104,11 +101,11 @@ FRONTIER_FAMILIES = {
                     max_position_embeddings=256),
                "Mamba2 mixer, then a Mamba2 mixer with the shared attention block"),
     "granitemoehybrid": ("hybrid", "GraniteMoeHybridConfig",
-                         {**_BASE, **_MAMBA, "layer_types": ["mamba", "attention"], "num_local_experts": 2,
+                         {**TINY_DECODER, **_MAMBA, "layer_types": ["mamba", "attention"], "num_local_experts": 2,
                           "num_experts_per_tok": 1, "shared_intermediate_size": 32},
                          "Mamba2 layer then an attention layer (MoE MLPs)"),
     "falcon_h1": ("hybrid", "FalconH1Config",
-                  {**_BASE, "mamba_d_ssm": 64, "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_n_groups": 1,
+                  {**TINY_DECODER, "mamba_d_ssm": 64, "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_n_groups": 1,
                    "mamba_d_state": 16, "mamba_chunk_size": 8, "mamba_expand": 2},
                   "Mamba2 mixer and attention side by side in every layer"),
     "qwen2_vl": ("mrope", "Qwen2VLConfig", {}, "multimodal RoPE: 3 rope rows (t, h, w), text stack only"),
@@ -206,7 +203,7 @@ def family_why(family: str) -> str:
 
 
 def _vl_config(transformers):
-    text = dict(**_BASE, vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    text = dict(**TINY_DECODER, **TINY_IDS,
                 rope_parameters={"rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 10000.0})
     vision = dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2, in_channels=3, patch_size=2,
                   spatial_merge_size=1, temporal_patch_size=1)
@@ -232,7 +229,7 @@ def build_frontier(family: str, impl: str = "sdpa", seed: int = 0):
                                  auto_class=transformers.AutoModelForImageTextToText, quiet=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        config = getattr(transformers, cls_name)(**kwargs, **_IDS)
+        config = getattr(transformers, cls_name)(**kwargs, **TINY_IDS)
     attn = None if family == "mamba2" else impl  # no attention layer
     return model_from_config(config, attn, seed, quiet=True)
 

@@ -31,6 +31,7 @@ from packsim.core.masks import block_diagonal_mask, to_additive_4d
 from packsim.core.segments import cu_seqlens_from_lengths, example_positions
 
 __all__ = ["CONDITIONS", "CONDITION_OPTIONS", "FAMILIES", "HUB_KERNEL", "IMPLS", "MASKS", "PAD", "POSITIONS",
+           "TINY_DECODER", "TINY_IDS",
            "build_family", "condition_batch", "condition_of", "packed_batch"]
 
 VOCAB = 96
@@ -49,21 +50,22 @@ CONDITIONS = {
     "bool_4d": "block-diagonal causal 4D mask (1, 1, 32, 32) as bool (True = attend)",
     "float_4d": "the same 4D mask as additive float (0 = attend, finfo.min elsewhere)",
 }
-_DECODER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=256)
-_IDS = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+# the tiny decoder every trap family is built from (the hybrid frontier's too), and its special ids
+TINY_DECODER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, max_position_embeddings=256)
+TINY_IDS = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 # family -> (config class in transformers, config kwargs, what makes it different)
 FAMILIES = {
-    "llama": ("LlamaConfig", _DECODER, "RoPE, grouped-query attention"),
-    "qwen2": ("Qwen2Config", _DECODER, "RoPE, q/k/v bias"),
-    "qwen3": ("Qwen3Config", {**_DECODER, "head_dim": 8}, "RoPE, q/k RMSNorm"),
-    "mistral": ("MistralConfig", {**_DECODER, "sliding_window": 8}, "RoPE, sliding window of 8"),
-    "gemma": ("GemmaConfig", {**_DECODER, "head_dim": 8}, "RoPE, scaled embeddings"),
-    "gemma2": ("Gemma2Config", {**_DECODER, "head_dim": 8, "sliding_window": 8},
+    "llama": ("LlamaConfig", TINY_DECODER, "RoPE, grouped-query attention"),
+    "qwen2": ("Qwen2Config", TINY_DECODER, "RoPE, q/k/v bias"),
+    "qwen3": ("Qwen3Config", {**TINY_DECODER, "head_dim": 8}, "RoPE, q/k RMSNorm"),
+    "mistral": ("MistralConfig", {**TINY_DECODER, "sliding_window": 8}, "RoPE, sliding window of 8"),
+    "gemma": ("GemmaConfig", {**TINY_DECODER, "head_dim": 8}, "RoPE, scaled embeddings"),
+    "gemma2": ("Gemma2Config", {**TINY_DECODER, "head_dim": 8, "sliding_window": 8},
                "logit softcapping, sliding window on every other layer"),
     "gpt2": ("GPT2Config", dict(n_positions=256, n_embd=32, n_layer=2, n_head=4),
              "absolute (learned) position embeddings"),
-    "phi": ("PhiConfig", _DECODER, "partial RoPE, parallel attention/MLP"),
+    "phi": ("PhiConfig", TINY_DECODER, "partial RoPE, parallel attention/MLP"),
 }
 
 
@@ -80,7 +82,7 @@ def build_family(family: str, impl: str = "eager", seed: int = 0):
     if config_cls is None:
         raise PacksimError(f"transformers {transformers.__version__} has no {cls_name}: "
                            f"drop {family!r} from families=.")
-    return model_from_config(config_cls(**kwargs, **_IDS), attn_implementation=impl, seed=seed)
+    return model_from_config(config_cls(**kwargs, **TINY_IDS), attn_implementation=impl, seed=seed)
 
 
 POSITIONS = ("restart", "continuous")  # position_ids 0..L-1 per example | 0..T-1 over the row
@@ -129,7 +131,7 @@ def packed_batch(positions: str = "restart", mask: str = "none", use_cache: bool
     seq = torch.stack([torch.repeat_interleave(torch.arange(len(r)), torch.tensor(r)) for r in lengths])  # (B, T)
     if mask == "padded":
         seq[:, T - PAD:] = -1  # (B, T): the row's last PAD tokens are padding
-        ids[:, T - PAD:] = _IDS["pad_token_id"]
+        ids[:, T - PAD:] = TINY_IDS["pad_token_id"]
     if positions == "restart":
         pos = example_positions(seq)  # (B, T): 0..L-1 per example (the padding run counts 0..PAD-1)
     else:
