@@ -60,17 +60,12 @@ _COMPILED = {name: re.compile(rx) for name, rx in RULES.items()}
 # Files whose lines still carry such a number, edited by other sessions this round: each is skipped
 # whole until its owner states the rule there (then delete its entry). Nothing else may be added.
 ALLOWED = {
-    "packsim/exhibits/museum.py": "owned elsewhere this round; see issue 42",  # "2025-26 pieces"
-    "packsim/exhibits/museum_beyond_sft.py": "owned elsewhere this round; see issue 42",  # "of 2025-26"
-    "packsim/exhibits/museum_rows.py": "owned elsewhere this round; see issue 42",  # "the 2025-26 pieces"
-    "packsim/exhibits/museum_2026.py": "owned elsewhere this round; see issue 42",  # new this round
     "packsim/course/exercises/lesson04_backend_cases.py": "owned elsewhere this round; see issue 42",  # "up to 5.18"
     "packsim/course/exercises/lesson07_detect_contamination.py": "owned elsewhere this round; see issue 42",  # 2026-12
     "packsim/course/exercises/lesson09_follow_up_drills.py": "owned elsewhere this round; see issue 42",  # ~5e-7
     "packsim/course/exercises/lesson09_interview_drills.py": "owned elsewhere this round; see issue 42",  # ~1e-7
     # new modules other sessions are writing this round (context parallelism, RoPE scaling, pretrained control)
     "packsim/experiment/pretrained_control.py": "owned elsewhere this round; see issue 42",  # "about 15 min on a 2-core CPU"
-    "packsim/exhibits/cp_ring.py": "owned elsewhere this round; see issue 42",  # "installed torch 2.13"
     "packsim/exhibits/rope_scaling.py": "owned elsewhere this round; see issue 42",  # "read from 5.25.0"
 }
 

@@ -14,7 +14,7 @@ from packsim.exhibits.museum import (
     audit_exhibit,
     museum_table,
 )
-from packsim.exhibits.museum_2026 import PIECES_2026
+from packsim.exhibits.museum_at_scale import PIECES_AT_SCALE
 from packsim.exhibits.museum_beyond_sft import PUBLIC_BUGS
 
 LINK = re.compile(r"^https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+$")
@@ -33,9 +33,9 @@ def test_the_museum_holds_at_least_eight_documented_bugs():
 
 
 def test_exhibits_hold_the_2026_pieces_too():
-    assert list(EXHIBITS) == [*AUDITED, *PUBLIC_BUGS, *PIECES_2026]
-    assert all(EXHIBITS[n] is pieces[n] for pieces in (PUBLIC_BUGS, PIECES_2026) for n in pieces)
-    for name, piece in {**PUBLIC_BUGS, **PIECES_2026}.items():
+    assert list(EXHIBITS) == [*AUDITED, *PUBLIC_BUGS, *PIECES_AT_SCALE]
+    assert all(EXHIBITS[n] is pieces[n] for pieces in (PUBLIC_BUGS, PIECES_AT_SCALE) for n in pieces)
+    for name, piece in {**PUBLIC_BUGS, **PIECES_AT_SCALE}.items():
         assert piece.name == name and piece.links and all(LINK.match(link) for link in piece.links), piece.links
     for name in ("label_roll_across_boundary", "roll_label_across_boundary"):
         with pytest.raises(PacksimError, match="checked by its own probe"):

@@ -9,7 +9,7 @@ editable install the course uses (``pip install -e .``), the repository root is 
 the ``packsim`` package. When the package was installed from a wheel, the working directory and
 its parents are searched too (a clone you started Jupyter in).
 
-Lessons: 06, 07, 08, 09, 10, A1, A2, A5, A6.
+Lessons: 02, 06, 07, 08, 09, 10, A1, A2, A5, A6.
 """
 
 from __future__ import annotations

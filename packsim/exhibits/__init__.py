@@ -11,7 +11,7 @@ module                 what it holds
 ``museum_rows``        :class:`MuseumTable`: one row per planted bug, what caught it, whether the fix passes
 ``museum_beyond_sft``  public bugs beyond SFT on attention-only decoders (RL, DPO, hybrids, mRoPE)
 ``cp_ring``            a context-parallel ring over a packed row in one process: by document, or causal
-``museum_2026``        the 2026 public bugs (ring attention, varlen fields on sdpa, gated DeltaNet, ...)
+``museum_at_scale``        public bugs at scale (ring attention, varlen fields on sdpa, gated DeltaNet, ...)
 ``museum``             :func:`museum_table`: real-world packing bugs, planted and caught
 =====================  ===========================================================================
 
@@ -28,7 +28,7 @@ _HOMES = {
     "EXHIBITS": "packsim.exhibits.museum",
     "museum_table": "packsim.exhibits.museum",
     "museum_beyond_sft_table": "packsim.exhibits.museum_beyond_sft",
-    "museum_2026_table": "packsim.exhibits.museum_2026",
+    "museum_at_scale_table": "packsim.exhibits.museum_at_scale",
     "TrapTable": "packsim.exhibits.trap_results",
     "trap_table": "packsim.exhibits.traps",
     "frontier_table": "packsim.exhibits.hybrid_traps",

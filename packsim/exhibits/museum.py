@@ -15,7 +15,7 @@ Batches are transformers' ``DataCollatorWithFlattening`` rows (1, N) (``input_id
 True on response tokens and the final EOS (:func:`packsim.auditing.features.response_mask_from_features`).
 Every link was checked against the stored public thread; the stories are ours. ``AUDITED`` holds
 these exhibits; ``EXHIBITS`` holds them, the pieces beyond SFT of :mod:`packsim.exhibits.museum_beyond_sft`
-(each checked by its own probe) and the 2026 pieces of :mod:`packsim.exhibits.museum_2026` (each judged
+(each checked by its own probe) and the pieces at scale of :mod:`packsim.exhibits.museum_at_scale` (each judged
 by the audit it names). :func:`museum_table` runs every one (buggy and fixed) and tabulates
 what caught it. For lesson 07 and docs/audit.md; tests/test_museum.py runs every exhibit.
 
@@ -44,7 +44,7 @@ from packsim.auditing.report import PROBES, AuditReport
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX
 from packsim.core.token_example import TokenExample
-from packsim.exhibits.museum_2026 import PIECES_2026, Piece, piece_row
+from packsim.exhibits.museum_at_scale import PIECES_AT_SCALE, Piece, piece_row
 from packsim.exhibits.museum_beyond_sft import PUBLIC_BUGS, PublicBug, public_bug_row
 from packsim.exhibits.museum_rows import MuseumTable
 
@@ -120,7 +120,7 @@ def audit_exhibit(exhibit: Exhibit | str, fixed: bool = False) -> AuditReport:
     ``report.failed`` then names the failed probes and checks (``counted_labels`` for dict batches,
     ``equal_token_weights`` where the exhibit accumulates micro-batches).
     """
-    if isinstance(exhibit, str) and exhibit in {**PUBLIC_BUGS, **PIECES_2026} or isinstance(exhibit, PublicBug | Piece):
+    if isinstance(exhibit, str) and exhibit in {**PUBLIC_BUGS, **PIECES_AT_SCALE} or isinstance(exhibit, PublicBug | Piece):
         name = exhibit if isinstance(exhibit, str) else exhibit.name
         raise PacksimError(f"{name!r} is a newer piece checked by its own probe, not by one audit: "
                            f"run EXHIBITS[{name!r}].run(buggy) or museum_table([{name!r}]).")
@@ -349,8 +349,8 @@ def _caught_by(report: AuditReport) -> str:
 
 
 # every bug of the museum: the audited exhibits above, the pieces beyond SFT (each checked by its own
-# probe: PublicBug.run(buggy) -> (caught, evidence)), then the 2026 ones (Piece.run(buggy) -> Verdict)
-EXHIBITS: dict[str, Exhibit | PublicBug | Piece] = {**AUDITED, **PUBLIC_BUGS, **PIECES_2026}
+# probe: PublicBug.run(buggy) -> (caught, evidence)), then the pieces at scale (Piece.run(buggy) -> Verdict)
+EXHIBITS: dict[str, Exhibit | PublicBug | Piece] = {**AUDITED, **PUBLIC_BUGS, **PIECES_AT_SCALE}
 
 
 def museum_table(names=None) -> MuseumTable:
@@ -361,8 +361,8 @@ def museum_table(names=None) -> MuseumTable:
         raise PacksimError(f"unknown exhibit(s) {unknown}: use some of {list(EXHIBITS)}.")
     rows = []
     for name in chosen:
-        if name in PUBLIC_BUGS or name in PIECES_2026:
-            rows.append(public_bug_row(PUBLIC_BUGS[name]) if name in PUBLIC_BUGS else piece_row(PIECES_2026[name]))
+        if name in PUBLIC_BUGS or name in PIECES_AT_SCALE:
+            rows.append(public_bug_row(PUBLIC_BUGS[name]) if name in PUBLIC_BUGS else piece_row(PIECES_AT_SCALE[name]))
             continue
         bug, fixed = audit_exhibit(name), audit_exhibit(name, fixed=True)
         rows.append((name, EXHIBITS[name].title, EXHIBITS[name].links[0], _caught_by(bug), not fixed.failed))

@@ -1,4 +1,4 @@
-"""Museum pieces of 2025-26: public packing bugs beyond SFT on attention-only decoders, each planted
+"""Museum pieces beyond SFT: public packing bugs on attention-only decoders, each planted
 on a tiny model (or the data path it lives in), caught by a probe, and its fix passing.
 
 Each :class:`PublicBug` has a story (only what the linked thread or the installed code says), the

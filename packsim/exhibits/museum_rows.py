@@ -1,11 +1,11 @@
 """The museum's table: one row per bug, what caught it and whether its fix passes.
 
 Every room of the museum prints through it: the audited exhibits (:mod:`packsim.exhibits.museum`),
-the pieces beyond SFT (:mod:`packsim.exhibits.museum_beyond_sft`) and the 2026 pieces
-(:mod:`packsim.exhibits.museum_2026`). It lives apart from them so each can build a table and
+the pieces beyond SFT (:mod:`packsim.exhibits.museum_beyond_sft`) and the pieces at scale
+(:mod:`packsim.exhibits.museum_at_scale`). It lives apart from them so each can build a table and
 ``museum.EXHIBITS`` can hold the pieces without an import cycle.
 
-Lessons: none directly (museum_table, museum_beyond_sft_table and museum_2026_table return it; appendix A6 prints them).
+Lessons: none directly (museum_table, museum_beyond_sft_table and museum_at_scale_table return it; appendix A6 prints them).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ are column dicts (``{"step": [...], "reported_loss": [...], ...}``) and ``final`
                "curves": {"train": {...}, "eval": {...}}, "wall_s": ...}],
      "config": {...}, "env": {...}}
 
-Lessons: 06, 07, 09, A1, A2, A5.
+Lessons: 02, 06, 07, 09, A1, A2, A5.
 """
 
 from __future__ import annotations

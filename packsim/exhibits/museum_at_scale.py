@@ -1,4 +1,4 @@
-"""The museum's 2026 pieces: six public packing bugs of long-context and RL fine-tuning, each planted
+"""The museum's pieces at scale: six public packing bugs of long-context and RL fine-tuning, each planted
 on a tiny model, judged by packsim's own audit (FAIL, naming the probe or finding), its fix passing.
 
 Every :class:`Piece` runs the audit itself (``run(buggy) -> Verdict``): the table's "caught by" is
@@ -41,7 +41,7 @@ from packsim.core.loss import IGNORE_INDEX
 from packsim.core.token_example import TokenExample
 from packsim.exhibits.museum_rows import MuseumTable
 
-__all__ = ["PIECES_2026", "Piece", "Verdict", "flatten_grpo_rows", "grpo_trainer", "museum_2026_table",
+__all__ = ["PIECES_AT_SCALE", "Piece", "Verdict", "flatten_grpo_rows", "grpo_trainer", "museum_at_scale_table",
            "packed_trainer", "piece_row", "rolled_labels"]
 
 VOCAB, BOS, EOS = 48, 1, 2
@@ -311,7 +311,7 @@ def _grpo(buggy: bool) -> Verdict:
 # ----------------------------------------------------------------------------- the pieces
 
 _GH = "https://github.com"
-PIECES_2026 = {p.name: p for p in [
+PIECES_AT_SCALE = {p.name: p for p in [
     Piece("ring_attention_ignores_documents", "Ring attention over packed documents, causal across the row",
           (f"{_GH}/axolotl-ai-cloud/axolotl/issues/3608",),
           "Reported: ring attention (context parallelism) with document packing gave 1.84x the step-0 loss. "
@@ -368,10 +368,10 @@ def piece_row(piece: Piece) -> tuple[str, str, str, str, bool]:
     return piece.name, piece.title, piece.links[0], bug.caught_by, fixed.ok
 
 
-def museum_2026_table(names=None) -> MuseumTable:
-    """Run every 2026 piece (or ``names``) buggy and fixed -> :class:`~packsim.exhibits.museum_rows.MuseumTable`."""
-    chosen = list(PIECES_2026) if names is None else list(names)
-    unknown = [n for n in chosen if n not in PIECES_2026]
+def museum_at_scale_table(names=None) -> MuseumTable:
+    """Run every piece at scale (or ``names``) buggy and fixed -> :class:`~packsim.exhibits.museum_rows.MuseumTable`."""
+    chosen = list(PIECES_AT_SCALE) if names is None else list(names)
+    unknown = [n for n in chosen if n not in PIECES_AT_SCALE]
     if unknown:
-        raise PacksimError(f"unknown piece(s) {unknown}: use some of {list(PIECES_2026)}.")
-    return MuseumTable([piece_row(PIECES_2026[n]) for n in chosen])
+        raise PacksimError(f"unknown piece(s) {unknown}: use some of {list(PIECES_AT_SCALE)}.")
+    return MuseumTable([piece_row(PIECES_AT_SCALE[n]) for n in chosen])

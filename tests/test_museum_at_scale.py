@@ -1,4 +1,4 @@
-"""The museum's 2026 pieces: each bug is real (its ground truth computed here, independently of the
+"""The museum's pieces at scale: each bug is real (its ground truth computed here, independently of the
 audit), the audit catches it (FAIL naming the probe or finding) and its fix passes."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from packsim.exhibits.cp_ring import on_ring, step0_losses
-from packsim.exhibits.museum_2026 import (
-    PIECES_2026,
+from packsim.exhibits.museum_at_scale import (
+    PIECES_AT_SCALE,
     _examples,
     _flat,
     _tiny,
     flatten_grpo_rows,
-    museum_2026_table,
+    museum_at_scale_table,
     packed_trainer,
     rolled_labels,
 )
@@ -30,9 +30,9 @@ EVIDENCE = {  # what the buggy verdict's evidence must say
 }
 
 
-@pytest.mark.parametrize("name", list(PIECES_2026))
+@pytest.mark.parametrize("name", list(PIECES_AT_SCALE))
 def test_piece_is_caught_by_the_audit_and_its_fix_passes(name):
-    piece = PIECES_2026[name]
+    piece = PIECES_AT_SCALE[name]
     assert piece.links and all(link.startswith("https://github.com/") for link in piece.links)
     buggy = piece.run(True)
     assert buggy.caught and set(buggy.failed) == set(piece.expected), buggy.evidence
@@ -42,7 +42,7 @@ def test_piece_is_caught_by_the_audit_and_its_fix_passes(name):
 
 
 def test_the_table_runs_the_pieces():
-    table = museum_2026_table(["roll_label_across_boundary", "sdpa_ignores_cu_seqlens"])
+    table = museum_at_scale_table(["roll_label_across_boundary", "sdpa_ignores_cu_seqlens"])
     md = table.to_markdown()
     assert "https://github.com/volcengine/verl/issues/6564" in md and "https://github.com/inclusionAI/AReaL/issues/1442" in md
     assert "packsim.audit: FAIL (loss_coverage)" in md and "audit_logprobs: FAIL (log-prob isolation)" in md
@@ -97,7 +97,7 @@ def test_the_causal_ring_leaks_across_documents_and_the_step0_losses():
     counted = batch["labels"][:, 1:] != -100
     losses = step0_losses(model, batch)
     assert losses["causal_ring"] == pytest.approx(float(per[counted].sum() / counted.sum()), rel=1e-6)
-    verdict = PIECES_2026["ring_attention_ignores_documents"].run(True)
+    verdict = PIECES_AT_SCALE["ring_attention_ignores_documents"].run(True)
     assert verdict.measured["step0_loss_ratio"] == pytest.approx(losses["ratio"], rel=1e-6)
 
 
@@ -205,7 +205,7 @@ def test_torch_roll_targets_cross_every_boundary():
 
 def test_flattened_grpo_rows_leak_without_boundaries():
     from packsim.auditing.grpo import grpo_rows
-    from packsim.exhibits.museum_2026 import grpo_trainer
+    from packsim.exhibits.museum_at_scale import grpo_trainer
 
     trainer = grpo_trainer()
     rows = grpo_rows(trainer)
