@@ -58,7 +58,7 @@ $(STAMP): pyproject.toml $(LOCK) | $(NEW_VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install $(LOCK_FLAG) "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install $(LOCK_FLAG) -e ".[course,dev]"
-	$(PY) -m packsim.course.doctor --quiet --course
+	$(PY) -m packsim.commands.doctor --quiet --course
 	touch $(STAMP)
 
 setup: $(STAMP) git-filter

@@ -2,17 +2,18 @@
 
 - ``packsim doctor``: check the environment (packages, device, attention backends);
 - ``packsim compare``: train setups side by side, write ``results.json`` and ``report.html``;
-- ``packsim report DIR``: rebuild a comparison's ``report.html`` from ``DIR/results.json``;
+- ``packsim compare-report DIR``: rebuild a comparison's ``report.html`` from ``DIR/results.json``
+  (``packsim report DIR``, its old name, still works);
 - ``packsim audit``: the pre-flight gate on a local checkpoint and data (``--model DIR --data FILE
   --collator NAME``) or on your own trainer (``--trainer FILE.py:FUNC``), exit codes 0-4 and 130
   (:data:`packsim.auditing.command.EXIT_CODES`); without them, the demo on the built-in tiny
   pipeline under each setup;
 - ``packsim train``: train one setup on one process, or data-parallel under torchrun.
 
-:data:`SUBCOMMANDS` is the list ``packsim --help`` prints (tests/test_docstrings_state_rules.py holds
-that this docstring names each one).
+:data:`packsim.commands.SUBCOMMANDS` is the list ``packsim --help`` prints (tests/test_docstrings_state_rules.py
+holds that this docstring names each one).
 
-Each subcommand lives in the module it belongs to, which provides ``add_arguments(parser)`` and
+Each subcommand is a module of :mod:`packsim.commands`, which provides ``add_arguments(parser)`` and
 ``run(args) -> int``; this file only wires them up. Imports are lazy and the options come from
 modules that do not import torch (``train``'s from :mod:`packsim.experiment.train_options`), so
 ``--help`` and a bad option answer at once (tests/test_cli.py checks that torch stays unloaded).
@@ -31,22 +32,9 @@ import argparse
 import importlib
 import sys
 
+from packsim.commands import ALIASES, OPTIONS, SUBCOMMANDS
 from packsim.core.errors import PacksimError
 from packsim.core.version import __version__
-
-# name -> (module with run(args), help); OPTIONS names the module with add_arguments where it differs
-SUBCOMMANDS = {
-    "doctor": ("packsim.course.doctor", "check the environment: packages, device, attention backends"),
-    "compare": ("packsim.compare_command", "train setups side by side; write results.json and report.html"),
-    "report": ("packsim.viz.report", "rebuild report.html from a comparison's results.json"),
-    "audit": ("packsim.auditing.command",
-              "pre-flight audit of a local checkpoint and JSONL data (--model DIR --data FILE "
-              "--collator NAME) or of your own trainer (--trainer FILE.py:FUNC); exit 0 pass, 1 fault, "
-              "2 bad input, 3 not measured or unverified, 4 the audit crashed (a bug); without them, the "
-              "built-in tiny pipeline"),
-    "train": ("packsim.experiment.train_command", "train one setup on one process, or data-parallel under torchrun"),
-}
-OPTIONS = {"train": "packsim.experiment.train_options"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -60,11 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; bad input exits 2 with one line on stderr (``SystemExit``)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     chosen = next((a for a in argv if not a.startswith("-")), None)  # the subcommand, if any
+    chosen = ALIASES.get(chosen, chosen)
     parser = _Parser(prog="packsim", description="packsim: pack sequences correctly.")
     parser.add_argument("--version", action="version", version=f"packsim {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)  # subparsers are _Parser too
     for name, (module, help_text) in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        aliases = [old for old, new in ALIASES.items() if new == name]
+        p = sub.add_parser(name, help=help_text, description=help_text, aliases=aliases)
         p.set_defaults(_module=module)
         if name == chosen:  # only the chosen command's options, from a module without torch
             _module(OPTIONS.get(name, module)).add_arguments(p)

@@ -211,7 +211,7 @@ def run(name, argv=None, code=None):
 for name, argv in json.loads(sys.argv[5]).items():
     run(name, argv=argv)
 run("viz", code="import packsim.viz\nfrom packsim.viz import leakage_explorer")
-run("viz_report", code="from packsim.viz.report import summary_table")
+run("viz_report", code="from packsim.viz.comparison_report import summary_table")
 run("yaml_for_packsim", code="import packsim.viz.quiz_data")  # the blocker's own controls
 run("yaml_elsewhere", code="import yaml")  # loaded by now (huggingface_hub): the case that matters
 run("import_trl", code="import trl")
@@ -307,6 +307,9 @@ def test_the_wheel_holds_every_package_data_file(lean):
     assert not wanted - lean["wheel_files"], (
         "package data missing from the wheel: add it to [tool.setuptools.package-data] in pyproject.toml")
     assert "packsim/cli.py" in lean["wheel_files"] and "packsim/viz/__init__.py" in lean["wheel_files"]
+    assert "packsim/commands/doctor.py" in lean["wheel_files"]
+    tools = sorted(f for f in lean["wheel_files"] if f.startswith("packsim/course/tools/"))
+    assert not tools, f"make's tooling shipped in the wheel: {tools} (pyproject's packages.find exclude)"
 
 
 def test_the_wheel_keeps_the_course_and_trl_in_extras(lean):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from packsim.course import doctor
+from packsim.commands import doctor, requirements
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -160,7 +160,7 @@ def test_doctor_quiet_passes_here(capsys):
 @pytest.mark.slow
 def test_doctor_runs_as_module():
     proc = subprocess.run(
-        [sys.executable, "-m", "packsim.course.doctor"],
+        [sys.executable, "-m", "packsim.commands.doctor"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -177,7 +177,7 @@ def test_doctor_runs_as_module():
 
 
 def test_doctor_flags_a_too_old_dependency(monkeypatch):
-    monkeypatch.setattr(doctor, "_installed", lambda name: "0.1" if name == "numpy" else "99")
+    monkeypatch.setattr(doctor, "installed_version", lambda name: "0.1" if name == "numpy" else "99")
     checks = {c.name: c for c in doctor.run_checks()}
     assert not checks["numpy"].ok and checks["numpy"].required
     assert "too old" in checks["numpy"].detail and "pip install -U" in checks["numpy"].detail
@@ -185,17 +185,17 @@ def test_doctor_flags_a_too_old_dependency(monkeypatch):
 
 
 def test_doctor_missing_optional_is_not_a_failure(monkeypatch):
-    real = doctor._installed
-    monkeypatch.setattr(doctor, "_installed", lambda n: None if n == "flash-attn" else real(n))
+    real = doctor.installed_version
+    monkeypatch.setattr(doctor, "installed_version", lambda n: None if n == "flash-attn" else real(n))
     checks = {c.name: c for c in doctor.run_checks()}
     flash = checks["flash-attn [gpu]"]
     assert not flash.required and "not installed (optional, GPU only)" in flash.detail
 
 
 def test_doctor_names_a_missing_course_package_as_the_courses_not_a_failure(monkeypatch, capsys):
-    real = doctor._installed
+    real = doctor.installed_version
     gone = {"plotly", "trl"}
-    monkeypatch.setattr(doctor, "_installed", lambda n: None if n in gone else real(n))
+    monkeypatch.setattr(doctor, "installed_version", lambda n: None if n in gone else real(n))
     checks = {c.name: c for c in doctor.run_checks()}
     plotly, trl = checks["plotly [course]"], checks["trl [course,trl,bench]"]  # TRL: one line
     assert not plotly.ok and not plotly.required and plotly.label == "--"
@@ -214,8 +214,8 @@ def test_doctor_names_a_missing_course_package_as_the_courses_not_a_failure(monk
 
 
 def test_doctor_outside_a_checkout_names_the_wheel_install(monkeypatch):
-    monkeypatch.setattr(doctor, "_PYPROJECT", Path("/nonexistent/pyproject.toml"))
-    monkeypatch.setattr(doctor, "_installed", lambda n: None)
+    monkeypatch.setattr(requirements, "_PYPROJECT", Path("/nonexistent/pyproject.toml"))
+    monkeypatch.setattr(doctor, "installed_version", lambda n: None)
     check = doctor._req_check(doctor.Requirement("plotly", "5.24", "course"), checkout=False)
     assert check.detail.endswith("pip install 'packsim[course]'")
     core = doctor._req_check(doctor.Requirement("torch", "2.6", None), checkout=False)
@@ -223,7 +223,7 @@ def test_doctor_outside_a_checkout_names_the_wheel_install(monkeypatch):
 
 
 def test_doctor_falls_back_to_installed_metadata(monkeypatch, tmp_path):
-    monkeypatch.setattr(doctor, "_PYPROJECT", tmp_path / "missing.toml")
+    monkeypatch.setattr(requirements, "_PYPROJECT", tmp_path / "missing.toml")
     reqs, source, _ = doctor.project_requirements()
     assert source == "installed packsim metadata"
     names = {_norm(r.name) for r in reqs if r.extra is None}
@@ -233,12 +233,12 @@ def test_doctor_falls_back_to_installed_metadata(monkeypatch, tmp_path):
 
 def test_doctor_says_a_trl_old_for_the_course_is_enough_for_the_audit(monkeypatch):
     """TRL 1.9 (the window's lower end, Axolotl 0.19's pin): enough for the trl extra, too old for the course."""
-    real = doctor._installed
-    monkeypatch.setattr(doctor, "_installed", lambda n: "1.9.0" if n == "trl" else real(n))
+    real = doctor.installed_version
+    monkeypatch.setattr(doctor, "installed_version", lambda n: "1.9.0" if n == "trl" else real(n))
     trl = {c.name: c for c in doctor.run_checks()}["trl [course,trl,bench]"]
     assert trl.label == "--" and not trl.required
     assert trl.detail.startswith("1.9.0: enough for [trl] >=1.9 (the audit); the course extra needs >=1.16")
-    monkeypatch.setattr(doctor, "_installed", lambda n: "1.8.0" if n == "trl" else real(n))
+    monkeypatch.setattr(doctor, "installed_version", lambda n: "1.8.0" if n == "trl" else real(n))
     assert "enough for" not in {c.name: c for c in doctor.run_checks()}["trl [course,trl,bench]"].detail
     checks = {c.name: c for c in doctor.run_checks(course=True)}
     assert checks["trl [course,trl,bench]"].label == "FAIL"  # make setup needs the course's TRL

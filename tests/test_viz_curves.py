@@ -204,7 +204,7 @@ def test_data_dropdown_says_why_it_is_disabled(tmp_path, results):
 
 
 def test_report_html_figures_are_offline(tmp_path, results):
-    from packsim.viz.report import write_report
+    from packsim.viz.comparison_report import write_report
 
     page = write_report(results, tmp_path / "report.html").read_text()
     n_figures = page.count("Plotly.newPlot(")

@@ -116,7 +116,7 @@ def test_offline_figure_config_everywhere(monkeypatch):
 def _figures():
     from packsim.experiment.results import Results, RunResult, StepRecord
     from packsim.viz import curves_figure, leakage_figure, quiz_figure
-    from packsim.viz.report import copies_figure
+    from packsim.viz.comparison_report import copies_figure
 
     runs = []
     for setup in ("buggy", "correct"):

@@ -21,8 +21,9 @@ raises :class:`GateTimeout` in the main thread (a ``BaseException``, so no ``exc
 the user's code swallows it); a watchdog thread ends the process with ``os._exit(3)`` and the same
 line where the signal cannot get through (a C call that never returns: 10 s later) or is not
 available (Windows, or the gate run from another thread: at once).
-Without ``--model`` or ``--trainer`` it is the demo: the built-in tiny pipeline (``make_examples`` +
-``build_model``) audited under each setup, its tables printed, exit 0.
+Without ``--model`` or ``--trainer`` the ``packsim audit`` command (:mod:`packsim.commands.audit`) runs
+the demo (:mod:`packsim.exhibits.gate_demo`: the built-in tiny pipeline audited under each setup, its
+tables printed, exit 0) inside the same deadline and Ctrl-C handling.
 The options import nothing heavy (torch comes with the run), so a bad option answers at once.
 
 Lessons: none directly.
@@ -147,8 +148,9 @@ class Deadline:
         return False
 
 
-def run(args) -> int:
-    """The gate (--trainer, --model) or the demo, with --timeout and Ctrl-C answered in one line (exit 3, 130)."""
+def run(args, demo=None) -> int:
+    """The gate (--trainer, --model) or ``demo(args)`` (the command's: :mod:`packsim.exhibits.gate_demo`,
+    which the gate's room cannot import), with --timeout and Ctrl-C answered in one line (exit 3, 130)."""
     clock = Deadline(getattr(args, "timeout", None), "the demo")
     try:
         with clock:
@@ -156,7 +158,12 @@ def run(args) -> int:
                 return _own_trainer(args, clock)
             if _wants_preflight(args):
                 return _preflight(args, clock)
-            return _demo(args)
+            if demo is None:
+                from packsim.core.errors import PacksimError
+
+                raise PacksimError("packsim audit needs --model DIR --data FILE.jsonl --collator NAME or "
+                                   "--trainer FILE.py:FUNC (the demo runs from the packsim command).")
+            return demo(args)
     except GateTimeout as err:
         print(f"packsim audit: {err} (exit 3)", file=sys.stderr, flush=True)
         return 3
@@ -164,40 +171,6 @@ def run(args) -> int:
         print(f"packsim audit: interrupted (Ctrl-C) while {clock.what} was running: no verdict (exit 130)",
               file=sys.stderr, flush=True)
         return 130
-
-
-def _demo(args) -> int:
-    """Audit the built-in tiny pipeline (make_examples + build_model) under each setup; print tables."""
-    # the demo's imports, after the gate's paths: a gate imports only what its verdict needs
-    from packsim.auditing.auditor import audit
-    from packsim.core.batch import PackedBatch
-    from packsim.core.data import make_examples
-    from packsim.core.errors import PacksimError
-    from packsim.core.model import build_model
-    from packsim.core.option_checks import check_at_least
-    from packsim.core.setups import get_setup
-
-    names = [s.strip() for s in args.setups.split(",") if s.strip()]
-    if not names:
-        raise PacksimError(f"--setups {args.setups!r} names no setup: e.g. --setups buggy,correct.")
-    check_at_least(args, {"--examples": 1, "--capacity": 1})
-    setups = [get_setup(name) for name in names]  # unknown names raise before any work
-    examples = make_examples(args.examples, seed=args.seed)
-    model = build_model("tiny", seed=args.seed)
-    summary = []
-    for setup in setups:
-        batch = PackedBatch.from_examples(examples, capacity=args.capacity, setup=setup)
-        report = audit(model, batch, seed=args.seed)
-        print(f"=== setup {setup.name!r}: {batch!r}")
-        print(report.console())
-        print()
-        summary.append((setup.name, report.status.upper(), ", ".join(report.failed) or "-",
-                        f"{report.seconds:.2f}s"))
-    width = max(len(s[0]) for s in summary)
-    print("summary")
-    for name, result, failed, secs in summary:
-        print(f"  {name.ljust(width)}  {result}  {secs}  failed: {failed}")
-    return 0
 
 
 def _wants_preflight(args) -> bool:

@@ -2,7 +2,7 @@
 
 One run: ``training`` (its loop and optimiser step), ``evaluation`` (isolated and in-pack scores),
 ``results`` (``results.json``), ``model_files`` (weights on disk). The comparison of ``packsim
-compare`` (its command line is ``packsim.compare_command``, its report :mod:`packsim.viz.report`):
+compare`` (its command line is ``packsim.commands.compare``, its report :mod:`packsim.viz.comparison_report`):
 ``comparison``, ``data_designs`` (what each command's ``--data`` trains on), ``paraphrased_facts``
 (the design where the loss curve lies), ``throughput``, ``committed_models`` (the trained models
 the course commits), ``forensics`` (what a finished checkpoint's weights tell). ``packsim train``

@@ -10,10 +10,10 @@ the optimiser; only the setup differs. Two data designs:
   the correct setup's while it answers far fewer questions alone. The loss curve lies.
 
 Outputs ``DIR/results.json`` (:class:`~packsim.experiment.results.Results`), ``DIR/report.html``
-(:mod:`packsim.viz.report`; skipped, with one printed line, where plotly is not installed:
+(:mod:`packsim.viz.comparison_report`; skipped, with one printed line, where plotly is not installed:
 the runs need no plotly) and, per run, the trained weights ``DIR/models/<setup>-seed<k>.pt``
 (:func:`load_model`), which the leakage explorer can show. ``packsim compare`` is its command
-line (:mod:`packsim.compare_command`).
+line (:mod:`packsim.commands.compare`).
 
 Lessons: 06, A5.
 """
@@ -244,8 +244,8 @@ def run_comparison(cfg: ExperimentConfig, device=None, out: str | Path | None = 
                    jobs: int | None = None) -> Results:
     """Run every setup x seed of ``cfg``; save ``results.json`` and the models under ``out`` if given.
 
-    ``report.html`` is the command's (:mod:`packsim.compare_command`) or yours:
-    ``packsim.viz.report.write_report(results, path)``.
+    ``report.html`` is the command's (:mod:`packsim.commands.compare`) or yours:
+    ``packsim.viz.comparison_report.write_report(results, path)``.
 
     ``jobs`` runs in parallel processes (default :func:`default_jobs`); ``callback`` still gets
     every record live, in this process. ``jobs=1`` trains in this process.

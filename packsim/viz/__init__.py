@@ -16,7 +16,7 @@ first use); :func:`use_figure_config` sets the offline plotly config, once per l
 The names need the ``course`` extra (plotly and ipywidgets; pyyaml for :func:`load_quizzes`):
 without it, using one raises one :class:`~packsim.PacksimError` line, ``packsim.viz.<name> needs
 the course extra (...): pip install "packsim[course]"`` (:mod:`packsim.core.extras`). The package
-itself imports without it, so :mod:`packsim.viz.report`'s tables serve ``packsim compare`` anywhere.
+itself imports without it, so :mod:`packsim.viz.comparison_report`'s tables serve ``packsim compare`` anywhere.
 
 Lessons: 01, 02, 03, 04, 05, 06, 07, 08, 10, A1, A2, A3, A4, A5, A6, A7.
 """

@@ -108,7 +108,7 @@ from types import SimpleNamespace
 from packsim.core.data import long_tailed_lengths
 from packsim.core.masks import block_diagonal_mask, causal_mask
 from packsim.experiment.results import Results, RunResult, StepRecord
-from packsim.viz import report
+from packsim.viz import comparison_report as report
 viz.use_figure_config()  # as each lesson's first cell
 SEQ = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, -1, -1])  # (T,): three examples, then padding
 runs = []  # made-up records (facts design): the figures' look is under test, not training

@@ -205,32 +205,3 @@ def _meta(results: Results) -> str:
         transformers=html.escape(str(env.get("transformers"))),
         date=html.escape(str(env.get("date"))), wall_s=f"{results.wall_s:.0f}",
     )
-
-
-def add_arguments(parser) -> None:
-    """``packsim report DIR``: rebuild ``DIR/report.html`` from ``DIR/results.json``."""
-    parser.add_argument("dir", help="folder holding results.json (from packsim compare)")
-    parser.add_argument("--out", help="where to write the HTML (default: DIR/report.html)")
-
-
-def run(args) -> int:
-    """``packsim report DIR``: a missing, unreadable or unwritable path raises :class:`PacksimError`."""
-    from packsim.core.errors import PacksimError
-
-    try:
-        results = Results.load(args.dir)
-    except PacksimError:
-        raise
-    except (ValueError, KeyError, TypeError) as err:  # not JSON, or not the results schema
-        raise PacksimError(f"{args.dir}: its results.json is not a packsim comparison ({err}); "
-                           f"run `packsim compare --out {args.dir}` again.") from err
-    out = Path(args.out or Path(args.dir) / "report.html")
-    try:
-        path = write_report(results, out)
-    except OSError as err:
-        why = f"{out.parent} is a file, not a folder" if out.parent.is_file() else err.strerror
-        raise PacksimError(f"cannot write the report to {out} ({why}); "
-                           "pass --out with a path you can write to.") from err
-    print(summary_table(results))
-    print(f"wrote {path}")
-    return 0

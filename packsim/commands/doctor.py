@@ -1,4 +1,4 @@
-"""Check that this environment can run packsim: ``python -m packsim.course.doctor [--quiet] [--course]``.
+"""Check that this environment can run packsim: ``python -m packsim.commands.doctor [--quiet] [--course]``.
 
 Prints one line per requirement (``OK``, ``FAIL``, or ``--`` for an optional thing that is
 missing here) and a summary; exits 1 when a required check fails. ``packsim doctor`` runs the same checks.
@@ -11,22 +11,28 @@ notebooks need, not the library: each missing one is a ``--`` line saying so, wi
 before the summary naming the install command; ``--course`` (``make setup``) makes them required.
 One line per package: TRL, in the ``course``, ``trl`` and ``bench`` extras, is ``trl [course,trl,bench]``.
 
+The checks are the library's (the audit and the CLI need no course package); ``--course`` adds the
+course's as required. The requirements are read by :mod:`packsim.commands.requirements`.
+
 Lessons: 00.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.metadata as metadata
 import os
 import re
 import sys
 from dataclasses import dataclass
-from pathlib import Path
+
+from packsim.commands.requirements import (
+    Requirement,
+    at_least,
+    installed_version,
+    project_requirements,
+)
 
 __all__ = ["Check", "Requirement", "run_checks", "main", "project_requirements"]
-
-_PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 
 @dataclass(frozen=True)
@@ -46,105 +52,6 @@ class Check:
         return "FAIL" if self.required else "--"
 
 
-# ---------------------------------------------------------------------------------------------
-# requirements
-
-
-@dataclass(frozen=True)
-class Requirement:
-    """One line of packsim's requirements, reduced to what the checks need."""
-
-    name: str
-    lower: str | None  # the ">=" bound, if any
-    extra: str | None  # None for a core dependency
-
-
-_REQ_RE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*([^;]*?)\s*(?:;(.*))?$")
-
-
-def _parse_req(text: str, extra: str | None = None) -> Requirement:
-    m = _REQ_RE.match(text)
-    if not m:
-        return Requirement(text.strip(), None, extra)
-    name, spec, marker = m.groups()
-    lower = None
-    for part in spec.split(","):
-        part = part.strip()
-        if part.startswith(">="):
-            lower = part[2:].strip()
-    if marker:
-        em = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", marker)
-        if em:
-            extra = em.group(1)
-    return Requirement(name, lower, extra)
-
-
-def _load_toml(path: Path) -> dict | None:
-    try:
-        import tomllib
-    except ImportError:  # a Python without tomllib (older than 3.11)
-        try:
-            import tomli as tomllib  # type: ignore[no-redef]
-        except ImportError:
-            return None
-    with open(path, "rb") as f:
-        return tomllib.load(f)
-
-
-def project_requirements() -> tuple[list[Requirement], str, str | None]:
-    """(requirements, where they came from, requires-python) for packsim.
-
-    From ``pyproject.toml`` next to the package (a source checkout) when it can be read, else
-    from the installed ``packsim`` distribution's metadata.
-    """
-    if _PYPROJECT.is_file():
-        data = _load_toml(_PYPROJECT)
-        project = (data or {}).get("project", {})
-        if project.get("name") == "packsim":
-            reqs = [_parse_req(r) for r in project.get("dependencies", [])]
-            for extra, items in project.get("optional-dependencies", {}).items():
-                reqs += [_parse_req(r, extra) for r in items]
-            return reqs, str(_PYPROJECT), project.get("requires-python")
-    try:
-        dist = metadata.distribution("packsim")
-    except metadata.PackageNotFoundError:
-        return [], "nowhere (no pyproject.toml and packsim is not installed)", None
-    reqs = [_parse_req(r) for r in (dist.requires or [])]
-    return reqs, "installed packsim metadata", dist.metadata.get("Requires-Python")
-
-
-def _version_tuple(v: str) -> tuple[int, ...]:
-    """Numeric release part of a version: the numbers before a local label ('+cpu') or a pre-release tag
-    ('rc1'), e.g. '0.20rc1' -> (0, 20)."""
-    nums = []
-    for piece in v.split("+")[0].split("."):
-        m = re.match(r"\d+", piece)
-        if not m:
-            break
-        nums.append(int(m.group()))
-        if m.group() != piece:  # '20rc1': stop after the number
-            break
-    while len(nums) > 1 and nums[-1] == 0:
-        nums.pop()
-    return tuple(nums)
-
-
-def _at_least(installed: str, lower: str) -> bool:
-    try:
-        from packaging.version import Version
-
-        return Version(installed).release >= Version(lower).release
-    except Exception:  # packaging missing, or an odd version string
-        return _version_tuple(installed) >= _version_tuple(lower)
-
-
-def _installed(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 COURSE = "course"  # the extra the notebooks need (pyproject.toml)
 
 
@@ -159,7 +66,7 @@ def _req_check(req: Requirement, checkout: bool = True, course: bool = False,
                extras: tuple[str, ...] = ()) -> Check:
     """One requirement's line. ``extras``: every extra naming the package (default: its own);
     ``course``: a package of the course extra is required (``--course``)."""
-    installed = _installed(req.name)
+    installed = installed_version(req.name)
     bound = f">={req.lower}" if req.lower else "(any version)"
     if req.extra is None:
         name = req.name
@@ -168,7 +75,7 @@ def _req_check(req: Requirement, checkout: bool = True, course: bool = False,
             return Check(
                 name, False, f"not installed, need {bound}: run {_install(None, checkout)}{where}"
             )
-        if req.lower and not _at_least(installed, req.lower):
+        if req.lower and not at_least(installed, req.lower):
             return Check(
                 name,
                 False,
@@ -190,7 +97,7 @@ def _req_check(req: Requirement, checkout: bool = True, course: bool = False,
         why, hint = f"optional, extra '{req.extra}'", f": {_install(req.extra, checkout)}"
     if installed is None:
         return Check(name, False, f"not installed ({why}){hint}", required, extras)
-    if req.lower and not _at_least(installed, req.lower):
+    if req.lower and not at_least(installed, req.lower):
         return Check(name, False, f"{installed} is older than {bound} ({why}); upgrade it",
                      required, extras)
     return Check(name, True, f"{installed} (need {bound}, {why})", required, extras)
@@ -216,10 +123,10 @@ def _lower_extras(check: Check, req: Requirement, bounds: dict[str, str | None])
     """A package too old for the course but enough for another extra naming it at a lower bound (e.g. a
     TRL the audit's ``trl`` extra accepts and the course's extra does not: pyproject.toml has the bounds)
     says so, instead of only "too old"."""
-    installed = _installed(req.name)
+    installed = installed_version(req.name)
     if check.ok or installed is None or check.required:
         return check
-    enough = [e for e, low in bounds.items() if e != COURSE and (low is None or _at_least(installed, low))]
+    enough = [e for e, low in bounds.items() if e != COURSE and (low is None or at_least(installed, low))]
     if not enough:
         return check
     needs = ", ".join(f"[{e}] >={bounds[e]}" for e in enough)
@@ -236,7 +143,7 @@ def _python_check(requires_python: str | None) -> Check:
     have = ".".join(map(str, sys.version_info[:3]))
     m = re.search(r">=\s*([\d.]+)", requires_python or "")
     lower = m.group(1) if m else "3.10"
-    if _at_least(have, lower):
+    if at_least(have, lower):
         return Check("python", True, f"{have} (need >={lower}) at {sys.executable}")
     return Check("python", False, f"{have} is too old, need >={lower}: install a newer Python")
 
@@ -375,7 +282,7 @@ def course_note(checks: list[Check], checkout: bool = True) -> str | None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``packsim doctor`` / ``python -m packsim.course.doctor``."""
+    """Options of ``packsim doctor`` / ``python -m packsim.commands.doctor``."""
     parser.add_argument(
         "--quiet", "-q", action="store_true", help="print only failures and a one-line summary"
     )
@@ -388,7 +295,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Print the report; return 0 when every required check passes, else 1."""
     parser = argparse.ArgumentParser(
-        prog="python -m packsim.course.doctor",
+        prog="python -m packsim.commands.doctor",
         description="Check that this environment can run packsim.",
     )
     add_arguments(parser)
@@ -413,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         print(
             f"packsim doctor: {len(failed)} FAIL, {n_ok} OK of {len(checks)} checks: "
-            "fix the FAIL lines above, then rerun python -m packsim.course.doctor"
+            "fix the FAIL lines above, then rerun python -m packsim.commands.doctor"
         )
         return 1
     print(f"packsim doctor: all required checks passed ({n_ok} OK of {len(checks)} checks)")

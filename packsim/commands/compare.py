@@ -84,12 +84,12 @@ def run(args: argparse.Namespace) -> int:
     results = run_comparison(cfg, device=device, out=out, progress=not args.quiet, jobs=args.jobs)
     wrote = [out / "results.json"]
     if plotly_installed():
-        from packsim.viz.report import write_report
+        from packsim.viz.comparison_report import write_report
 
         wrote.append(write_report(results, out / "report.html"))
     else:
         print(REPORT_SKIPPED, flush=True)
-    from packsim.viz.report import summary_table
+    from packsim.viz.comparison_report import summary_table
 
     print(summary_table(results))
     print(f"wrote {' and '.join(map(str, wrote))} in {results.wall_s:.0f} s")
