@@ -1,9 +1,9 @@
 """Benchmark: context parallelism over packed documents on torch's own CP, 2 and 4 gloo ranks vs one process (lesson 10).
 
-Each configuration ``RxT`` is one launch of ``packsim.experiment.cp_compare`` through torchrun
+Each configuration ``RxT`` is one launch of ``packsim.scaling.cp_compare`` through torchrun
 (``R`` gloo processes, one thread each): the course's committed trained model on one packed row of
 ``T`` task tokens, each document padded to a multiple of 2R. Two layouts
-(``packsim.experiment.cp_attention``): ``documents`` (torch's ``_PerDocumentHeadTailLoadBalancer``,
+(``packsim.scaling.cp_attention``): ``documents`` (torch's ``_PerDocumentHeadTailLoadBalancer``,
 a flex document BlockMask sharded by ``_context_parallel_shard``, K/V all-gathered by torch's
 ``_ContextParallel`` flex hook) and ``ring_causal`` (torch's ring attention over the head-tail split
 of the whole row, plain causal: axolotl#3608's trap). Per layout: the largest logit difference
@@ -44,9 +44,9 @@ def work_rows(R: int, T: int, seed: int) -> list[dict]:
     import torch
 
     from packsim.core.data import make_examples
-    from packsim.experiment.context_parallel import causal_work, zigzag_split
-    from packsim.experiment.cp_attention import document_row, rank_positions
-    from packsim.experiment.rank_balance import straggler_ratio
+    from packsim.scaling.context_parallel import causal_work, zigzag_split
+    from packsim.scaling.cp_attention import document_row, rank_positions
+    from packsim.scaling.rank_balance import straggler_ratio
 
     row = document_row(make_examples(T // 4 + 16, seed=seed), T, R)
     offsets = row.position_ids[0]  # (T,) each token's offset in its document
@@ -95,7 +95,7 @@ def parse_args(argv) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    from packsim.experiment.cp_compare import launch
+    from packsim.scaling.cp_compare import launch
 
     args = parse_args(argv)
     before = bu.machine_info(threads=1)

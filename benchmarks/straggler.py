@@ -5,13 +5,13 @@ useful work is the ``mean``: the straggler ratio ``max / mean`` (1.0: nobody wai
 slowdown from imbalance. On the long-tailed mix (``packsim.core.data.long_tailed_lengths``:
 lognormal, median 90, sigma 0.9, clipped to [8, capacity]), ``--per-rank`` examples per rank per step,
 rows of ``--capacity`` tokens (BFD), four ways to give ranks their work
-(``packsim.experiment.step_plan.plan_step``):
+(``packsim.scaling.step_plan.plan_step``):
 
 - ``shard``: each rank packs its own contiguous 1/R of the step's examples (``packsim train``'s
   default, what a sharded sampler + per-rank packing collator does);
 - ``round_robin``: the step is packed once and pack ``i`` goes to rank ``i % R``;
 - ``tokens`` / ``attention``: the step is packed once and packs go, most expensive first, to the least
-  loaded rank (``packsim.experiment.rank_balance.assign``), by tokens or by attention work (causal pairs, sum of L(L+1)/2).
+  loaded rank (``packsim.scaling.rank_balance.assign``), by tokens or by attention work (causal pairs, sum of L(L+1)/2).
 
 Two measures of each rank's load:
 
@@ -43,7 +43,7 @@ MIX = "long_tailed_lengths: lognormal, median 90, sigma 0.9, clipped to [8, capa
 def rank_packs(lengths: list[int], world_size: int, capacity: int, method: str) -> list[list[list[int]]]:
     """Each rank's packs, as segment lengths, for one step's example ``lengths`` (model-free)."""
     from packsim.core.packing import pack_pieces
-    from packsim.experiment.rank_balance import assign
+    from packsim.scaling.rank_balance import assign
 
     def packs_of(ls):
         return [[p.stop - p.start for p in pk] for pk in pack_pieces(ls, capacity, "bfd")]
@@ -58,7 +58,7 @@ def rank_packs(lengths: list[int], world_size: int, capacity: int, method: str) 
 def model_free(steps: int, per_rank: int, capacity: int, worlds: list[int], seed: int) -> list[dict]:
     """Straggler ratios (mean and max over steps) by world size, method and cost."""
     from packsim.core.data import long_tailed_lengths
-    from packsim.experiment.rank_balance import pack_costs, straggler_ratio
+    from packsim.scaling.rank_balance import pack_costs, straggler_ratio
 
     rows = []
     for R in worlds:
@@ -88,9 +88,9 @@ def measured(steps: int, per_rank: int, capacity: int, seed: int, threads: int, 
     from packsim.core.data import examples_with_lengths, long_tailed_lengths
     from packsim.core.loss import token_losses
     from packsim.core.model import build_model, forward
-    from packsim.experiment.rank_balance import assign, pack_costs, straggler_ratio
-    from packsim.experiment.step_plan import plan_step, select_rows
     from packsim.experiment.training import TrainConfig, make_batches
+    from packsim.scaling.rank_balance import assign, pack_costs, straggler_ratio
+    from packsim.scaling.step_plan import plan_step, select_rows
 
     torch.set_num_threads(threads)
     R, E = 2, 2 * per_rank

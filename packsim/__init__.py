@@ -12,9 +12,16 @@ The stable API (every name in ``__all__``, loaded on first use so ``import packs
 - :func:`audit`, :func:`audit_trainer`, :class:`AuditReport` -- detect contamination in a packed pipeline;
   :class:`AuditCallback` -- the same audit when ``trainer.train()`` starts, stopping a leaking run;
   :func:`audit_logprobs` -- per-sequence log-probs packed vs alone (DPO pairs, RL groups);
+  :func:`response_mask_from_features` -- the response tokens of collated features, for the audit;
 - :func:`emulate_flash` -- transformers' own flash-attention path on a reference kernel (packsim, pure torch),
   not flash-attn, where no real flash-attn runs (CPU); the real kernel wins where it is there;
 - :func:`get_device`, :func:`fast_mode`, :class:`PacksimError`, ``__version__``;
+- the course's entry points: :func:`load_committed_model` (the runs the course commits),
+  :func:`make_data` (the data designs), :func:`show_solution` (a lesson's reference solution);
+- one face per room for the rest, each loading a module on first use: ``packsim.core``,
+  ``packsim.auditing``, ``packsim.exhibits``, ``packsim.experiment`` (one run, the comparison, its
+  data and results), ``packsim.scaling`` (several processes: data and context parallelism),
+  ``packsim.viz``, ``packsim.commands`` (the CLI);
 - ``packsim.viz`` (widgets and figures: plotly, ipywidgets) and ``packsim.testing``
   (:func:`~packsim.testing.assert_isolated`) are subpackages, imported by name.
 """
@@ -48,10 +55,16 @@ _HOMES = {
     "audit_trainer": "packsim.auditing.trainer",
     "audit_logprobs": "packsim.auditing.logprobs",
     "AuditCallback": "packsim.auditing.callback",
+    "response_mask_from_features": "packsim.auditing.features",
+    # the course's own entry points: its committed models, the data designs, a lesson's reference solution
+    "load_committed_model": "packsim.experiment.committed_models",
+    "make_data": "packsim.experiment.data_designs",
+    "show_solution": "packsim.course.exercises",
 }
 
 __all__ = sorted(_HOMES) + ["__version__"]
 
 
 __getattr__, __dir__ = lazy_names(__name__, _HOMES, globals(),
-                                  ("viz", "testing", "core", "auditing", "exhibits", "experiment", "course"))
+                                  ("viz", "testing", "core", "auditing", "exhibits", "experiment", "scaling", "course",
+                                   "commands"))

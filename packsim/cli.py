@@ -15,7 +15,7 @@ holds that this docstring names each one).
 
 Each subcommand is a module of :mod:`packsim.commands`, which provides ``add_arguments(parser)`` and
 ``run(args) -> int``; this file only wires them up. Imports are lazy and the options come from
-modules that do not import torch (``train``'s from :mod:`packsim.experiment.train_options`), so
+modules that do not import torch (``train``'s from :mod:`packsim.scaling.train_options`), so
 ``--help`` and a bad option answer at once (tests/test_cli.py checks that torch stays unloaded).
 
 Bad input never ends in a traceback: an option argparse rejects, or a :class:`PacksimError`

@@ -2,7 +2,7 @@
 must tell apart, each with its ground truth computed here independently of the audit.
 
 The shard is rank 0 of 2 under the zigzag split (chunks i and 2cp-1-i of every document, so every
-document is cut across the ranks: packsim.experiment.context_parallel.zigzag_split); its
+document is cut across the ranks: packsim.scaling.context_parallel.zigzag_split); its
 "context-parallel forward" is the committed trained model on the whole row under a mask chosen per
 case, read at those positions. The real 2-rank runs are in tests/test_cp_compare.py.
 """
@@ -17,8 +17,8 @@ from packsim.core.data import make_examples
 from packsim.core.errors import PacksimError
 from packsim.core.masks import to_additive_4d
 from packsim.experiment.committed_models import load_committed_model
-from packsim.experiment.context_parallel import zigzag_split
-from packsim.experiment.cp_attention import document_row
+from packsim.scaling.context_parallel import zigzag_split
+from packsim.scaling.cp_attention import document_row
 
 
 @pytest.fixture(scope="module")

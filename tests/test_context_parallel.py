@@ -1,4 +1,4 @@
-"""packsim.experiment.context_parallel: padding to 2 x cp, the zigzag split, contiguous split, causal work."""
+"""packsim.scaling.context_parallel: padding to 2 x cp, the zigzag split, contiguous split, causal work."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from packsim.core.errors import PacksimError
 from packsim.core.pack_result import Piece
-from packsim.experiment.context_parallel import (
+from packsim.scaling.context_parallel import (
     causal_work,
     contiguous_split,
     dropped_tokens,

@@ -1,4 +1,4 @@
-"""packsim.experiment.cp_attention in one process: the packed row, torch's load balancers against
+"""packsim.scaling.cp_attention in one process: the packed row, torch's load balancers against
 packsim's split arithmetic, bad input. The runs on ranks are in tests/test_cp_compare.py."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import torch
 from packsim.core.data import make_examples
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX
-from packsim.experiment.context_parallel import contiguous_split, pad_lengths, zigzag_split
-from packsim.experiment.cp_attention import document_row, rank_positions, shard_row
+from packsim.scaling.context_parallel import contiguous_split, pad_lengths, zigzag_split
+from packsim.scaling.cp_attention import document_row, rank_positions, shard_row
 
 
 class _Ex:
@@ -48,7 +48,7 @@ def test_torch_per_document_balancer_orders_document_by_document():
     """torch 2.13's _PerDocumentHeadTailLoadBalancer puts each document in its zigzag order (chunk i
     beside chunk 2cp-1-i), documents one after another, and the shard cut takes T/cp of that: a rank
     holds whole documents' worth of chunks, not chunks i and 2cp-1-i of every document as
-    packsim.experiment.context_parallel.zigzag_split does."""
+    packsim.scaling.context_parallel.zigzag_split does."""
     row = document_row(make_examples(80, seed=3), T=256, cp_size=2)
     assert rank_positions(row.lengths, 2) == _doc_major(row.lengths, 2)
     starts = torch.cumsum(torch.tensor(row.lengths), 0) - torch.tensor(row.lengths)

@@ -1,6 +1,6 @@
 """Context parallelism on 2 gloo ranks (torchrun) against one process, and the audit of both layouts.
 
-One launch for the module (two fresh Pythons): ``packsim.experiment.cp_compare`` on a packed row of
+One launch for the module (two fresh Pythons): ``packsim.scaling.cp_compare`` on a packed row of
 256 tokens, the committed trained model. Equal means: logits within 1e-4 (float32 summation order;
 the audit's float32 tolerance), the step-0 loss within 1e-5, every gradient entry within 1e-5 of the
 largest one. The ground truth of the broken layout is computed on one process in the same launch: a
@@ -15,7 +15,7 @@ import os
 import pytest
 
 from packsim.core.errors import PacksimError
-from packsim.experiment.cp_compare import launch, main, summary
+from packsim.scaling.cp_compare import launch, main, summary
 
 EQUAL_LOGITS, EQUAL_LOSS, EQUAL_GRAD = 1e-4, 1e-5, 1e-5
 

@@ -21,11 +21,11 @@ import torch
 from packsim.cli import main
 from packsim.core.data import make_examples
 from packsim.core.loss import IGNORE_INDEX
-from packsim.experiment.data_parallel import _empty_like, data_parallel_step, train_data_parallel
-from packsim.experiment.step_plan import plan_step
-from packsim.experiment.train_command import torchrun_command
-from packsim.experiment.train_outputs import compare_outputs, load_output
 from packsim.experiment.training import TrainConfig
+from packsim.scaling.data_parallel import _empty_like, data_parallel_step, train_data_parallel
+from packsim.scaling.step_plan import plan_step
+from packsim.scaling.train_command import torchrun_command
+from packsim.scaling.train_outputs import compare_outputs, load_output
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = str(ROOT / "tests" / "dp_worker.py")

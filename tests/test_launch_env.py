@@ -1,8 +1,8 @@
-"""packsim.experiment.launch_env: rank, world size and local rank from the launcher's environment."""
+"""packsim.scaling.launch_env: rank, world size and local rank from the launcher's environment."""
 
 from __future__ import annotations
 
-from packsim.experiment.launch_env import world
+from packsim.scaling.launch_env import world
 
 
 def test_plain_process_is_rank_0_of_1(monkeypatch):

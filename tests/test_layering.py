@@ -26,7 +26,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "packsim"
-LAYERS = ["core", "auditing", "exhibits", "experiment", "viz", "course", "course.tools", "commands", "top"]
+LAYERS = ["core", "auditing", "exhibits", "experiment", "scaling", "viz", "course", "course.tools", "commands", "top"]
 FLOORS = ["verdict", "evidence", "forward", "entry", "gate"]  # inside auditing, bottom first
 
 

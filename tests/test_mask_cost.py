@@ -11,7 +11,7 @@ from packsim.core.errors import PacksimError
 from packsim.exhibits.mask_cost import (
     _attention_module,
     captured_mask,
-    mask_cost,
+    mask_costs,
     unpacked_mask_cost,
 )
 
@@ -33,7 +33,7 @@ def _varlen(lengths):
 def costs():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return mask_cost(LENGTHS)
+        return mask_costs(LENGTHS)
 
 
 def test_sdpa_builds_a_dense_bool_mask_of_n_squared_bytes(costs):
@@ -66,8 +66,8 @@ def test_the_caught_masks_are_block_diagonal():
 def test_flex_skips_blocks_only_when_the_pack_spans_several():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        short = mask_cost(LENGTHS, backends=("flex_attention",))["flex_attention"]
-        long = mask_cost([128, 128], backends=("flex_attention",))["flex_attention"]
+        short = mask_costs(LENGTHS, backends=("flex_attention",))["flex_attention"]
+        long = mask_costs([128, 128], backends=("flex_attention",))["flex_attention"]
     assert short.kind == "BlockMask" and short.blocks == (1, 1) and short.score_pairs == N * N
     # 256 tokens = 2 x 2 blocks of 128: the two diagonal blocks computed, the two across examples skipped
     assert long.blocks == (2, 4) and long.score_pairs == 2 * 128 * 128
@@ -84,6 +84,6 @@ def test_unpacked_rows_pass_no_mask_on_sdpa():
 
 def test_bad_lengths_are_refused():
     with pytest.raises(PacksimError, match="same number of tokens"):
-        mask_cost([[3, 4], [5]])
+        mask_costs([[3, 4], [5]])
     with pytest.raises(PacksimError, match="positive ints"):
-        mask_cost([3, 0])
+        mask_costs([3, 0])

@@ -21,7 +21,7 @@ def _examples():
 
 @functools.cache
 def _measured():
-    return mc.moe_coupling(mc.moe_model(), _examples())
+    return mc.moe_rows(mc.moe_model(), _examples())
 
 
 def _own_forward_change(model, batch, seq) -> float:

@@ -1,4 +1,4 @@
-"""packsim.experiment.normalisation: the three kinds, exact values, empty micro-batches, DDP's average."""
+"""packsim.scaling.normalisation: the three kinds, exact values, empty micro-batches, DDP's average."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 from packsim.core.errors import PacksimError
 from packsim.core.loss import MICRO_BATCH_REDUCTIONS, micro_batch_weights
-from packsim.experiment.normalisation import NORMALISATIONS, backward_scales, objective, weights
+from packsim.scaling.normalisation import NORMALISATIONS, backward_scales, objective, weights
 
 # 2 ranks x 2 micro-batches with unequal counts
 COUNTS = torch.tensor([[3, 1], [2, 6]])

@@ -1,4 +1,4 @@
-"""packsim.experiment.rank_balance: pack costs, round-robin vs longest-first assignment, the straggler ratio."""
+"""packsim.scaling.rank_balance: pack costs, round-robin vs longest-first assignment, the straggler ratio."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from packsim.core.data import long_tailed_lengths
 from packsim.core.errors import PacksimError
 from packsim.core.packing import pack_pieces
-from packsim.experiment.rank_balance import assign, pack_costs, rank_loads, straggler_ratio
+from packsim.scaling.rank_balance import assign, pack_costs, rank_loads, straggler_ratio
 
 ROOT = Path(__file__).resolve().parent.parent
 

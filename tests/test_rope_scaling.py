@@ -24,7 +24,7 @@ def _weights() -> dict:
 def _examples() -> tuple:
     from packsim.core.data import make_dataset
 
-    return tuple(tuple(ex.tokens) for ex in make_dataset(12, 0, seed=0)[0])  # 195 tokens, about 3x ORIGINAL
+    return tuple(tuple(ex.tokens) for ex in make_dataset(12, 0, seed=0)[0])  # 195 tokens, about 3x ORIGINAL_CONTEXT
 
 
 DIM = 128 // 4  # the tiny size's head dim
@@ -65,7 +65,7 @@ def _packed(model, exs, continuous: bool) -> list[torch.Tensor]:
 
 def _ntk_inv_freq(seq_len: int) -> torch.Tensor:
     """Dynamic NTK by its formula: base * (factor * L / L0 - (factor - 1)) ** (d / (d - 2)), from L > L0 on."""
-    base = rs.THETA * (rs.FACTOR * seq_len / rs.ORIGINAL - (rs.FACTOR - 1)) ** (DIM / (DIM - 2))
+    base = rs.THETA * (rs.FACTOR * seq_len / rs.ORIGINAL_CONTEXT - (rs.FACTOR - 1)) ** (DIM / (DIM - 2))
     return 1.0 / base ** (torch.arange(0, DIM, 2).double() / DIM).float()
 
 
@@ -87,7 +87,7 @@ def test_longrope_packed_past_the_original_context_switches_every_example_to_the
     half = DIM // 2
     long = torch.tensor([rs.FACTOR ** (i / (half - 1)) for i in range(half)])  # 1 .. FACTOR
     inv = 1.0 / (long * rs.THETA ** (torch.arange(0, DIM, 2).float() / DIM))
-    scale = math.sqrt(1 + math.log(rs.FACTOR) / math.log(rs.ORIGINAL))  # LongRoPE's default attention factor
+    scale = math.sqrt(1 + math.log(rs.FACTOR) / math.log(rs.ORIGINAL_CONTEXT))  # LongRoPE's default attention factor
     assert _worst(packed, _alone_with(inv, scale, exs)) < 1e-3
     short = 1.0 / rs.THETA ** (torch.arange(0, DIM, 2).float() / DIM)  # short_factor 1: the default frequencies
     restart = _packed(rs.rope_model("longrope", _weights()), exs, continuous=False)
@@ -97,7 +97,7 @@ def test_longrope_packed_past_the_original_context_switches_every_example_to_the
 
 def test_a_long_neighbour_rescales_the_short_examples_even_with_restarting_positions():
     exs = [list(e) for e in _examples()]
-    long = torch.randint(3, 40, (rs.ORIGINAL + 16,), generator=torch.Generator().manual_seed(7)).tolist()
+    long = torch.randint(3, 40, (rs.ORIGINAL_CONTEXT + 16,), generator=torch.Generator().manual_seed(7)).tolist()
     packed = _packed(rs.rope_model("dynamic", _weights()), exs + [long], continuous=False)[:-1]
     inv = _ntk_inv_freq(len(long))  # the batch's largest position + 1: the long example's length
     assert _worst(packed, _alone_with(inv, 1.0, exs)) < 1e-4
@@ -128,7 +128,7 @@ def test_default_rope_is_invariant_to_round_off_only():
 def test_dynamic_rope_keeps_the_frequencies_of_the_longest_call_so_far():
     """The statefulness the module docstring names (and orders its forwards for): after a call with
     seq_len 195, an 80-token call keeps the 195 frequencies; a fresh model recomputes them for 80."""
-    ids = torch.randint(3, 40, (1, rs.ORIGINAL + 16), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(3, 40, (1, rs.ORIGINAL_CONTEXT + 16), generator=torch.Generator().manual_seed(1))
     fresh = rs.rope_model("dynamic", _weights())
     with torch.no_grad():
         want = fresh(input_ids=ids).logits

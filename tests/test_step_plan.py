@@ -1,4 +1,4 @@
-"""packsim.experiment.step_plan: a step's examples dealt to ranks and micro-batches, the same global batch."""
+"""packsim.scaling.step_plan: a step's examples dealt to ranks and micro-batches, the same global batch."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 
 from packsim.core.data import make_examples
 from packsim.core.errors import PacksimError
-from packsim.experiment.step_plan import plan_step, select_rows, validate
 from packsim.experiment.training import TrainConfig
+from packsim.scaling.step_plan import plan_step, select_rows, validate
 
 
 def _tokens(batch) -> list[tuple]:

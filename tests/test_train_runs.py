@@ -1,4 +1,4 @@
-"""packsim.experiment.train_runs: several packsim train runs started from Python, outputs loaded back."""
+"""packsim.scaling.train_runs: several packsim train runs started from Python, outputs loaded back."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from packsim.core.errors import PacksimError
-from packsim.experiment.train_runs import launch_runs
+from packsim.scaling.train_runs import launch_runs
 
 TINY = ["--steps", "2", "--examples-per-step", "4", "--capacity", "128", "--quiet"]
 

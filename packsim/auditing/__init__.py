@@ -57,6 +57,8 @@ _HOMES = {
     "ProbeResult": "packsim.auditing.report",
     "audit_trainer": "packsim.auditing.trainer",
     "audit_logprobs": "packsim.auditing.logprobs",
+    "LOGPROB_TOL": "packsim.auditing.logprobs",
+    "pair_names": "packsim.auditing.logprobs",
     "AuditCallback": "packsim.auditing.callback",
     "audit_context_parallel": "packsim.auditing.context_parallel",
     "AuditFailed": "packsim.auditing.callback",

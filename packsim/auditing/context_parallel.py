@@ -27,7 +27,7 @@ parallelism as the cause. Tolerance ``tol`` (default :data:`CP_TOLERANCE` by the
 float32 logits of a CP run and of one process differ by float summation order only, an order of
 magnitude under float32's 1e-4 on the course's tiny model (``benchmarks/RESULTS.md`` has the numbers).
 
-Lessons: none directly (lesson 10 prints its verdicts through packsim.experiment.cp_compare).
+Lessons: none directly (lesson 10 prints its verdicts through packsim.scaling.cp_compare).
 """
 
 from __future__ import annotations

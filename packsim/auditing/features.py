@@ -52,6 +52,15 @@ def response_mask_from_features(features: Sequence, layout: str = "flat",
 
     Returns (1, N) for ``layout="flat"`` (N = total tokens) or (B, T_max) for ``"padded"``.
     Raises :class:`PacksimError` for a feature without a prompt/completion split or a bad layout.
+
+    Example::
+
+        >>> from packsim import response_mask_from_features
+        >>> features = [{"prompt_ids": [1, 2, 3], "response_ids": [4, 5]}, {"prompt_ids": [6], "response_ids": [7, 8]}]
+        >>> response_mask_from_features(features).int().tolist()
+        [[0, 0, 0, 1, 1, 0, 1, 1]]
+        >>> response_mask_from_features(features, layout="padded").int().tolist()
+        [[0, 0, 0, 1, 1], [0, 1, 1, 0, 0]]
     """
     masks = feature_response_masks(features)
     if layout == "flat":

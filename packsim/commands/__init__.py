@@ -13,7 +13,7 @@ command            module                                      what it runs
                                                                (``report``: its old name, an alias)
 ``audit``          :mod:`packsim.commands.audit`               auditing.command (the gate) or
                                                                exhibits.gate_demo (the demo)
-``train``          :mod:`packsim.commands.train`               experiment.train_command
+``train``          :mod:`packsim.commands.train`               scaling.train_command
 =================  ==========================================  =====================================
 
 Options come from modules that do not import torch, so ``--help`` and a bad option answer at once.
@@ -39,5 +39,5 @@ SUBCOMMANDS = {
               "built-in tiny pipeline"),
     "train": ("packsim.commands.train", "train one setup on one process, or data-parallel under torchrun"),
 }
-OPTIONS = {"train": "packsim.experiment.train_options", "audit": "packsim.auditing.command"}
+OPTIONS = {"train": "packsim.scaling.train_options", "audit": "packsim.auditing.command"}
 ALIASES = {"report": "compare-report"}  # old names still accepted

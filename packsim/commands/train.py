@@ -1,18 +1,18 @@
 """``packsim train``: one setup on one process, or data-parallel under torchrun. The options are
-:mod:`packsim.experiment.train_options`' (no torch import, so ``--help`` answers at once), the run
-:mod:`packsim.experiment.train_command`'s.
+:mod:`packsim.scaling.train_options`' (no torch import, so ``--help`` answers at once), the run
+:mod:`packsim.scaling.train_command`'s.
 
 Lessons: none directly.
 """
 
 from __future__ import annotations
 
-from packsim.experiment.train_options import add_arguments
+from packsim.scaling.train_options import add_arguments
 
 __all__ = ["add_arguments", "run"]
 
 
 def run(args) -> int:
-    from packsim.experiment.train_command import run as run_train
+    from packsim.scaling.train_command import run as run_train
 
     return run_train(args)

@@ -117,7 +117,7 @@ def packed_cross_entropy(
 
 # ------------------------------------------------------------------ over micro-batches: token mean or mean of means
 
-# how the summed token losses of a step's micro-batches become its loss (packsim.experiment.normalisation
+# how the summed token losses of a step's micro-batches become its loss (packsim.scaling.normalisation
 # applies them across data-parallel ranks as its --normalise kinds)
 MICRO_BATCH_REDUCTIONS = ("token_mean", "mean_of_means")
 

@@ -11,14 +11,18 @@ module                 what it holds
 ``museum_rows``        :class:`MuseumTable`: one row per planted bug, what caught it, whether the fix passes
 ``museum_beyond_sft``  public bugs beyond SFT on attention-only decoders (RL, DPO, hybrids, mRoPE)
 ``cp_ring``            a context-parallel ring over a packed row in one process: by document, or causal
-``museum_at_scale``        public bugs at scale (ring attention, varlen fields on sdpa, gated DeltaNet, ...)
+``museum_at_scale``    public bugs at scale (ring attention, varlen fields on sdpa, gated DeltaNet, ...)
 ``museum``             :func:`museum_table`: real-world packing bugs, planted and caught
+``mask_cost``          what each backend's packed mask costs (lesson 04, A8)
+``rope_scaling``       positions that keep counting under default, dynamic and longrope RoPE (A8)
+``moe_coupling``       a dropless MoE packed: the forward isolated, the aux loss coupling (A8)
+``bf16_roundoff``      packed vs alone in bf16: round-off, not a leak (A8)
 =====================  ===========================================================================
 
 Layer: above :mod:`packsim.auditing` (every exhibit runs the audit), below :mod:`packsim.experiment`.
 Importing the package loads none of them: each public name loads its module on first use.
 
-Lessons: none directly (04, A3, A6 and A8 import its modules).
+Lessons: 04, A3, A6, A8.
 """
 
 from packsim.core.lazy import lazy_names
@@ -32,6 +36,21 @@ _HOMES = {
     "TrapTable": "packsim.exhibits.trap_results",
     "trap_table": "packsim.exhibits.traps",
     "frontier_table": "packsim.exhibits.hybrid_traps",
+    "build_frontier": "packsim.exhibits.hybrid_traps",
+    "frontier_batch": "packsim.exhibits.hybrid_traps",
+    "frontier_cell": "packsim.exhibits.hybrid_traps",
+    "frontier_needs": "packsim.exhibits.hybrid_traps",
+    "AUDITED": "packsim.exhibits.museum",
+    "PIECES_AT_SCALE": "packsim.exhibits.museum_at_scale",
+    "step0_losses": "packsim.exhibits.cp_ring",
+    "mask_costs": "packsim.exhibits.mask_cost",
+    "unpacked_mask_cost": "packsim.exhibits.mask_cost",
+    "ORIGINAL_CONTEXT": "packsim.exhibits.rope_scaling",
+    "rope_table": "packsim.exhibits.rope_scaling",
+    "moe_rows": "packsim.exhibits.moe_coupling",
+    "moe_text": "packsim.exhibits.moe_coupling",
+    "roundoff_rows": "packsim.exhibits.bf16_roundoff",
+    "roundoff_text": "packsim.exhibits.bf16_roundoff",
 }
 
 __all__ = sorted(_HOMES)

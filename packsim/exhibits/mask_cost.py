@@ -4,7 +4,7 @@ A pack is given by ``lengths``: one row of example lengths (a list of ints) or s
 equal total N. The batch is input_ids (B, N) and position_ids (B, N) restarting at 0 in each
 example, no attention_mask, no cache: the call with which transformers detects the pack itself
 (``_preprocess_mask_arguments`` -> ``find_packed_sequence_indices`` in
-``transformers/masking_utils.py``). :func:`mask_cost` builds the trap table's tiny Llama
+``transformers/masking_utils.py``). :func:`mask_costs` builds the trap table's tiny Llama
 (:func:`packsim.exhibits.trap_cases.build_family`) per backend, catches the ``attention_mask``
 that reaches the first attention module (a forward pre-hook, with kwargs: it sees every
 backend's mask, eager's too, which has no entry in ``ALL_ATTENTION_FUNCTIONS``) and stops the
@@ -38,7 +38,7 @@ import torch
 from packsim.core.errors import PacksimError
 from packsim.core.tiles import score_pairs
 
-__all__ = ["BACKENDS", "MaskCost", "captured_mask", "mask_cost", "mask_of", "unpacked_mask_cost"]
+__all__ = ["BACKENDS", "MaskCost", "captured_mask", "mask_costs", "mask_of", "unpacked_mask_cost"]
 
 BACKENDS = ("sdpa", "eager", "flex_attention")
 
@@ -140,7 +140,7 @@ def _rows(lengths) -> list[list[int]]:
     return rows
 
 
-def mask_cost(lengths, backends=BACKENDS, family: str = "llama", seed: int = 0) -> dict[str, MaskCost]:
+def mask_costs(lengths, backends=BACKENDS, family: str = "llama", seed: int = 0) -> dict[str, MaskCost]:
     """backend -> :class:`MaskCost` of a pack of ``lengths`` (position_ids restart, no mask, no cache)."""
     from packsim.exhibits.trap_cases import VOCAB, build_family
 

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from packsim.core.text_table import text_table
 
-__all__ = ["COEFS", "MoeRow", "moe_batches", "moe_coupling", "moe_model", "perturbed"]
+__all__ = ["COEFS", "MoeRow", "moe_batches", "moe_model", "moe_rows", "perturbed"]
 
 COEFS = (0.0, 0.001, 0.01)  # no aux loss; Mixtral's default router_aux_loss_coef; OLMoE's
 
@@ -183,7 +183,7 @@ class MoeRow:
     aux_coupling: float  # the same for the aux loss alone: the share of its gradient the others set
 
 
-def moe_coupling(model=None, examples=None, coefs=COEFS) -> tuple[list[MoeRow], object]:
+def moe_rows(model=None, examples=None, coefs=COEFS) -> tuple[list[MoeRow], object]:
     """Measure the packed batch at every coefficient and the padded one at Mixtral's (the others scale
     the same way); return the rows and :func:`packsim.audit`'s report on the packed batch."""
     import packsim

@@ -22,14 +22,14 @@ batch) is longer than the original context (condition ``long_neighbour``).
 The model: a tiny ``LlamaForCausalLM`` (the course's ``tiny`` size, ``sdpa``) whose config names the
 rope type, with weights passed in (lesson A8 passes the committed trained ``correct`` model, whose
 attention is sharp: random weights at the default init attend almost uniformly and hide position
-effects) or seeded random ones. ``ORIGINAL`` = 64 is the context the scaled types treat as
+effects) or seeded random ones. ``ORIGINAL_CONTEXT`` = 64 is the context the scaled types treat as
 pretrained (dynamic: ``max_position_embeddings``; longrope: ``original_max_position_embeddings``,
-``max_position_embeddings = FACTOR * ORIGINAL``). The batch: ``examples`` (lists of token ids) in
+``max_position_embeddings = FACTOR * ORIGINAL_CONTEXT``). The batch: ``examples`` (lists of token ids) in
 one row, input_ids (1, N), an additive float block-diagonal mask (1, 1, N, N) (isolates on every
 backend), position_ids (1, N) per condition:
 
 - ``restart``: 0..L-1 per example; ``continuous``: 0..N-1 across the row;
-- ``long_neighbour``: restart, with one extra example of ``ORIGINAL + 16`` tokens at the end (only
+- ``long_neighbour``: restart, with one extra example of ``ORIGINAL_CONTEXT + 16`` tokens at the end (only
   the other examples are reported).
 
 Each cell: per example, max |packed logits - the example run alone| (alone: input_ids (1, L),
@@ -51,12 +51,12 @@ from packsim.core.errors import PacksimError
 from packsim.core.masks import block_diagonal_mask, to_additive_4d
 from packsim.core.text_table import text_table
 
-__all__ = ["COMPARISONS", "FACTOR", "ORIGINAL", "ROPE_TYPES", "THETA", "RopeCell", "RopeTable", "long_factor",
+__all__ = ["COMPARISONS", "FACTOR", "ORIGINAL_CONTEXT", "ROPE_TYPES", "THETA", "RopeCell", "RopeTable", "long_factor",
            "rope_changes", "rope_config", "rope_model", "rope_table"]
 
 ROPE_TYPES = ("default", "dynamic", "longrope")
 COMPARISONS = ("continuous_vs_restart", "restart_vs_alone", "long_neighbour_vs_alone")
-ORIGINAL = 64  # the context the scaled types treat as pretrained
+ORIGINAL_CONTEXT = 64  # the context the scaled types treat as pretrained
 FACTOR = 4.0  # how far they stretch it
 THETA = 10000.0
 
@@ -85,11 +85,11 @@ def rope_config(rope_type: str, vocab_size: int | None = None):
     rope = {"rope_type": rope_type, "rope_theta": THETA}
     max_pos = 4096
     if rope_type == "dynamic":
-        rope["factor"], max_pos = FACTOR, ORIGINAL
+        rope["factor"], max_pos = FACTOR, ORIGINAL_CONTEXT
     elif rope_type == "longrope":
         rope.update(short_factor=[1.0] * (dim // 2), long_factor=long_factor(dim), factor=FACTOR,
-                    original_max_position_embeddings=ORIGINAL)
-        max_pos = int(FACTOR * ORIGINAL)
+                    original_max_position_embeddings=ORIGINAL_CONTEXT)
+        max_pos = int(FACTOR * ORIGINAL_CONTEXT)
     return LlamaConfig(vocab_size=vocab_size, max_position_embeddings=max_pos, tie_word_embeddings=True,
                        use_cache=False, pad_token_id=0, rope_parameters=rope, **size)
 
@@ -132,7 +132,7 @@ def _packed(model, exs: list[list[int]], continuous: bool) -> list[torch.Tensor]
 def rope_changes(model, examples: list[list[int]]) -> dict[str, list[float]]:
     """Per example of ``examples``, max |logit change| for each of :data:`COMPARISONS`."""
     exs = [list(e) for e in examples]
-    long = _long_example(model.config.vocab_size, ORIGINAL + 16)
+    long = _long_example(model.config.vocab_size, ORIGINAL_CONTEXT + 16)
     with torch.no_grad():
         # increasing largest position: dynamic RoPE's cache then gives every call its own frequencies
         order = sorted(range(len(exs)), key=lambda k: len(exs[k]))
@@ -197,7 +197,7 @@ class RopeTable:
 def rope_table(state_dict: dict | None = None, examples: list[list[int]] | None = None,
                rope_types=ROPE_TYPES, dtypes=(torch.float32, torch.bfloat16)) -> RopeTable:
     """Measure every (rope type, dtype, comparison) on one packed row of ``examples`` (default: the
-    first 12 training examples of ``make_dataset(seed=0)``, 195 tokens, about 3x ``ORIGINAL``)."""
+    first 12 training examples of ``make_dataset(seed=0)``, 195 tokens, about 3x ``ORIGINAL_CONTEXT``)."""
     if examples is None:
         from packsim.core.data import make_dataset
 

@@ -77,7 +77,15 @@ def committed_metadata(setup: str, seed: int = 0, folder: str | Path | None = No
 
 
 def load_committed_model(setup: str, seed: int = 0, device=None, folder: str | Path | None = None):
-    """The committed trained ``setup`` model (``"buggy"`` or ``"correct"``), in eval mode."""
+    """The committed trained ``setup`` model (``"buggy"`` or ``"correct"``), in eval mode.
+
+    Example::
+
+        >>> from packsim import load_committed_model
+        >>> model = load_committed_model("correct")
+        >>> type(model).__name__, model.training
+        ('LlamaForCausalLM', False)
+    """
     path = committed_path(setup, seed, folder)
     return load_weights(path, committed_metadata(setup, seed, folder)["model_size"], device)
 

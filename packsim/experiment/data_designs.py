@@ -26,7 +26,16 @@ TRAIN_DESIGNS = ("tasks", "long_tailed")  # packsim train --data
 def make_data(kind: str, n: int, seed: int, capacity: int) -> list:
     """``n`` examples of the ``packsim train`` design ``kind``: ``tasks`` (the course's mix) or
     ``long_tailed`` copy examples (lengths up to ``capacity``; response counts differ a lot between
-    examples, so ranks get unequal counts)."""
+    examples, so ranks get unequal counts).
+
+    Example::
+
+        >>> from packsim import make_data
+        >>> [len(ex.tokens) for ex in make_data("tasks", 3, seed=0, capacity=256)]
+        [21, 14, 21]
+        >>> [len(ex.tokens) for ex in make_data("long_tailed", 3, seed=0, capacity=256)]
+        [72, 57, 114]
+    """
     from packsim.core.data import make_examples, make_long_tailed_examples
 
     if kind == "tasks":

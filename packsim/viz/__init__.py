@@ -27,6 +27,8 @@ from packsim.core.lazy import lazy_names
 # public name -> the module that defines it (imported on first access, PEP 562)
 _HOMES = {
     "curves": "packsim.viz.training",
+    "card_table": "packsim.viz.comparison_report",
+    "final_rows": "packsim.viz.comparison_report",
     "allowed_pairs_figure": "packsim.viz.masks",
     "curves_figure": "packsim.viz.training",
     "label_viewer": "packsim.viz.labels",
@@ -59,6 +61,7 @@ __all__ = sorted(_HOMES)
 
 # what a home module imports from the course extra (the rest: plotly and ipywidgets, via widget.py)
 _NEEDS = {
+    "packsim.viz.comparison_report": (),  # its tables need no plotly (packsim compare prints them anywhere)
     "packsim.viz.quiz_data": ("yaml",),
     "packsim.viz.style": ("plotly",),
     "packsim.viz.varlen_bench": ("plotly",),

@@ -1,7 +1,7 @@
 """Figures of data-parallel training (notebook 10): token weights per normaliser, R ranks vs one process.
 
 - :func:`token_weights_figure`: the weight of ONE counted token in each (rank, micro-batch) cell
-  of a step under each normaliser of :mod:`packsim.experiment.normalisation` (a heatmap, one row
+  of a step under each normaliser of :mod:`packsim.scaling.normalisation` (a heatmap, one row
   per normaliser); :func:`token_weights_explorer` puts it under two sliders (each rank's tokens);
 - :func:`ranks_vs_one_figure`: ``packsim train`` outputs against the one-process run: the response
   loss per step, its |difference| from one process, and the max |weight difference| after training;
@@ -17,9 +17,9 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from packsim.experiment.normalisation import NORMALISATIONS, weights
-from packsim.experiment.rank_balance import straggler_ratio
-from packsim.experiment.train_outputs import compare_outputs
+from packsim.scaling.normalisation import NORMALISATIONS, weights
+from packsim.scaling.rank_balance import straggler_ratio
+from packsim.scaling.train_outputs import compare_outputs
 from packsim.viz.style import OKABE_ITO, layout
 from packsim.viz.widget import PacksimWidget, show_figure
 
@@ -77,7 +77,7 @@ def token_weights_explorer(rank0_tokens: int = 40, rank1_tokens: int = 105) -> T
 def ranks_vs_one_figure(runs: dict[str, dict], reference: str = "one", loss: str = "response_loss") -> go.Figure:
     """Three panels: ``loss`` per step, its |difference| from ``runs[reference]``, max |weight difference|.
 
-    ``runs``: name -> a loaded ``packsim train`` output (:func:`~packsim.experiment.train_outputs.load_output`);
+    ``runs``: name -> a loaded ``packsim train`` output (:func:`~packsim.scaling.train_outputs.load_output`);
     each run other than ``reference`` is coloured by the normaliser it recorded.
     """
     one = runs[reference]["losses"][loss]

@@ -198,5 +198,13 @@ def solution_source(lesson: int | str, name: str) -> str:
 
 
 def show_solution(lesson: int, name: str) -> None:
-    """Print reference solution ``name`` of lesson number ``lesson``: ``show_solution(1, "ffd_pack")``."""
+    """Print reference solution ``name`` of lesson number ``lesson``: ``show_solution(1, "ffd_pack")``.
+
+    Example::
+
+        >>> from packsim import show_solution
+        >>> show_solution(1, "lower_bound")  # doctest: +ELLIPSIS
+        def lower_bound(lengths, capacity: int) -> int:
+        ...
+    """
     print(solution_source(lesson, name))

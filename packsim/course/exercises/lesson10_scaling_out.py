@@ -6,7 +6,7 @@
   micro-batch's summed token loss by before ``backward()``, knowing that DistributedDataParallel
   *averages* gradients over the R ranks.
 
-The checks compare with :mod:`packsim.experiment.normalisation` on hand-built tables: unequal
+The checks compare with :mod:`packsim.scaling.normalisation` on hand-built tables: unequal
 counts between ranks and between micro-batches, a micro-batch with no counted target, and a step
 with none at all, so the usual shortcuts (mean of means, per-rank count, forgetting DDP's average)
 fail with a message that names them. Only values are judged: a loss may be a float, a 0-d tensor
@@ -22,7 +22,7 @@ import math
 import torch
 
 from packsim.course.exercises import Feedback, check, fail, ok
-from packsim.experiment.normalisation import backward_scales, objective
+from packsim.scaling.normalisation import backward_scales, objective
 
 __all__ = ["check_global_loss", "check_backward_scale", "TABLES", "table"]
 

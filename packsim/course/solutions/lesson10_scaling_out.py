@@ -14,7 +14,7 @@ def global_loss(sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
 def backward_scale(counts: torch.Tensor) -> torch.Tensor:
     """counts (R, M) -> (R, M): R / total, so that DDP's average over R ranks leaves sum / total.
 
-    The library's step applies the same factor: ``packsim.experiment.data_parallel.data_parallel_step``.
+    The library's step applies the same factor: ``packsim.scaling.data_parallel.data_parallel_step``.
     """
     R = counts.shape[0]
     total = counts.sum()

@@ -1,6 +1,6 @@
 """``packsim train``'s options, apart from the command so that ``packsim train --help`` and a bad
 option answer without importing torch (:mod:`packsim.cli` reads them from here; the run is
-:mod:`packsim.experiment.train_command`, which checks their values before any process starts).
+:mod:`packsim.scaling.train_command`, which checks their values before any process starts).
 
 Lessons: none directly (lesson 10 runs ``packsim train``).
 """

@@ -1,12 +1,12 @@
 """The data-parallel step (lesson 10): what each rank runs so R ranks compute what one process computes.
 
 Each rank holds the whole model (wrapped in ``DistributedDataParallel``) and M micro-batches of the
-step's examples (:mod:`packsim.experiment.step_plan` deals them). :func:`data_parallel_step`:
+step's examples (:mod:`packsim.scaling.step_plan` deals them). :func:`data_parallel_step`:
 
 1. counts this rank's targets per micro-batch and shares them in ONE all-reduce of an ``(R, M)``
    table, so every rank knows the step's global count;
 2. runs each micro-batch and takes the **sum** of its token losses (not a mean);
-3. multiplies that sum by :func:`packsim.experiment.normalisation.backward_scales` before
+3. multiplies that sum by :func:`packsim.scaling.normalisation.backward_scales` before
    ``backward()``: under ``global``, ``R / total count``, since DDP then *averages* gradients over
    the R ranks (it all-reduces only after the last micro-batch: ``no_sync`` before);
 4. clips and updates (:func:`packsim.experiment.training.optimizer_step`).
@@ -15,7 +15,7 @@ Under ``global`` the gradient, and so every weight, equals the one-process run's
 summation order; ``local`` and ``mean`` divide by per-rank or per-micro-batch counts and drift.
 A micro-batch with no counted target (a rank with fewer packs than micro-batches) still runs a
 forward and backward on a padding-only pack (:func:`train_data_parallel` makes it), so DDP stays
-in step; it contributes 0. ``packsim train`` is the command around it (:mod:`packsim.experiment.train_command`).
+in step; it contributes 0. ``packsim train`` is the command around it (:mod:`packsim.scaling.train_command`).
 
 Lessons: none directly (lesson 10 writes this step out as a loop, then runs it in ``packsim train``).
 """
@@ -35,12 +35,12 @@ from packsim.core.device import model_device
 from packsim.core.loss import IGNORE_INDEX, count_targets, token_losses
 from packsim.core.model import forward
 from packsim.core.setups import get_setup
-from packsim.experiment.launch_env import world
-from packsim.experiment.normalisation import backward_scales, weights
-from packsim.experiment.rank_balance import pack_costs, straggler_ratio
 from packsim.experiment.results import RunResult, StepRecord
-from packsim.experiment.step_plan import plan_step, select_rows, validate
 from packsim.experiment.training import TrainConfig, autocast, make_optimizer, optimizer_step
+from packsim.scaling.launch_env import world
+from packsim.scaling.normalisation import backward_scales, weights
+from packsim.scaling.rank_balance import pack_costs, straggler_ratio
+from packsim.scaling.step_plan import plan_step, select_rows, validate
 
 __all__ = ["StepOutput", "data_parallel_step", "train_data_parallel"]
 

@@ -7,7 +7,7 @@ Every rank builds the same example stream, so the global batch of step ``s`` is
   ranks, ``M`` micro-batches per rank); shard ``m*R + r`` is micro-batch ``m`` of rank ``r`` (the
   order accelerate's sharded dataloader uses), and each rank packs its own shards;
 - ``balance="round_robin" | "tokens" | "attention"``: the step is packed once (every rank computes the
-  same packing) and its packs are dealt to ranks by :func:`packsim.experiment.rank_balance.assign`; a
+  same packing) and its packs are dealt to ranks by :func:`packsim.scaling.rank_balance.assign`; a
   rank's packs are then cut into M micro-batches (``select_rows`` takes rows out of a batch).
 
 It returns the micro-batches ``[r][m]`` (``PackedBatch`` of (B, T) rows, or None when that
@@ -15,7 +15,7 @@ micro-batch got no example) and every rank's packs as segment lengths (their cos
 :func:`validate` runs every check that can fail before any process group or training starts:
 a world size larger than the examples per step, a rank with no pack, an unknown normalisation.
 (The example stream is :func:`packsim.experiment.data_designs.make_data`; the rank and world size,
-:func:`packsim.experiment.launch_env.world`.)
+:func:`packsim.scaling.launch_env.world`.)
 
 Lessons: 10.
 """
@@ -31,9 +31,9 @@ from packsim.core.batch import PackedBatch
 from packsim.core.errors import PacksimError
 from packsim.core.segments import Segment, cu_seqlens_from_lengths
 from packsim.core.setups import get_setup
-from packsim.experiment.normalisation import NORMALISATIONS
-from packsim.experiment.rank_balance import METHODS, assign
 from packsim.experiment.training import TrainConfig, make_batches
+from packsim.scaling.normalisation import NORMALISATIONS
+from packsim.scaling.rank_balance import METHODS, assign
 
 __all__ = ["BALANCE", "select_rows", "plan_step", "validate"]
 

@@ -1,7 +1,7 @@
 """``packsim train``: its options checked, one process or N through torchrun, and its outputs (lesson 10).
 
 Run plainly it is one process. Launched by a real launcher it trains data-parallel, one rank per
-process (:mod:`packsim.experiment.data_parallel` is the step each rank runs; ``accelerate launch
+process (:mod:`packsim.scaling.data_parallel` is the step each rank runs; ``accelerate launch
 --cpu --num_processes 2`` has started ONE process: accelerate's simple launcher used
 ``--num_processes`` only for mpirun, the accelerate version it was seen on is in the README's
 "Data-parallel training"; ``--multi_gpu`` goes through torch.distributed.run, gloo when there is no
@@ -12,13 +12,13 @@ GPU)::
     accelerate launch --multi_gpu --num_processes 2 -m packsim train --out runs/two       # gloo without a GPU
     packsim train --nproc 2 --out runs/two                                  # the same, via torchrun
 
-Every option is checked before any process group starts (:func:`packsim.experiment.step_plan.validate`).
+Every option is checked before any process group starts (:func:`packsim.scaling.step_plan.validate`).
 Rank 0 writes ``OUT/results.json``, ``OUT/model.pt`` and ``OUT/losses.json``
-(:mod:`packsim.experiment.train_outputs`). ``--engine trainer`` trains through the transformers
-``Trainer`` instead (:mod:`packsim.experiment.trainer_parallel`). Several runs at once from a
-notebook: :mod:`packsim.experiment.train_runs`.
+(:mod:`packsim.scaling.train_outputs`). ``--engine trainer`` trains through the transformers
+``Trainer`` instead (:mod:`packsim.scaling.trainer_parallel`). Several runs at once from a
+notebook: :mod:`packsim.scaling.train_runs`.
 
-Lessons: none directly (lesson 10 starts it through :mod:`packsim.experiment.train_runs`).
+Lessons: none directly (lesson 10 starts it through :mod:`packsim.scaling.train_runs`).
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ from packsim.core.errors import PacksimError
 from packsim.core.model import build_model
 from packsim.core.setups import get_setup
 from packsim.experiment.data_designs import make_data
-from packsim.experiment.data_parallel import train_data_parallel
-from packsim.experiment.launch_env import world
-from packsim.experiment.step_plan import validate
-from packsim.experiment.train_options import OPTIONS as _OPTIONS
-from packsim.experiment.train_options import add_arguments
-from packsim.experiment.train_outputs import save_output
 from packsim.experiment.training import TrainConfig
+from packsim.scaling.data_parallel import train_data_parallel
+from packsim.scaling.launch_env import world
+from packsim.scaling.step_plan import validate
+from packsim.scaling.train_options import OPTIONS as _OPTIONS
+from packsim.scaling.train_options import add_arguments
+from packsim.scaling.train_outputs import save_output
 
 __all__ = ["torchrun_command", "add_arguments", "run", "main"]
 
@@ -81,7 +81,7 @@ def _check_args(args: argparse.Namespace, n_ranks: int) -> tuple[TrainConfig, li
     examples = make_data(args.data, max(cfg.steps, 1) * max(cfg.examples_per_step, 1), args.seed, cfg.capacity)
     validate(len(examples), cfg, n_ranks, args.grad_accum, args.normalise, args.balance, examples)
     if args.engine == "trainer":
-        from packsim.experiment.trainer_parallel import check_trainer_args
+        from packsim.scaling.trainer_parallel import check_trainer_args
 
         check_trainer_args(cfg, n_ranks, args.grad_accum, args.balance)
     return cfg, examples
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         f"micro-batch(es), {cfg.steps} steps x {cfg.examples_per_step} examples, normalise {args.normalise}",
         flush=True)
     if args.engine == "trainer":
-        from packsim.experiment.trainer_parallel import train_with_trainer
+        from packsim.scaling.trainer_parallel import train_with_trainer
 
         result = train_with_trainer(model, examples, args.setup, cfg, args.seed, args.grad_accum, args.normalise,
                                     args.data, args.quiet)

@@ -9,10 +9,10 @@ values of the whole row, and torch's context-parallel code (``torch.distributed.
 
 - ``"documents"`` (correct): torch's ``_PerDocumentHeadTailLoadBalancer`` cuts every document into
   ``2R`` chunks (so each is first padded to a multiple of ``2R``:
-  :func:`~packsim.experiment.context_parallel.pad_lengths`) and orders them chunk ``0``, ``2R-1``,
+  :func:`~packsim.scaling.context_parallel.pad_lengths`) and orders them chunk ``0``, ``2R-1``,
   ``1``, ``2R-2``, ..., document after document; each rank takes ``T/R`` of that order
   (:func:`rank_positions`). With one document that is
-  :func:`packsim.experiment.context_parallel.zigzag_split`; with several, a rank holds the chunks of
+  :func:`packsim.scaling.context_parallel.zigzag_split`; with several, a rank holds the chunks of
   a few whole documents, not chunks ``i`` and ``2R-1-i`` of every document (the figure in the
   balancer's docstring). ``_context_parallel_shard`` shards the tokens, positions, targets and the document mask, a flex
   ``BlockMask`` that torch's ``_create_cp_block_mask`` rewrites for the rank's queries; in every
@@ -51,7 +51,7 @@ from transformers import AttentionInterface
 
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX
-from packsim.experiment.context_parallel import pad_lengths
+from packsim.scaling.context_parallel import pad_lengths
 
 __all__ = ["LAYOUTS", "ATTN_NAME", "DocumentRow", "Shard", "document_row", "load_balancer", "rank_positions",
            "shard_row", "cp_logits", "cp_loss_backward", "unshard", "probe_torch_cp"]

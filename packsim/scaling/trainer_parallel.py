@@ -38,9 +38,9 @@ from packsim.core.collator import PackingCollator
 from packsim.core.device import model_device
 from packsim.core.errors import PacksimError
 from packsim.core.setups import get_setup
-from packsim.experiment.launch_env import world
 from packsim.experiment.results import RunResult, StepRecord
 from packsim.experiment.training import TrainConfig, lr_at, make_optimizer
+from packsim.scaling.launch_env import world
 
 __all__ = ["check_trainer_args", "train_with_trainer"]
 

@@ -2,9 +2,9 @@
 
 :func:`launch_runs` takes ``{name: options}`` (the words ``packsim train`` takes): a run whose
 options hold ``--nproc N`` starts N ranks through PyTorch's launcher (``python -m
-torch.distributed.run``, :func:`packsim.experiment.train_command.torchrun_command`), the others
+torch.distributed.run``, :func:`packsim.scaling.train_command.torchrun_command`), the others
 train in this process while the launched ones run. Each writes ``out/<name>``
-(:mod:`packsim.experiment.train_outputs`), which it loads back.
+(:mod:`packsim.scaling.train_outputs`), which it loads back.
 
 Lessons: 10.
 """
@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from packsim.core.errors import PacksimError
-from packsim.experiment.train_command import main, torchrun_command
-from packsim.experiment.train_outputs import load_output
+from packsim.scaling.train_command import main, torchrun_command
+from packsim.scaling.train_outputs import load_output
 
 __all__ = ["launch_runs"]
 

@@ -3,7 +3,7 @@
 ``OUT/results.json`` (the run, :class:`~packsim.experiment.results.Results` with one
 :class:`~packsim.experiment.results.RunResult`), ``OUT/model.pt`` (the final weights,
 :mod:`packsim.experiment.model_files`) and ``OUT/losses.json`` (the loss curves at full precision;
-results.json keeps 6 digits). Rank 0 writes them (:mod:`packsim.experiment.train_command`);
+results.json keeps 6 digits). Rank 0 writes them (:mod:`packsim.scaling.train_command`);
 :func:`compare_outputs` is how lesson 10 and ``tests/test_data_parallel.py`` tell a distributed
 run from the one-process run.
 

@@ -2,21 +2,21 @@
 
 Launched by PyTorch's launcher, one rank per process, gloo on a CPU::
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 -m packsim.experiment.cp_compare \\
+    python -m torch.distributed.run --standalone --nproc-per-node 2 -m packsim.scaling.cp_compare \\
         --out runs/cp.json --tokens 256
 
 Every rank loads the course's committed trained model (``correct``: trained with block-diagonal
 masks, :mod:`packsim.experiment.committed_models`), packs one row ``(1, T)`` of held-out task
-examples padded for ``R`` ranks (:func:`packsim.experiment.cp_attention.document_row`), and runs:
+examples padded for ``R`` ranks (:func:`packsim.scaling.cp_attention.document_row`), and runs:
 
 - the references on one process: the row with a dense document mask (and with a plain causal
   one), loss and gradients, and every document alone;
-- each layout of :data:`packsim.experiment.cp_attention.LAYOUTS` on the R ranks: the forward
+- each layout of :data:`packsim.scaling.cp_attention.LAYOUTS` on the R ranks: the forward
   (``"documents"``: torch's flex kernel and the dense kernel on the same context-parallel
   BlockMask), one loss and backward with the gradients summed over the ranks, the logits gathered
   back into row order (torch's ``context_parallel_unshard``), and
   :func:`packsim.auditing.context_parallel.audit_context_parallel` on every rank;
-- :func:`~packsim.experiment.cp_attention.probe_torch_cp`: what of torch's CP runs here.
+- :func:`~packsim.scaling.cp_attention.probe_torch_cp`: what of torch's CP runs here.
 
 Rank 0 writes one JSON: per layout the largest logit difference against one process with the
 same mask and against the documents alone (over the documents' own tokens), the step-0 response
@@ -76,7 +76,7 @@ def _alone(model, row) -> torch.Tensor:
 def _layout_run(model, row, mesh, layout: str, ref: dict, alone: torch.Tensor) -> dict:
     """One layout on this rank: forward, loss and backward, the gathered logits, the audit."""
     from packsim.auditing.context_parallel import audit_context_parallel
-    from packsim.experiment.cp_attention import cp_logits, cp_loss_backward, shard_row, unshard
+    from packsim.scaling.cp_attention import cp_logits, cp_loss_backward, shard_row, unshard
 
     clock = [time.perf_counter()]
 
@@ -126,7 +126,7 @@ def _layout_run(model, row, mesh, layout: str, ref: dict, alone: torch.Tensor) -
 
 def compare(model, row, mesh) -> dict:
     """Every layout on this rank (a collective: all ranks call it); the same dict on every rank."""
-    from packsim.experiment.cp_attention import LAYOUTS
+    from packsim.scaling.cp_attention import LAYOUTS
 
     refs = {"documents": _one_process(model, row, row.doc_ids),
             "ring_causal": _one_process(model, row, torch.zeros_like(row.doc_ids))}
@@ -145,16 +145,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from packsim.core.data import make_examples
     from packsim.experiment.committed_models import load_committed_model
-    from packsim.experiment.cp_attention import document_row, probe_torch_cp
+    from packsim.scaling.cp_attention import document_row, probe_torch_cp
 
-    p = argparse.ArgumentParser(prog="python -m packsim.experiment.cp_compare")
+    p = argparse.ArgumentParser(prog="python -m packsim.scaling.cp_compare")
     p.add_argument("--out", required=True, help="the JSON file rank 0 writes")
     p.add_argument("--tokens", type=int, default=256, help="the packed row's length T (a multiple of ranks x 128)")
     p.add_argument("--seed", type=int, default=7, help="which task examples fill the row")
     args = p.parse_args(argv)
     if "RANK" not in os.environ:
         raise PacksimError("cp_compare runs under torchrun: python -m torch.distributed.run --standalone "
-                           "--nproc-per-node 2 -m packsim.experiment.cp_compare --out FILE")
+                           "--nproc-per-node 2 -m packsim.scaling.cp_compare --out FILE")
     t0 = time.perf_counter()
     dist.init_process_group("gloo")
     try:
@@ -180,7 +180,7 @@ def launch(nproc: int = 2, tokens: int = 256, seed: int = 7, timeout: float = 60
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "cp.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-               "-m", "packsim.experiment.cp_compare", "--out", str(out), "--tokens", str(tokens), "--seed", str(seed)]
+               "-m", "packsim.scaling.cp_compare", "--out", str(out), "--tokens", str(tokens), "--seed", str(seed)]
         if not quiet:
             print("python " + " ".join(cmd[1:]), flush=True)
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
