@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from packsim.course.exercises import lesson04_backend_cases as bc
+from packsim.course.cases import lesson04_backend_cases as bc
 from packsim.course.exercises.lesson04_transformers_traps import (
     HYBRID_CASES,
     check_forward_kwargs_for,

@@ -307,3 +307,19 @@ def test_seq_idx_that_never_reaches_a_kernel_is_the_cause_on_the_reference_kerne
     cause = next(c for c in report.causes if "Mamba2Mixer carry a conv / SSM state" in c)
     assert "gives seq_idx, yet the examples leak: it does not reach a kernel that reads it" in cause
     assert "kernels_in_use(model)" in cause
+
+
+
+def test_an_audit_walks_the_models_modules_for_stateful_layers_once(bamba, monkeypatch):
+    """Issue 42: several findings ask stateful_layers in one audit; the model's modules are walked once."""
+    import packsim.auditing.hybrid_findings as hf
+
+    read = []  # every class name stateful_layers reads: one per module per walk
+    pattern = hf._STATEFUL
+    monkeypatch.setattr(hf, "_STATEFUL", type("Counted", (), {"search": lambda _, name: read.append(name) or
+                                                            pattern.search(name)})())
+    modules = len(list(bamba.modules()))
+    assert stateful_layers(bamba) == stateful_layers(bamba) == ["BambaMixer"] and len(read) == 2 * modules
+    read.clear()
+    report = audit(bamba, frontier_batch("positions")[0], use_cache=False)
+    assert "hybrid_state" in report.failed and len(read) == modules  # one walk for the whole audit

@@ -47,7 +47,7 @@ from packsim.auditing.attention_probe import attention_mass
 from packsim.auditing.causes import likely_causes
 from packsim.auditing.evidence import dict_evidence
 from packsim.auditing.findings import flash_fields, has_flash_fields
-from packsim.auditing.hybrid_findings import hybrid_state, kernel_refusal, refused_report
+from packsim.auditing.hybrid_findings import hybrid_state, kernel_refusal, refused_report, scans_layers_once
 from packsim.auditing.no_trace import leaves_no_trace
 from packsim.auditing.pipeline import (
     ForwardOutput,
@@ -87,6 +87,7 @@ def _pipeline(model, batch, response_mask, forward_kwargs, examples=None, object
 
 
 @leaves_no_trace
+@scans_layers_once
 def audit(model, batch, response_mask=None, *, examples=None, max_examples: int = 4,
           tol: float | None = None, seed: int = 0, trust_boundaries: bool = False,
           objective: str = "sft", **forward_kwargs) -> AuditReport:
@@ -124,6 +125,15 @@ def audit(model, batch, response_mask=None, *, examples=None, max_examples: int 
     "pass"``: not on "not measured" or "unverified"), and ``report.failed`` names the failures.
     The audit leaves no trace (:mod:`packsim.auditing.no_trace`): random generators, train/eval
     flags and hooks come back as they were. Used by notebook 07 and ``packsim audit``.
+
+    Example::
+
+        >>> from packsim import PackedBatch, audit, build_model, make_examples
+        >>> model, examples = build_model("tiny", seed=0), make_examples(4, seed=0)
+        >>> audit(model, PackedBatch.from_examples(examples, capacity=64, setup="correct")).status
+        'pass'
+        >>> audit(model, PackedBatch.from_examples(examples, capacity=64, setup="buggy")).failed
+        ['perturbation', 'gradient', 'attention_mass', 'loss_coverage']
     """
     start = time.perf_counter()
     warn_outside()  # a transformers / TRL outside the tested window: one notice per process

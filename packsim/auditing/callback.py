@@ -89,6 +89,24 @@ class AuditCallback(TrainerCallback):
             training (0: only at ``on_train_begin``).
         **audit_kwargs: ``max_examples``, ``tol``, ``seed``, ``strict``, ``trust_boundaries``,
             ``objective`` (``"lm"`` for language modelling) for :func:`packsim.audit_trainer`.
+
+    Example::
+
+        >>> import contextlib, io, tempfile
+        >>> import datasets
+        >>> from transformers import Trainer, TrainingArguments
+        >>> from packsim import AuditCallback, PackingCollator, build_model, make_examples
+        >>> features = [{"prompt_ids": ex.tokens[:ex.n_prompt], "response_ids": ex.tokens[ex.n_prompt:]}
+        ...             for ex in make_examples(8, seed=0)]
+        >>> args = TrainingArguments(tempfile.mkdtemp(), per_device_train_batch_size=4, max_steps=1, use_cpu=True,
+        ...                          report_to="none", save_strategy="no", remove_unused_columns=False)
+        >>> callback = AuditCallback()
+        >>> trainer = Trainer(model=build_model("tiny", seed=0), args=args, data_collator=PackingCollator(),
+        ...                   train_dataset=datasets.Dataset.from_list(features), callbacks=[callback])
+        >>> with contextlib.redirect_stdout(io.StringIO()):  # the Trainer's own log lines
+        ...     out = trainer.train()
+        >>> callback.report.status, out.global_step
+        ('pass', 1)
     """
 
     def __init__(self, trainer=None, *, batches: int = 1, warn_only: bool = False, reaudits: int = 2,

@@ -25,10 +25,12 @@ Lessons: none directly (packsim.audit adds the finding; appendices A3 and A6 sho
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 import time
 from collections.abc import Mapping
+from contextvars import ContextVar
 
 import torch
 
@@ -38,7 +40,7 @@ from packsim.auditing.report import AuditReport, Finding, ProbeResult
 from packsim.core.upstream.hub_kernels import REFUSAL
 
 __all__ = ["CUDA_REFUSAL", "KERNEL_PACKAGES", "ON_CPU", "boundary_kernels", "hybrid_state", "kernel_refusal",
-           "kernel_words", "needs_cuda_reason", "refusal_line", "refused_report", "stateful_layers"]
+           "kernel_words", "scans_layers_once", "needs_cuda_reason", "refusal_line", "refused_report", "stateful_layers"]
 
 # module class names whose forward carries a conv / recurrent state along the sequence
 _STATEFUL = re.compile(r"(Mixer|MambaLayer|GatedDeltaNet|ShortConv|LinearAttention|Mamba\w*Block)$")
@@ -56,11 +58,39 @@ _GPU = "causal_conv1d and mamba_ssm (Mamba2 / short conv) or flash-linear-attent
 MEASURE_IT = f"{ON_CPU}; or a GPU with {_GPU} installed"  # where a refused forward can be measured
 
 
+_SCANNED: ContextVar[dict | None] = ContextVar("packsim_stateful_layers", default=None)  # id(model) -> names
+
+
 def stateful_layers(model) -> list[str]:
-    """Class names of the layers of ``model`` that carry state along the sequence (sorted, unique)."""
+    """Class names of the layers of ``model`` that carry state along the sequence (sorted, unique).
+
+    Inside an audit (:func:`scans_layers_once`) the model's modules are walked once, however many
+    findings ask."""
     if not isinstance(model, torch.nn.Module):
         return []
-    return sorted({type(m).__name__ for m in model.modules() if _STATEFUL.search(type(m).__name__)})
+    scanned = _SCANNED.get()
+    if scanned is not None and id(model) in scanned:
+        return list(scanned[id(model)])
+    names = sorted({type(m).__name__ for m in model.modules() if _STATEFUL.search(type(m).__name__)})
+    if scanned is not None:
+        scanned[id(model)] = names  # the model lives as long as the audit: its id is not reused meanwhile
+    return list(names)
+
+
+def scans_layers_once(entry):
+    """``entry`` (an audit) run with :func:`stateful_layers` walking each model once; nested entries share it."""
+
+    @functools.wraps(entry)
+    def run(*args, **kwargs):
+        if _SCANNED.get() is not None:  # an audit inside an audit (audit_trainer ends in audit_pipeline)
+            return entry(*args, **kwargs)
+        token = _SCANNED.set({})
+        try:
+            return entry(*args, **kwargs)
+        finally:
+            _SCANNED.reset(token)
+
+    return run
 
 
 def _examples_per_row(fields: Mapping) -> int:

@@ -49,7 +49,7 @@ from packsim.auditing.findings import (
     static_findings,
 )
 from packsim.auditing.grpo import audit_grpo_trainer, is_grpo
-from packsim.auditing.hybrid_findings import MEASURE_IT, hybrid_state, kernel_refusal
+from packsim.auditing.hybrid_findings import MEASURE_IT, hybrid_state, kernel_refusal, scans_layers_once
 from packsim.auditing.no_trace import leaves_no_trace
 from packsim.auditing.pipeline import (
     ForwardOutput,
@@ -257,6 +257,7 @@ def _use_cache(model, forward_kwargs) -> tuple[object, str]:
 
 
 @leaves_no_trace
+@scans_layers_once
 def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: float | None = None,
                   seed: int = 0, strict: bool = False, trust_boundaries: bool = False,
                   batch: dict | None = None, objective: str = "sft") -> AuditReport:

@@ -98,6 +98,14 @@ def pack(
     Raises:
         PacksimError: on a bad capacity, strategy, overflow or length, an overlong example
             with ``overflow="error"``, lengths summing past ``2**63 - 1``, or pieces past memory.
+
+    Example::
+
+        >>> from packsim import pack
+        >>> pack([5, 3, 4, 2], capacity=8)  # bfd: 5 then 3 fill a row; 4 and 2 share the next
+        [[0, 1], [2, 3]]
+        >>> pack([6, 5, 2], capacity=8, strategy="wrapped")  # cut every 8 tokens: pieces (index, start, stop)
+        [[0, Piece(index=1, start=0, stop=2)], [Piece(index=1, start=2, stop=5), 2]]
     """
     return pack_arrays(lengths, capacity, strategy, overflow).to_lists()
 
@@ -118,6 +126,13 @@ def pack_arrays(
     ``2**31 - 1`` pieces and tokens per example), else int64; ``example_lengths`` is int64. It makes
     no Python object per example, so it is the form to use for large datasets (for ``"wrapped"``
     at a million examples, several times faster than building the lists).
+
+    Example::
+
+        >>> from packsim import pack_arrays
+        >>> packs = pack_arrays([5, 3, 4, 2], capacity=8)
+        >>> packs.index.tolist(), packs.row_offsets.tolist(), packs.to_lists()
+        ([0, 1, 2, 3], [0, 2, 4], [[0, 1], [2, 3]])
     """
     capacity = check_capacity(capacity)
     _check_choice("strategy", strategy, STRATEGIES, "strategy='bfd'")

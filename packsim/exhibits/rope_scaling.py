@@ -4,7 +4,7 @@ Under a correct block-diagonal mask, default RoPE scores depend on the distance 
 only, so positions that keep counting across a pack (0..N-1) give the same logits as positions that
 restart, up to round-off. That holds for ``rope_type`` ``"default"`` (and ``"linear"``: a fixed
 rescale), not for the types that recompute the frequencies from the largest position in the batch
-(``dynamic_rope_update`` in ``transformers/modeling_rope_utils.py``, read from 5.25.0):
+(``dynamic_rope_update`` in ``transformers/modeling_rope_utils.py``; its test pins what it read):
 
 - ``"dynamic"`` (NTK): ``seq_len = max(position_ids) + 1``; past ``max_position_embeddings`` the base
   becomes ``base * (factor * seq_len / max_pos - (factor - 1)) ** (dim / (dim - 2))``

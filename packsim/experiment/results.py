@@ -91,6 +91,14 @@ class Results:
 
     ``throughput`` holds the packed-vs-padded measurement on the long-tailed length mix
     (``{setup: {"real_tokens_per_s": ..., ...}}``), ``wall_s`` the whole comparison's wall time.
+
+    Example::
+
+        >>> from packsim import Results
+        >>> from packsim.core import repo_path
+        >>> full = Results.load(repo_path("results/tasks-full"))  # the committed comparison
+        >>> full.config["seeds"], sorted(full.summary("isolated_exact_match"))
+        ([0, 1, 2], ['buggy', 'correct', 'loss_fix', 'mask_fix', 'padded'])
     """
 
     runs: list[RunResult] = field(default_factory=list)

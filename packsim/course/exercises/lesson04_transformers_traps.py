@@ -86,7 +86,7 @@ def check_position_ids_from_lengths(fn) -> Feedback:
 def check_forward_kwargs_for(fn) -> Feedback:
     """``fn(rows: list[list[int]], attn_implementation: str) -> dict`` of forward fields; passes when
     every example of every case matches its run alone within ``TOL``, whichever fields did it."""
-    from packsim.course.exercises import lesson04_backend_cases as bc
+    from packsim.course.cases import lesson04_backend_cases as bc
 
     runs, by_impl = [], {}
     for impl, rows in bc.KWARGS_CASES:

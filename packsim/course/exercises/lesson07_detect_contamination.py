@@ -34,11 +34,11 @@ from packsim.core.batch import PackedBatch
 from packsim.core.loss import token_losses
 from packsim.core.model import build_model, forward
 from packsim.course.exercises import Feedback, check, fail, ok
-from packsim.course.exercises.lesson07_cases import collator_case as _collator_case
-from packsim.course.exercises.lesson07_cases import mystery_reports, probe_batch
-from packsim.course.exercises.lesson07_cases import packsim_case as _packsim_case
-from packsim.course.exercises.lesson07_cases import pipeline_call_case as _pipeline_call_case
-from packsim.course.exercises.lesson07_cases import read_by as _read_by
+from packsim.course.cases.lesson07_cases import collator_case as _collator_case
+from packsim.course.cases.lesson07_cases import mystery_reports, probe_batch
+from packsim.course.cases.lesson07_cases import packsim_case as _packsim_case
+from packsim.course.cases.lesson07_cases import pipeline_call_case as _pipeline_call_case
+from packsim.course.cases.lesson07_cases import read_by as _read_by
 
 __all__ = ["FIXES", "check_gradient_leak", "check_isolating_call", "check_name_the_fix",
            "check_perturbation_leak", "mystery_reports", "probe_batch"]
@@ -227,7 +227,7 @@ def check_isolating_call(isolating_call) -> Feedback:
 # Any change of j's tokens to valid ids is right (+1, +7, a permutation...): the check judges the
 # verdict per example and each number against the learner's OWN perturbations (_Recorder).
 
-_ROUND_OFF = 1e-5  # every isolated case here measures exactly 0 (2026-12, any perturbation)
+_ROUND_OFF = 1e-5  # every isolated case here reads exactly 0 (any perturbation): round-off is the margin
 
 
 class _BadCall(Exception):

@@ -42,7 +42,7 @@ __all__ = ["LogpCase", "packed_logp_cases", "check_packed_token_logps", "Q2_CARD
 
 # ----------------------------------------------------------------------------- packed log-probs
 
-TOL = LOGPROB_TOL[torch.float32]  # per token, fp32 (packed vs alone measured ~5e-7 here)
+TOL = LOGPROB_TOL[torch.float32]  # per token, fp32: the audit's own tolerance for packed vs alone
 _VOCAB = 96
 
 

@@ -20,7 +20,7 @@ items were missed and why each false alarm is not a bug, never just "wrong".
 from __future__ import annotations
 
 from packsim.course.exercises import Feedback, _announce, check, fail, ok
-from packsim.course.exercises.lesson09_rubric import Q1_RUBRIC, SelfCheck, read
+from packsim.course.cases.lesson09_rubric import Q1_RUBRIC, SelfCheck, read
 
 __all__ = [
     "BUGS",
@@ -300,12 +300,13 @@ FOLLOWUPS = {
            "int() of a CUDA tensor waits for the GPU. Compute max_seqlen as a Python int from the "
            "lengths the collator already has, build cu_seqlens as int32 with a leading 0, and move it "
            "to the device with the batch."),
-    "f5": ("RoPE, a correct block-diagonal mask: do position ids that continue across the pack (instead of "
-           "restarting at 0) change any logit?",
+    "f5": ("Default RoPE (Llama's rope_type 'default'), a correct block-diagonal mask: do position ids that "
+           "continue across the pack (instead of restarting at 0) change any logit?",
            ("yes", "no (up to float round-off)"), "no (up to float round-off)",
            "RoPE scores depend on relative positions only, and the mask already isolates examples "
-           "(lesson 04 measures ~1e-7). Restarts matter for transformers' packed detection and for "
-           "absolute position embeddings."),
+           "(lesson 04 measures it at round-off). Not so for rope_type dynamic or longrope: they recompute "
+           "the frequencies from the largest position (A8's scaled-RoPE drill). Restarts matter for "
+           "transformers' packed detection and for absolute position embeddings."),
     "f6": ("Which max_seqlen is the dangerous mistake in flash_attn_varlen_func?",
            ("too large", "too small"), "too small",
            "the grid has ceil(max_seqlen / tile) query tiles per example: too small and the tiles past it "

@@ -52,8 +52,8 @@ KWARGS_CASES: tuple[tuple[str, tuple[tuple[int, ...], ...]], ...] = (
 )
 VARLEN = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
-# the keywords the installed Llama's forward reads a cache from: past_key_values up to transformers
-# 5.18; cache, and past_key_values (deprecated), from 5.24
+# the keywords the installed Llama's forward reads a cache from (read from its signature: the name
+# changed across the supported window; tests/test_exercises_lesson04_transformers_traps.py pins each)
 CACHE_KWARGS = cache_kwargs(LlamaForCausalLM)
 ALLOWED = ("position_ids", "attention_mask", "use_cache", *CACHE_KWARGS, *VARLEN)
 _FLASH_SRC = "`_flash_attention_forward` in transformers/modeling_flash_attention_utils.py"

@@ -1,10 +1,10 @@
-"""packsim.course.exercises.lesson09_rubric: an answer read against a rubric, sentence by sentence, no verdict."""
+"""packsim.course.cases.lesson09_rubric: an answer read against a rubric, sentence by sentence, no verdict."""
 
 from __future__ import annotations
 
 import pytest
 
-from packsim.course.exercises.lesson09_rubric import (
+from packsim.course.cases.lesson09_rubric import (
     Found,
     Ingredient,
     RedFlag,
