@@ -26,7 +26,7 @@ ALL_STEMS = STEMS + APPENDIX_STEMS
 NUMBERS = {stem[:2] for stem in STEMS}
 MODULES = {
     p.stem
-    for sub in ("exercises", "solutions")
+    for sub in ("exercises", "solutions", "cases")
     for p in (ROOT / "packsim" / "course" / sub).glob("lesson[0-9][0-9]_*.py")
 }
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from packsim.course.cases.lesson09_rubric import Q1_RUBRIC, SelfCheck, read, sentences
 from packsim.course.exercises import Feedback
 from packsim.course.exercises.lesson09_interview_drills import (
     BUGS,
@@ -21,7 +22,6 @@ from packsim.course.exercises.lesson09_interview_drills import (
     check_followups,
     check_review,
 )
-from packsim.course.cases.lesson09_rubric import Q1_RUBRIC, SelfCheck, read, sentences
 from packsim.course.solutions import lesson09_interview_drills as sol
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "09_interview_drills.ipynb"

@@ -44,7 +44,7 @@ The course's exhibits that run the audit (trap tables, the museum) are one layer
 :mod:`packsim.exhibits`. Importing the package loads none of them: each public name loads its
 module on first use.
 
-Lessons: none directly (lessons 07 and 09 call :func:`packsim.audit`).
+Lessons: A8.
 """
 
 from packsim.core.lazy import lazy_names

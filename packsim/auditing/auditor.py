@@ -47,7 +47,12 @@ from packsim.auditing.attention_probe import attention_mass
 from packsim.auditing.causes import likely_causes
 from packsim.auditing.evidence import dict_evidence
 from packsim.auditing.findings import flash_fields, has_flash_fields
-from packsim.auditing.hybrid_findings import hybrid_state, kernel_refusal, refused_report, scans_layers_once
+from packsim.auditing.hybrid_findings import (
+    hybrid_state,
+    kernel_refusal,
+    refused_report,
+    scans_layers_once,
+)
 from packsim.auditing.no_trace import leaves_no_trace
 from packsim.auditing.pipeline import (
     ForwardOutput,

@@ -49,7 +49,12 @@ from packsim.auditing.findings import (
     static_findings,
 )
 from packsim.auditing.grpo import audit_grpo_trainer, is_grpo
-from packsim.auditing.hybrid_findings import MEASURE_IT, hybrid_state, kernel_refusal, scans_layers_once
+from packsim.auditing.hybrid_findings import (
+    MEASURE_IT,
+    hybrid_state,
+    kernel_refusal,
+    scans_layers_once,
+)
 from packsim.auditing.no_trace import leaves_no_trace
 from packsim.auditing.pipeline import (
     ForwardOutput,

@@ -10,7 +10,7 @@ rows to the transformers ``Trainer``; ``device`` and ``errors`` serve every laye
 This face names the public names a lesson or a user reaches for, each with its module; importing the
 package loads none of them (PEP 562), so ``import packsim`` stays light.
 
-Lessons: 05, A4, A6.
+Lessons: 05, 07, A4, A6.
 """
 
 from packsim.core.lazy import lazy_names

@@ -22,7 +22,7 @@ module                 what it holds
 Layer: above :mod:`packsim.auditing` (every exhibit runs the audit), below :mod:`packsim.experiment`.
 Importing the package loads none of them: each public name loads its module on first use.
 
-Lessons: 04, A3, A6, A8.
+Lessons: A6, A8.
 """
 
 from packsim.core.lazy import lazy_names

@@ -7,7 +7,8 @@ the verdict's failed probes and findings, never a string written here. Pieces:
 - ``ring_attention_ignores_documents`` (axolotl#3608): a context-parallel ring of 2 ranks over a
   packed row, in one process (:mod:`packsim.exhibits.cp_ring`), causal over the whole row (what
   torch's SDPA ring computes: ``is_causal``, no mask) vs masked by document; the step-0 losses of
-  both ride in the verdict -> :func:`packsim.audit` (perturbation, gradient);
+  both ride in the verdict -> :func:`packsim.audit` (perturbation, gradient) and
+  :func:`packsim.auditing.audit_context_parallel` on the ring's forward (the context_parallel finding);
 - ``sdpa_ignores_cu_seqlens`` (AReaL#1442): ``cu_seq_lens_q/k`` handed to an sdpa forward, which
   never reads them -> :func:`packsim.audit_logprobs`;
 - ``gated_deltanet_state_leak`` (NeMo Automodel#2147): a tiny Qwen3-Next (gated DeltaNet, then
@@ -147,7 +148,10 @@ def _logprob_verdict(report, **measured) -> Verdict:
 
 
 def _ring(buggy: bool) -> Verdict:
+    """packsim.audit on the row (every probe), then audit_context_parallel on the ring's forward (its
+    ``context_parallel`` finding: each document's logits through the ring against it alone)."""
     from packsim.auditing.auditor import audit
+    from packsim.auditing.context_parallel import audit_context_parallel
     from packsim.exhibits.cp_ring import on_ring, step0_losses
 
     exs = _examples()
@@ -155,10 +159,19 @@ def _ring(buggy: bool) -> Verdict:
     model = _tiny("sdpa", fresh=True)  # its attention is switched to the rings
     losses = step0_losses(model, batch)
     fields = {k: v for k, v in batch.items() if k != "completion_mask"}
+    ids, pos = fields["input_ids"], fields["position_ids"]  # (1, N)
     with on_ring(model, documents=not buggy):
         report = audit(model, fields, batch["completion_mask"], examples=[list(e.tokens) for e in exs],
                        use_cache=False)
-    return _audit_verdict(report, **{f"step0_loss_{k}": v for k, v in losses.items()})
+        cp = audit_context_parallel(model, lambda x: model(input_ids=x, position_ids=pos, use_cache=False).logits,
+                                    ids, [len(e.tokens) for e in exs], torch.arange(ids.shape[1]),
+                                    position_ids=pos)
+    verdict = _audit_verdict(report, **{f"step0_loss_{k}": v for k, v in losses.items()})
+    found = [f for f in cp.findings if f.name == "context_parallel"]
+    failed = verdict.failed + tuple(f.name for f in found if f.failed)
+    evidence = verdict.evidence if not failed else "; ".join([verdict.evidence, *(f.evidence for f in found if f.failed)])
+    status = "fail" if failed else verdict.status
+    return Verdict("packsim.audit + audit_context_parallel", status, failed, evidence[:600], verdict.measured, report)
 
 
 # ----------------------------------------------------------------------------- AReaL#1442
@@ -321,7 +334,7 @@ PIECES_AT_SCALE = {p.name: p for p in [
           "Fix here: the ring masks by document as well (the documents read from the restarting position_ids). "
           "The step-0 loss ratio of the tiny random model is printed; its weights are random, so it is not the "
           "report's ratio.",
-          frozenset({"perturbation", "gradient"}), _ring),
+          frozenset({"perturbation", "gradient", "context_parallel"}), _ring),
     Piece("sdpa_ignores_cu_seqlens", "cu_seqlens handed to an sdpa forward in packed RL log-probs",
           (f"{_GH}/inclusionAI/AReaL/issues/1442",),
           "Reported: sdpa ignores cu_seqlens in packed RL log-probs. Planted here: a packed row with "

@@ -6,5 +6,5 @@
 - ``lesson09_rubric``: a written answer read against a rubric, sentence by sentence, no verdict
   (interview question 1's self-check).
 
-Lessons: 04, 07, 09.
+Lessons: none directly (the checks of 04, 07 and 09 run on them).
 """

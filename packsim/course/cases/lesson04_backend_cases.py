@@ -19,6 +19,8 @@ check itself: ``lesson04_transformers_traps.check_forward_kwargs_for``).
 - :func:`ignored_fields`: the fields of a case that its backend never reads.
 
 No check lives here, so no solution mirrors this module.
+
+Lessons: none directly (through its lesson's checks).
 """
 
 from __future__ import annotations

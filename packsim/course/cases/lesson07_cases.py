@@ -9,6 +9,8 @@
 - :func:`read_by`: the structure a causal pack must show, ``{j: examples packed after j in its rows}``.
 
 No check lives here, so no solution mirrors this module.
+
+Lessons: A6.
 """
 
 from __future__ import annotations

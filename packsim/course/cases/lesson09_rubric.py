@@ -20,6 +20,8 @@ of the model answer beside what the learner wrote and the learner judges (issue 
 check said "correct" for seven wrong answers out of ten).
 
 No check lives here, so no solution mirrors this module.
+
+Lessons: none directly (through its lesson's checks).
 """
 
 from __future__ import annotations

@@ -33,12 +33,12 @@ from packsim.auditing import audit
 from packsim.core.batch import PackedBatch
 from packsim.core.loss import token_losses
 from packsim.core.model import build_model, forward
-from packsim.course.exercises import Feedback, check, fail, ok
 from packsim.course.cases.lesson07_cases import collator_case as _collator_case
 from packsim.course.cases.lesson07_cases import mystery_reports, probe_batch
 from packsim.course.cases.lesson07_cases import packsim_case as _packsim_case
 from packsim.course.cases.lesson07_cases import pipeline_call_case as _pipeline_call_case
 from packsim.course.cases.lesson07_cases import read_by as _read_by
+from packsim.course.exercises import Feedback, check, fail, ok
 
 __all__ = ["FIXES", "check_gradient_leak", "check_isolating_call", "check_name_the_fix",
            "check_perturbation_leak", "mystery_reports", "probe_batch"]

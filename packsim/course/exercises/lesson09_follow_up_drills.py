@@ -32,9 +32,15 @@ from packsim.auditing.logprobs import LOGPROB_TOL
 from packsim.core.model import build_model
 from packsim.core.segments import cu_seqlens_from_lengths
 from packsim.course.exercises import Feedback, check, fail, ok
+
 # appendix A8 repeats lesson 09's diagnosis drills on new symptoms: their cards and checks, from one import
-from packsim.course.exercises.lesson09_interview_drills import (CAUSES, FOLLOWUPS, SYMPTOMS, check_diagnosis,
-                                                                check_followups)
+from packsim.course.exercises.lesson09_interview_drills import (
+    CAUSES,
+    FOLLOWUPS,
+    SYMPTOMS,
+    check_diagnosis,
+    check_followups,
+)
 
 __all__ = ["LogpCase", "packed_logp_cases", "check_packed_token_logps", "Q2_CARDS", "Q2_BEFORE",
            "Q2_DISTRACTORS", "q2_scenario", "q2_orders_count", "check_q2_order", "loss_by_place",

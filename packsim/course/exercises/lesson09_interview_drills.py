@@ -19,8 +19,8 @@ items were missed and why each false alarm is not a bug, never just "wrong".
 
 from __future__ import annotations
 
-from packsim.course.exercises import Feedback, _announce, check, fail, ok
 from packsim.course.cases.lesson09_rubric import Q1_RUBRIC, SelfCheck, read
+from packsim.course.exercises import Feedback, _announce, check, fail, ok
 
 __all__ = [
     "BUGS",
