@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -47,6 +48,7 @@ from packsim.core.data import make_dataset, make_long_tailed_examples
 from packsim.core.errors import PacksimError
 from packsim.core.model import build_model
 from packsim.core.paths import repo_path
+from packsim.experiment.comparison import environment
 from packsim.experiment.evaluation import evaluate_isolated
 from packsim.experiment.forensics import measure
 from packsim.experiment.model_files import load_weights, save_weights
@@ -91,8 +93,6 @@ def _docs(cfg: ControlConfig) -> list:
     examples of the four fine-tuning tasks (another seed's stream; make_dataset keeps its held-out
     prompts out of every stream) and half long ``copy`` documents; ``"copy"``, copy documents only
     (a base that never sees digits or the tasks' symbols: it fine-tunes poorly, see the module doc)."""
-    import random
-
     cap = cfg.finetune.capacity
     n = cfg.pretrain_steps * cfg.docs_per_step
     if cfg.corpus == "copy":
@@ -136,7 +136,7 @@ def run_pretrained_control(cfg: ControlConfig | None = None, out: str | Path | N
                       eval_every=0)
     pre = train(base, docs, "buggy", pre_cfg, seed=cfg.seed, progress=progress)
     results = {
-        "command": COMMAND, "config": cfg.as_dict(), "env": _environment(),
+        "command": COMMAND, "config": cfg.as_dict(), "env": environment(torch.device("cpu")),
         "capacity": ft.capacity,
         "longest": {"pretraining_document": _longest(docs), "finetuning_example": _longest(train_ex)},
         "pretrain": {"final_loss": pre.final["reported_loss"], "train_time_s": pre.final["train_time_s"],
@@ -168,19 +168,6 @@ def run_pretrained_control(cfg: ControlConfig | None = None, out: str | Path | N
     if out is not None:
         _write(results, models, base, Path(out))
     return results
-
-
-def _environment() -> dict:
-    import platform
-    from datetime import datetime, timezone
-
-    import transformers
-
-    from packsim.core.version import __version__
-
-    return {"packsim": __version__, "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "device": "cpu", "torch_threads": torch.get_num_threads(),
-            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
 
 
 def _write(results: dict, models: dict, base, out: Path) -> None:

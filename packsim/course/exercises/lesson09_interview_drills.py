@@ -304,9 +304,9 @@ FOLLOWUPS = {
            "continue across the pack (instead of restarting at 0) change any logit?",
            ("yes", "no (up to float round-off)"), "no (up to float round-off)",
            "RoPE scores depend on relative positions only, and the mask already isolates examples "
-           "(lesson 04 measures it at round-off). Not so for rope_type dynamic or longrope: they recompute "
-           "the frequencies from the largest position (A8's scaled-RoPE drill). Restarts matter for "
-           "transformers' packed detection and for absolute position embeddings."),
+           "(lesson 04 measures it at round-off). Not so for rope_type dynamic or longrope once positions "
+           "pass the original context: they recompute the frequencies from the largest position (A8's "
+           "drill). Restarts matter for transformers' packed detection and for absolute position embeddings."),
     "f6": ("Which max_seqlen is the dangerous mistake in flash_attn_varlen_func?",
            ("too large", "too small"), "too small",
            "the grid has ceil(max_seqlen / tile) query tiles per example: too small and the tiles past it "
