@@ -56,7 +56,7 @@ FAULTS = ("none", "continuous_positions", "late_restart", "prompt_in_loss", "bou
 def tiny_model(family: str, path: str):
     import transformers
 
-    from packsim.core.flash_emulation import emulate_flash
+    from packsim.reference.flash_emulation import emulate_flash
 
     cls, extra = FAMILIES[family]
     torch.manual_seed(0)

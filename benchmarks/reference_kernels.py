@@ -112,7 +112,10 @@ def real_kernels(section: str, device: torch.device) -> tuple[dict | None, str]:
 
 def references() -> dict:
     """{kernel name: packsim's reference kernel (pure torch)}."""
-    from packsim.core import reference_conv, reference_delta, reference_flash, reference_ssm
+    from packsim.reference import conv as reference_conv
+    from packsim.reference import delta as reference_delta
+    from packsim.reference import flash as reference_flash
+    from packsim.reference import ssm as reference_ssm
 
     mods = {"flash": reference_flash, "conv": reference_conv, "ssm": reference_ssm, "delta": reference_delta}
     return {name: getattr(mods[s], name) for s, (_, names) in KERNELS.items() for name in names}

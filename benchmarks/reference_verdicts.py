@@ -4,8 +4,8 @@ kernels (packsim, pure torch) and, where present, on the real ones, per dtype.
 Each verdict is the largest logit change of any example of a packed batch against the same
 example run alone (same weights, same dtype, same device): ``isolates`` within :data:`ISO_TOL` of
 the dtype, ``leaks`` above :data:`LEAK_MIN`, ``unclear`` between; ``as expected`` when it is the
-known answer (ground truth of the trap table and the hybrid frontier, tests/test_flash_emulation.py
-and tests/test_reference_hybrid.py):
+known answer (ground truth of the trap table and the hybrid frontier, tests/test_reference_flash_emulation.py
+and tests/test_reference_hybrid_emulation.py):
 
 - a tiny Llama (:func:`packsim.exhibits.trap_cases.build_family`) on transformers' flash path,
   alone through eager: one row (1, 32) with restarting ``position_ids`` isolates; two rows (2, 32)
@@ -51,10 +51,10 @@ def _verdict_row(model, kernel, dname, condition, expected, change, error=None, 
 
 def llama_verdicts(dtypes, args, device, deadline, skipped) -> list[dict]:
     """A tiny Llama packed through transformers' flash path: the reference kernel, and the real one where present."""
-    from packsim.core.flash_emulation import REAL_NAME, emulate_flash, real_flash_attn
-    from packsim.core.reference_flash import REFERENCE_KERNEL
     from packsim.core.segments import cu_seqlens_from_lengths, example_positions
     from packsim.exhibits.trap_cases import ROWS, VOCAB, build_family
+    from packsim.reference.flash import REFERENCE_KERNEL
+    from packsim.reference.flash_emulation import REAL_NAME, emulate_flash, real_flash_attn
 
     ids = torch.randint(3, VOCAB, (2, 32), generator=torch.Generator().manual_seed(args.seed)).to(device)  # (2, 32)
     seq = torch.stack([torch.repeat_interleave(torch.arange(len(r)), torch.tensor(r)) for r in ROWS]).to(device)
@@ -95,10 +95,10 @@ def llama_verdicts(dtypes, args, device, deadline, skipped) -> list[dict]:
 
 def _forced_reference(module):
     """Every kernel site of ``module`` packsim has a reference for calls the reference, even where transformers
-    bound the real package (as :func:`~packsim.core.reference_hybrid.emulate_hybrid_kernels` wires a missing
+    bound the real package (as :func:`~packsim.reference.hybrid_emulation.emulate_hybrid_kernels` wires a missing
     one); returns the function that puts back what was there."""
-    from packsim.core import reference_hybrid as rh
     from packsim.core.upstream.hub_kernels import restore, swap, wrapper_cells
+    from packsim.reference import hybrid_emulation as rh
 
     saved, seen = [], set()
     for site in rh.kernel_sites([module]):
@@ -117,8 +117,8 @@ def _forced_reference(module):
 
 def bamba_verdicts(dtypes, args, device, deadline, skipped) -> list[dict]:
     """A tiny Bamba, one packed row, with and without seq_idx: the references, and the real packages where bound."""
-    from packsim.core.reference_hybrid import emulate_hybrid_kernels, kernels_in_use
     from packsim.exhibits.hybrid_traps import build_frontier, frontier_batch
+    from packsim.reference.hybrid_emulation import emulate_hybrid_kernels, kernels_in_use
 
     base = build_frontier("bamba")
     module = sys.modules[type(base).__module__]

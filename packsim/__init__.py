@@ -44,7 +44,7 @@ _HOMES = {
     "PackingCollator": "packsim.core.collator",
     "get_device": "packsim.core.device",
     "PacksimError": "packsim.core.errors",
-    "emulate_flash": "packsim.core.flash_emulation",
+    "emulate_flash": "packsim.reference.flash_emulation",
     "fast_mode": "packsim.experiment.run_mode",
     "train": "packsim.experiment.training",
     "TrainConfig": "packsim.experiment.training",

@@ -30,8 +30,8 @@ def reads_seq_idx(family: str, backbone: bool = False) -> bool:
     in 5.16.1 drop it before their mixers)."""
     import torch
 
-    from packsim.core.reference_hybrid import emulate_hybrid_kernels
     from packsim.exhibits.hybrid_traps import build_frontier, frontier_batch
+    from packsim.reference.hybrid_emulation import emulate_hybrid_kernels
 
     model = build_frontier(family).eval()
     batch, seq = frontier_batch("positions")

@@ -375,7 +375,7 @@ def test_the_flash_gate_runs_transformers_flash_path_on_the_reference_kernel(roo
     # ground truth without the audit: the examples flattened into one row on that path vs each alone on sdpa
     from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorWithFlattening
 
-    from packsim.core.flash_emulation import emulate_flash
+    from packsim.reference.flash_emulation import emulate_flash
 
     tok = AutoTokenizer.from_pretrained(root / "ckpt")
     flash = AutoModelForCausalLM.from_pretrained(root / "ckpt", attn_implementation=emulate_flash().name)
@@ -434,7 +434,7 @@ def test_a_trainer_factory_asking_for_flash_attention_2_runs_the_reference_kerne
     import torch
     from transformers import AutoModelForCausalLM
 
-    from packsim.core.flash_emulation import real_flash_attn, reference_for_flash_requests
+    from packsim.reference.flash_emulation import real_flash_attn, reference_for_flash_requests
 
     if real_flash_attn() is not None:
         pytest.skip("flash_attention_2 runs here on the real kernel")

@@ -141,7 +141,7 @@ def test_the_scanner_passes_legitimate_code(line):
 def test_the_scanner_reads_every_room_but_the_exempt_ones():
     paths = [rel for rel, _ in modules()]
     assert "packsim/cli.py" in paths and "packsim/auditing/trainer.py" in paths
-    assert "packsim/core/flash_emulation.py" in paths and "packsim/exhibits/traps.py" in paths
+    assert "packsim/reference/flash_emulation.py" in paths and "packsim/exhibits/traps.py" in paths
     assert not [p for p in paths if p.startswith(EXEMPT)]
     assert (PACKAGE / "core" / "upstream" / "hub_kernels.py").exists()  # the exempt room is still there
 

@@ -226,8 +226,8 @@ FLASH = "flash_attention_2"
 
 @functools.cache
 def _truth_model(impl):
-    from packsim.core.flash_emulation import emulate_flash
     from packsim.exhibits.trap_cases import build_family
+    from packsim.reference.flash_emulation import emulate_flash
 
     model = build_family("llama", "eager")
     assert model.config.use_cache is True  # the default a hand-written loop gets

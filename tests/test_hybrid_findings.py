@@ -203,7 +203,7 @@ def _each_example_moves(model, batch, seq) -> float:
 
 
 def test_seq_idx_on_the_reference_kernel_passes_naming_the_kernel(bamba):
-    from packsim.core.reference_hybrid import emulate_hybrid_kernels
+    from packsim.reference.hybrid_emulation import emulate_hybrid_kernels
 
     batch, seq = frontier_batch("seq_idx")
     with emulate_hybrid_kernels():
@@ -216,7 +216,7 @@ def test_seq_idx_on_the_reference_kernel_passes_naming_the_kernel(bamba):
 
 
 def test_no_seq_idx_on_the_reference_kernel_fails_with_the_hybrid_cause(bamba):
-    from packsim.core.reference_hybrid import emulate_hybrid_kernels
+    from packsim.reference.hybrid_emulation import emulate_hybrid_kernels
 
     batch, seq = frontier_batch("positions")
     with emulate_hybrid_kernels():
@@ -233,7 +233,7 @@ def test_outside_the_context_manager_the_audit_wires_nothing_and_says_how(bamba)
     and the refusal tells how to measure it on CPU."""
     if torch.cuda.is_available() and importlib.util.find_spec("causal_conv1d"):
         pytest.skip("the kernels are installed: seq_idx runs, the audit measures it")
-    from packsim.core.reference_hybrid import kernels_in_use
+    from packsim.reference.hybrid_emulation import kernels_in_use
 
     before = kernels_in_use()
     batch, seq = frontier_batch("seq_idx")
@@ -244,7 +244,7 @@ def test_outside_the_context_manager_the_audit_wires_nothing_and_says_how(bamba)
         return
     assert report.status == "not measured"
     finding = next(f for f in report.findings if f.name == "hybrid_state")
-    assert "with packsim.core.reference_hybrid.emulate_hybrid_kernels():" in finding.fix
+    assert "with packsim.reference.hybrid_emulation.emulate_hybrid_kernels():" in finding.fix
     assert "emulate_hybrid_kernels()" in report.probes["perturbation"].details["how_to_get"]
 
 
@@ -252,7 +252,7 @@ def test_gated_deltanet_needs_cu_seq_lens_next_to_seq_idx():
     """Qwen3-Next's gated delta rule reads cu_seq_lens_q, its conv seq_idx: with seq_idx alone the recurrent
     state crosses (the tiny model's fast decay leaks 2.5e-6, over fp32 noise 2e-7: under the audit's 1e-5,
     so the finding, not the perturbation, catches it); with both it isolates."""
-    from packsim.core.reference_hybrid import emulate_hybrid_kernels
+    from packsim.reference.hybrid_emulation import emulate_hybrid_kernels
 
     qwen = build_frontier("qwen3_next")
     only, seq = frontier_batch("seq_idx")
@@ -271,7 +271,7 @@ def test_a_trainer_whose_collator_gives_seq_idx_is_measured_on_the_reference_ker
     from transformers import DataCollatorWithFlattening, Trainer, TrainingArguments
 
     from packsim import audit_trainer
-    from packsim.core.reference_hybrid import emulate_hybrid_kernels
+    from packsim.reference.hybrid_emulation import emulate_hybrid_kernels
 
     g = torch.Generator().manual_seed(0)
     rows = [torch.randint(3, 90, (n,), generator=g).tolist() for n in (7, 9, 6, 8)]
@@ -294,7 +294,7 @@ def test_seq_idx_that_never_reaches_a_kernel_is_the_cause_on_the_reference_kerne
     """A forward that drops seq_idx before its mixers (Mamba2ForCausalLM up to transformers 5.24,
     hybrid_traps.family_why; on 5.25 a head written the 5.24 way): on the reference kernels the batch
     with seq_idx still leaks, and the cause says seq_idx does not reach a kernel that reads it."""
-    from packsim.core.reference_hybrid import emulate_hybrid_kernels
+    from packsim.reference.hybrid_emulation import emulate_hybrid_kernels
 
     mamba2 = build_frontier("mamba2")
     if not mamba2_drops_seq_idx():

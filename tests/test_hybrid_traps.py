@@ -11,8 +11,6 @@ from installed import reads_seq_idx, wrapper_refuses
 from packsim import audit
 from packsim.auditing.hybrid_findings import stateful_layers
 from packsim.core.errors import PacksimError
-from packsim.core.reference_conv import REFERENCE_KERNEL
-from packsim.core.reference_hybrid import emulate_hybrid_kernels, kernels_in_use
 from packsim.exhibits.hybrid_traps import (
     CUDA_REFUSAL,
     FRONTIER_FAMILIES,
@@ -25,6 +23,8 @@ from packsim.exhibits.hybrid_traps import (
     mamba2_drops_seq_idx,
 )
 from packsim.exhibits.trap_cases import VOCAB
+from packsim.reference.conv import REFERENCE_KERNEL
+from packsim.reference.hybrid_emulation import emulate_hybrid_kernels, kernels_in_use
 
 HYBRID = [f for f, spec in FRONTIER_FAMILIES.items() if spec[0] == "hybrid"]
 MAMBA2_DROPS = measured_mamba2_drops()  # True on transformers <= 5.24 (measured: tests/installed.py)

@@ -14,7 +14,7 @@ import pytest
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 MOST = 6
 FACES = ("packsim", "packsim.core", "packsim.auditing", "packsim.exhibits", "packsim.experiment",
-         "packsim.scaling", "packsim.viz")
+         "packsim.reference", "packsim.scaling", "packsim.viz")
 
 
 def _is_module(name: str) -> bool:

@@ -139,8 +139,8 @@ def test_sdpa_reads_no_cu_seqlens():
 def _hybrid_change(batch, seq):
     """Max |logit change| of any example packed vs alone, on the hybrid's reference kernels."""
     from packsim.core.model import shared_model
-    from packsim.core.reference_hybrid import emulate_hybrid_kernels
     from packsim.exhibits.hybrid_traps import build_frontier
+    from packsim.reference.hybrid_emulation import emulate_hybrid_kernels
 
     model = shared_model(build_frontier, "qwen3_next")
     with emulate_hybrid_kernels():
@@ -154,8 +154,8 @@ def test_the_gated_deltanet_needs_both_fields():
     tolerance (1e-5): only its hybrid_state finding catches that one."""
     from packsim.auditing.auditor import audit
     from packsim.core.model import shared_model
-    from packsim.core.reference_hybrid import emulate_hybrid_kernels
     from packsim.exhibits.hybrid_traps import build_frontier, frontier_batch
+    from packsim.reference.hybrid_emulation import emulate_hybrid_kernels
 
     change = {c: _hybrid_change(*frontier_batch(c)) for c in ("positions", "seq_idx", "cu_seq_lens", "seq_idx_cu_seq_lens")}
     assert change["positions"] > 1e-3 and change["cu_seq_lens"] > 1e-3  # the conv leaks without seq_idx

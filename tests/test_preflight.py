@@ -102,7 +102,7 @@ def _flattened_leak(files, return_seq_idx: bool, name="bamba", flash_kwargs=Fals
     the checkpoint on the reference kernels, each example's logits packed vs alone."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorWithFlattening
 
-    from packsim.core.reference_hybrid import emulate_hybrid_kernels
+    from packsim.reference.hybrid_emulation import emulate_hybrid_kernels
 
     tok = AutoTokenizer.from_pretrained(files / name)
     model = AutoModelForCausalLM.from_pretrained(files / name).eval()
@@ -168,7 +168,7 @@ def test_the_gate_measures_a_hybrid_checkpoint_on_the_reference_kernel(bamba_fil
     cause, exit 1. Ground truth computed here (each example alone); the process's transformers is left as is."""
     if torch.cuda.is_available() and importlib.util.find_spec("causal_conv1d"):
         pytest.skip("the real kernels are installed: the gate runs them")
-    from packsim.core.reference_hybrid import kernels_in_use
+    from packsim.reference.hybrid_emulation import kernels_in_use
 
     assert _flattened_leak(bamba_files, True) <= 1e-5 and _flattened_leak(bamba_files, False) > 1e-3
     before = kernels_in_use()

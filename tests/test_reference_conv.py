@@ -1,4 +1,4 @@
-"""packsim.core.reference_conv: the causal conv1d stops at every seq_idx change (packed == each
+"""packsim.reference.conv: the causal conv1d stops at every seq_idx change (packed == each
 segment alone from zero), equals transformers' own torch fallback on one sequence, and the
 fallback's packed crossing is the case it must catch."""
 
@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from packsim.core.errors import PacksimError
-from packsim.core.reference_conv import REFERENCE_KERNEL, causal_conv1d_fn, causal_conv1d_update
 from packsim.core.upstream.hub_kernels import torch_function
+from packsim.reference.conv import REFERENCE_KERNEL, causal_conv1d_fn, causal_conv1d_update
 
 TOL = 1e-5
 

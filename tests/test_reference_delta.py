@@ -1,4 +1,4 @@
-"""packsim.core.reference_delta: the gated delta rule (chunked and recurrent) against a per-token loop
+"""packsim.reference.delta: the gated delta rule (chunked and recurrent) against a per-token loop
 written here, restarting at every cu_seqlens boundary (packed == each sequence alone from its own
 initial state), equal to transformers' torch fallbacks on unpacked rows, and the crossing without
 cu_seqlens as the case to catch."""
@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from packsim.core.errors import PacksimError
-from packsim.core.reference_conv import REFERENCE_KERNEL
-from packsim.core.reference_delta import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from packsim.core.upstream.hub_kernels import torch_function
+from packsim.reference.conv import REFERENCE_KERNEL
+from packsim.reference.delta import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 
 TOL = 1e-5
 H, HV, K, V = 2, 4, 8, 6  # GVA: each q/k head serves two value heads

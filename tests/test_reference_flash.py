@@ -1,4 +1,4 @@
-"""Tests for packsim.core.reference_flash: the reference kernel (packsim, pure torch), not
+"""Tests for packsim.reference.flash: the reference kernel (packsim, pure torch), not
 flash-attn, against dense masked softmax and torch's SDPA, on seeded random shapes (fp32, CPU).
 
 Ground truth here is written apart from the kernel: ``dense`` builds each segment's mask cell by
@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from packsim.core import reference_flash
 from packsim.core.errors import PacksimError
-from packsim.core.reference_flash import REFERENCE_KERNEL, flash_attn_func, flash_attn_varlen_func
+from packsim.reference import flash as reference_flash
+from packsim.reference.flash import REFERENCE_KERNEL, flash_attn_func, flash_attn_varlen_func
 
 TOL = 1e-5  # fp32 kernel vs float64 dense math
 

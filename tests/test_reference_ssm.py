@@ -1,4 +1,4 @@
-"""packsim.core.reference_ssm: the Mamba2 SSD scan against a token-by-token recurrence written here,
+"""packsim.reference.ssm: the Mamba2 SSD scan against a token-by-token recurrence written here,
 its state reset at every seq_idx change (packed == each segment alone from zero), transformers'
 own torch fallback on one sequence, and the fallback's packed crossing as the case to catch."""
 
@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from packsim.core.errors import PacksimError
-from packsim.core.reference_conv import REFERENCE_KERNEL, causal_conv1d_fn
-from packsim.core.reference_ssm import mamba_chunk_scan_combined, mamba_split_conv1d_scan_combined
 from packsim.core.upstream.hub_kernels import torch_function
+from packsim.reference.conv import REFERENCE_KERNEL, causal_conv1d_fn
+from packsim.reference.ssm import mamba_chunk_scan_combined, mamba_split_conv1d_scan_combined
 
 TOL = 1e-5
 b, T, h, p, g, n = 2, 29, 4, 3, 2, 5  # T: no multiple of the chunk (8)

@@ -378,7 +378,7 @@ def test_trl_padding_free_on_the_flash_path_is_measured_on_the_reference_kernel(
     """SFTTrainer(padding_free=True) on transformers' flash path: without flash-attn the path runs on
     packsim's reference kernel (emulate_flash) and the audit's verdict agrees with the perturbation
     computed here; with per_device_train_batch_size 4, TRL's collator flattens the batch into one row."""
-    from packsim.core.flash_emulation import emulate_flash
+    from packsim.reference.flash_emulation import emulate_flash
 
     flash = emulate_flash()
     trainer = sft(checkpoint, tmp_path, padding_free=True, max_length=None, attn=flash.name)  # no packing
@@ -453,7 +453,7 @@ def test_a_collator_writing_a_stale_max_length_fails_the_trainer_audit(checkpoin
     from pipelines import flattening_trainer
     from transformers import DataCollatorWithFlattening
 
-    from packsim.core.flash_emulation import emulate_flash
+    from packsim.reference.flash_emulation import emulate_flash
 
     flat = DataCollatorWithFlattening(return_flash_attn_kwargs=True)
     stale_batches = []

@@ -18,8 +18,6 @@ import torch
 
 from packsim import PacksimError
 from packsim.core.extras import missing
-from packsim.core.flash_emulation import real_flash_attn
-from packsim.core.reference_flash import REFERENCE_KERNEL
 from packsim.exhibits.trap_cases import (
     CONDITION_OPTIONS,
     CONDITIONS,
@@ -32,6 +30,8 @@ from packsim.exhibits.trap_cases import (
     packed_batch,
 )
 from packsim.exhibits.traps import NO_4D_MASK, for_impl, impl_tol, perturbation_change, trap_table
+from packsim.reference.flash import REFERENCE_KERNEL
+from packsim.reference.flash_emulation import real_flash_attn
 
 LEAK_MIN = 1e-3  # measured leaks of the tiny families: 2e-2 .. 0.5
 # condition -> isolated? on eager and sdpa (transformers 5.16.1, 5.24.0 and 5.25.0; torch 2.13)

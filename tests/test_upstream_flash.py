@@ -19,10 +19,10 @@ import pytest
 import torch
 from packaging.version import Version
 
-from packsim.core import reference_flash
-from packsim.core.flash_emulation import REFERENCE_NAME, emulate_flash
 from packsim.core.upstream import flash_utils
 from packsim.core.upstream.flash_utils import CACHE, CACHE_FROM_5_24
+from packsim.reference import flash as reference_flash
+from packsim.reference.flash_emulation import REFERENCE_NAME, emulate_flash
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -33,7 +33,7 @@ fa = flash_utils.module()
 def moved(what: str, why: str, read: str = "5.16.1 and 5.25.0") -> str:
     return (f"transformers {TRANSFORMERS} moved {what} (read from {read}); packsim relies on it ({why}). "
             "Read the new source, update packsim.core.upstream.flash_utils and this pin, then rerun "
-            "tests/test_flash_emulation.py.")
+            "tests/test_reference_flash_emulation.py.")
 
 
 def per_version(read: dict[str, object]):

@@ -15,10 +15,10 @@ if GONE:
                 allow_module_level=True)
 
 from packsim.core.errors import PacksimError  # noqa: E402
-from packsim.core.flash_emulation import real_flash_attn  # noqa: E402
-from packsim.core.reference_flash import REFERENCE_KERNEL  # noqa: E402
 from packsim.exhibits.trap_cases import CONDITIONS, build_family, packed_batch  # noqa: E402
 from packsim.exhibits.traps import NO_4D_MASK, alone_change, for_impl  # noqa: E402
+from packsim.reference.flash import REFERENCE_KERNEL  # noqa: E402
+from packsim.reference.flash_emulation import real_flash_attn  # noqa: E402
 from packsim.viz import trap_explorer, trap_figure  # noqa: E402
 from packsim.viz.style import GUIDE  # noqa: E402
 from packsim.viz.traps import trap_rule  # noqa: E402

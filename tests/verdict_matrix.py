@@ -124,7 +124,7 @@ def trainer_pipeline(family: str, collator: str = "flattening", attn: str | None
     feats = _flattening_labels(features(family))
     attn = attn or ("eager" if family.startswith("gemma2") else "sdpa")
     if collator == "flash":
-        from packsim.core.flash_emulation import emulate_flash
+        from packsim.reference.flash_emulation import emulate_flash
 
         attn, collate = emulate_flash().name, DataCollatorWithFlattening(return_flash_attn_kwargs=True)
     elif collator == "flattening":

@@ -54,7 +54,7 @@ OFFLINE_ENV = {
 }
 
 # pipeline name -> (yml, how the flash kernel is served on this CPU: None (no flash), REQUESTS
-# (packsim.core.flash_emulation.reference_for_flash_requests(), what `packsim audit --trainer` does:
+# (packsim.reference.flash_emulation.reference_for_flash_requests(), what `packsim audit --trainer` does:
 # a model that asks for flash_attention_2 at load runs transformers' flash path on packsim's
 # reference kernel) or a kernel name that run.py's ModelLoader shim serves with packsim.emulate_flash())
 REQUESTS = "reference_for_flash_requests"
@@ -388,7 +388,7 @@ def run_child(pipeline: str, work: Path, out: Path) -> None:
     t0 = time.perf_counter()
     try:
         if PIPELINES[pipeline][1] == REQUESTS:
-            from packsim.core.flash_emulation import reference_for_flash_requests
+            from packsim.reference.flash_emulation import reference_for_flash_requests
             ctx = reference_for_flash_requests()
         else:
             ctx = contextlib.nullcontext()

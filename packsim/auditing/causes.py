@@ -15,7 +15,7 @@ _FA_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 # where seq_idx is read: the CUDA packages, or packsim's reference kernels on any CPU (the gate wires them)
 _KERNELS = ("causal_conv1d and mamba_ssm, flash-linear-attention for gated DeltaNet, on a GPU; on CPU packsim's "
             "reference kernels: `packsim audit --model` wires them, in Python audit inside "
-            "`with packsim.core.reference_hybrid.emulate_hybrid_kernels():`")
+            "`with packsim.reference.hybrid_emulation.emulate_hybrid_kernels():`")
 
 
 def likely_causes(p: Pipeline, probes: dict[str, ProbeResult], base_out: ForwardOutput) -> list[str]:

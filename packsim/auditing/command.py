@@ -8,7 +8,7 @@ As a gate it audits the pipeline a run would train and prints the report:
   user's own factory returns, with their config, collator, dtype and attention implementation
   (:mod:`packsim.auditing.factory`); a model it loads with ``flash_attention_2`` where flash-attn
   cannot run gets transformers' flash path on the reference kernel
-  (:func:`packsim.core.flash_emulation.reference_for_flash_requests`), named in a notice, as
+  (:func:`packsim.reference.flash_emulation.reference_for_flash_requests`), named in a notice, as
   ``--model --attn flash_attention_2`` does.
 
 Exit codes (:data:`EXIT_CODES`), so a CI job or a launch script can stop before training: 0 the
@@ -218,9 +218,9 @@ def _own_trainer(args, clock: Deadline) -> int:
     from packsim.auditing.preflight import check_tokenizer
     from packsim.auditing.trainer import audit_trainer
     from packsim.core.errors import PacksimError
-    from packsim.core.flash_emulation import reference_for_flash_requests
     from packsim.core.option_checks import check_at_least
     from packsim.core.trainer_import import import_trainer
+    from packsim.reference.flash_emulation import reference_for_flash_requests
 
     given = [f for f, v in (("--model", args.model), ("--data", args.data), ("--collator", args.collator),
                             ("--attn", args.attn)) if v]

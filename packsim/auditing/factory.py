@@ -3,7 +3,7 @@
 ``load_trainer(spec)`` imports the factory named by ``spec`` and calls it with no arguments; the
 Trainer / SFTTrainer it returns is audited as it is, with the user's config (batch size, max
 length, bf16, gradient accumulation), collator, dtype and attention implementation (``packsim audit``
-calls it inside :func:`packsim.core.flash_emulation.reference_for_flash_requests`: a model it loads
+calls it inside :func:`packsim.reference.flash_emulation.reference_for_flash_requests`: a model it loads
 with ``flash_attention_2`` where flash-attn cannot run gets transformers' flash path on the reference
 kernel, and the report names it). ``spec`` is
 

@@ -5,14 +5,14 @@ mixers, short convolutions, gated DeltaNet) runs straight across a boundary unle
 ``cu_seqlens`` reach a kernel that reads them. In the installed transformers those kernels are
 the CUDA packages ``causal_conv1d``, ``mamba_ssm`` and ``flash-linear-attention`` (``fla``), or
 packsim's reference kernels (pure torch, any CPU) once
-:func:`packsim.core.reference_hybrid.emulate_hybrid_kernels` has put them where transformers looks
+:func:`packsim.reference.hybrid_emulation.emulate_hybrid_kernels` has put them where transformers looks
 for those packages; the torch fallbacks ignore the boundary kwargs, and transformers' wrapper either
 raises when ``seq_idx`` reaches one or drops it silently, and then the perturbation probe measures
 the leak (which one the installed wrapper does is read from it, :func:`_refuses`; which versions do
 which: :mod:`packsim.core.upstream.hub_kernels`; :mod:`packsim.exhibits.hybrid_traps` measures every
 case).
 :func:`hybrid_state` names the stateful layer types, asks
-:func:`packsim.core.reference_hybrid.kernels_in_use` what runs behind the model's kernels (named in
+:func:`packsim.reference.hybrid_emulation.kernels_in_use` what runs behind the model's kernels (named in
 its evidence) and fails a packed batch that cannot isolate there; it returns None for a model
 without such layers, so any audit can call it on every pipeline. When the pipeline's own forward
 is refused (``seq_idx`` on the torch fallback), nothing can be measured: :func:`refused_report`
@@ -52,7 +52,7 @@ CUDA_REFUSAL = REFUSAL
 NEEDS_KERNEL = ("not measured: needs a kernel that reads seq_idx (causal_conv1d / mamba_ssm / fla on CUDA, or "
                 "packsim's reference kernels on any CPU)")
 # how to measure a refused or fallback pipeline on any CPU (packsim's reference kernels, pure torch)
-ON_CPU = ("on CPU, audit inside `with packsim.core.reference_hybrid.emulate_hybrid_kernels():` (packsim's "
+ON_CPU = ("on CPU, audit inside `with packsim.reference.hybrid_emulation.emulate_hybrid_kernels():` (packsim's "
           "reference kernels, pure torch, where transformers looks for causal_conv1d / mamba_ssm / fla)")
 _GPU = "causal_conv1d and mamba_ssm (Mamba2 / short conv) or flash-linear-attention (gated DeltaNet)"
 MEASURE_IT = f"{ON_CPU}; or a GPU with {_GPU} installed"  # where a refused forward can be measured
@@ -168,8 +168,8 @@ def _refuses(model) -> bool:
     read from the wrappers the model's modules hold."""
     import sys
 
-    from packsim.core.reference_hybrid import kernel_sites
     from packsim.core.upstream.hub_kernels import refuses, wrapper_cells
+    from packsim.reference.hybrid_emulation import kernel_sites
 
     modules = [sys.modules[n] for n in sorted({type(m).__module__ for m in model.modules()}) if n in sys.modules]
     return any(refuses(wrapper_cells(site.wrapper)) for site in kernel_sites(modules))
@@ -178,8 +178,8 @@ def _refuses(model) -> bool:
 def boundary_kernels(model) -> dict[str, str]:
     """{kernel name: what runs it} for the kernels of ``model`` that read seq_idx / cu_seqlens
     (conv, SSM scan, delta rule: those packsim has a reference for), from
-    :func:`packsim.core.reference_hybrid.kernels_in_use`; {} for a model whose layers call none."""
-    from packsim.core.reference_hybrid import REFERENCES, kernels_in_use
+    :func:`packsim.reference.hybrid_emulation.kernels_in_use`; {} for a model whose layers call none."""
+    from packsim.reference.hybrid_emulation import REFERENCES, kernels_in_use
 
     return {name: v for name, v in kernels_in_use(model).items() if name in REFERENCES}
 

@@ -15,7 +15,7 @@ lacks (flash attention without CUDA or the package) is audited under ``sdpa``, w
 checks that can be read from the batch and a ``skipped`` finding saying what was not measured;
 ``flash_attention_2`` runs transformers' own flash path on packsim's reference kernel, and a hybrid
 checkpoint (stateful layers) whose ``causal_conv1d`` / ``mamba_ssm`` / ``fla`` is missing is audited
-inside :func:`packsim.core.reference_hybrid.emulate_hybrid_kernels` (undone after), each with a
+inside :func:`packsim.reference.hybrid_emulation.emulate_hybrid_kernels` (undone after), each with a
 notice naming the reference kernel.
 Tokens: input_ids (B, T) per batch, as the chosen collator makes them. Lesson 07.
 
@@ -225,7 +225,7 @@ def _hybrid_kernels(model):
     kernels = boundary_kernels(model)
     if kernels and not any(v.startswith("transformers'") for v in kernels.values()):
         return None, ""
-    from packsim.core.reference_hybrid import emulate_hybrid_kernels
+    from packsim.reference.hybrid_emulation import emulate_hybrid_kernels
 
     try:
         return emulate_hybrid_kernels(), ""
@@ -267,7 +267,7 @@ def preflight(model_dir, data, collator: str, attn: str | None = None, batches: 
     run_attn = planned if planned in available else "sdpa"
     emulated = None
     if planned == "flash_attention_2" and run_attn != planned:  # transformers' own flash path, reference kernel
-        from packsim.core.flash_emulation import emulate_flash
+        from packsim.reference.flash_emulation import emulate_flash
 
         emulated = emulate_flash()
         run_attn = emulated.name

@@ -31,7 +31,6 @@ _HOMES = {
     "make_long_tailed_examples": "packsim.core.data",
     "get_device": "packsim.core.device",
     "PacksimError": "packsim.core.errors",
-    "emulate_flash": "packsim.core.flash_emulation",
     "IGNORE_INDEX": "packsim.core.loss",
     "Role": "packsim.core.loss",
     "count_targets": "packsim.core.loss",

@@ -14,7 +14,7 @@ that keeps examples apart is a kernel package that is not bound. Then :func:`pac
 same forward and the cell records whether its verdict agrees.
 
 :func:`frontier_table` ("hybrid") and :func:`frontier_cell` (one hybrid cell) run inside
-:func:`packsim.core.reference_hybrid.emulate_hybrid_kernels` (undone after: neither changes any
+:func:`packsim.reference.hybrid_emulation.emulate_hybrid_kernels` (undone after: neither changes any
 global state; ``reference_kernels=False`` keeps transformers as loaded): packsim's reference kernels (pure torch) stand where transformers looks for
 ``causal_conv1d``, ``mamba_ssm`` and ``flash-linear-attention``, unless the real package is there
 (it wins). Every cell names the kernel its conv / scan / delta rule ran on (``Cell.kernel``), and
@@ -290,10 +290,10 @@ def cell_kernel(model, family: str) -> str:
 
 def _kernels(kind: str, reference_kernels: bool):
     """What a measurement of ``kind`` runs under: for hybrids (``reference_kernels``)
-    :func:`packsim.core.reference_hybrid.emulate_hybrid_kernels` (a real package wins; undone on
+    :func:`packsim.reference.hybrid_emulation.emulate_hybrid_kernels` (a real package wins; undone on
     exit), else nothing (transformers as this process has it)."""
     if kind == "hybrid" and reference_kernels:
-        from packsim.core.reference_hybrid import emulate_hybrid_kernels
+        from packsim.reference.hybrid_emulation import emulate_hybrid_kernels
 
         try:
             return emulate_hybrid_kernels()
@@ -309,7 +309,7 @@ def frontier_cell(model, family: str, condition: str, *, tol: float | None = Non
     then audit the same forward (agreement in the Cell), as :func:`frontier_table` does.
 
     ``tol``: default :data:`FRONTIER_TOL` of the family's kind. ``reference_kernels`` (hybrid): run
-    inside :func:`packsim.core.reference_hybrid.emulate_hybrid_kernels`, undone after (a real package
+    inside :func:`packsim.reference.hybrid_emulation.emulate_hybrid_kernels`, undone after (a real package
     wins); False: transformers as loaded (seq_idx "needs CUDA" without the packages). The Cell's
     ``kernel`` names what the conv / scan / delta rule ran on."""
     if family not in FRONTIER_FAMILIES:
@@ -362,7 +362,7 @@ def frontier_table(kind: str = "hybrid", families=None, impls=("sdpa",), *, tol:
     the kind's conditions. Returns a :class:`TrapTable` (prints as text / HTML / heatmap).
 
     ``tol``: default :data:`FRONTIER_TOL` of the kind. ``reference_kernels`` (hybrid): run inside
-    :func:`packsim.core.reference_hybrid.emulate_hybrid_kernels`, undone after (a real package
+    :func:`packsim.reference.hybrid_emulation.emulate_hybrid_kernels`, undone after (a real package
     wins); False: transformers as this process has it (seq_idx cells "needs CUDA" without the packages).
     """
     from packsim.exhibits.traps import versions

@@ -194,8 +194,8 @@ def _sdpa_cu_seqlens(buggy: bool) -> Verdict:
 def _deltanet(buggy: bool) -> Verdict:
     from packsim.auditing.auditor import audit
     from packsim.core.model import shared_model
-    from packsim.core.reference_hybrid import emulate_hybrid_kernels, kernels_in_use
     from packsim.exhibits.hybrid_traps import build_frontier, frontier_batch
+    from packsim.reference.hybrid_emulation import emulate_hybrid_kernels, kernels_in_use
 
     model = shared_model(build_frontier, "qwen3_next")
     batch, seq = frontier_batch("positions" if buggy else "seq_idx_cu_seq_lens")

@@ -147,8 +147,8 @@ def _positions_offset(buggy: bool) -> tuple[bool, str]:
 
 def _hybrid(buggy: bool) -> tuple[bool, str]:
     from packsim.auditing.auditor import audit
-    from packsim.core.reference_hybrid import emulate_hybrid_kernels, kernels_in_use
     from packsim.exhibits.hybrid_traps import build_frontier
+    from packsim.reference.hybrid_emulation import emulate_hybrid_kernels, kernels_in_use
 
     model = build_frontier("bamba")
     ids, cu = _row(2)

@@ -18,11 +18,11 @@ prints as text, HTML or a heatmap (:mod:`packsim.exhibits.trap_results`).
 flash_attention_2 runs everywhere: transformers' own flash path (``_flash_attention_forward``:
 unpadding by a 2D mask, ``cu_seq_lens_*``, ``_is_packed_sequence``) on the real flash-attn where
 it and CUDA are there (bfloat16, tolerance ``FLASH_TOL``; not yet run on a GPU), else on the
-reference kernel (packsim, pure torch), not flash-attn (:func:`packsim.core.flash_emulation.emulate_flash`),
+reference kernel (packsim, pure torch), not flash-attn (:func:`packsim.reference.flash_emulation.emulate_flash`),
 in the model's fp32 and judged by the fp32 ``tol``. Each measured flash cell names its kernel
 (``Cell.kernel``, a lettered line under the table). GPT-2 runs it in bfloat16 (``FLASH_TOL``):
 in fp32 transformers' ``get_target_dtype`` looks for an ``nn.Linear`` GPT-2 does not have
-(tests/test_flash_emulation.py). transformers' flash path takes no 4D mask (``_upad_input`` reads
+(tests/test_reference_flash_emulation.py). transformers' flash path takes no 4D mask (``_upad_input`` reads
 it as (B, T) padding and fails before any kernel runs): those cells say so.
 The hub kernel (``kernels-community/flash-attn2``) is NOT measured on the reference: it needs
 CUDA, the kernels package and a download from the Hugging Face Hub, and packsim downloads nothing
@@ -55,7 +55,6 @@ import torch
 
 from packsim.core.device import model_device
 from packsim.core.errors import PacksimError
-from packsim.core.flash_emulation import emulate_flash, real_flash_attn
 from packsim.exhibits.trap_cases import (
     CONDITIONS,
     FAMILIES,
@@ -66,6 +65,7 @@ from packsim.exhibits.trap_cases import (
     condition_batch,
 )
 from packsim.exhibits.trap_results import Cell, TrapTable
+from packsim.reference.flash_emulation import emulate_flash, real_flash_attn
 
 __all__ = ["FLASH_IMPLS", "NO_4D_MASK", "alone_change", "for_impl", "impl_kernel", "impl_reason", "impl_tol",
            "measure_cell", "perturbation_change", "raised_in", "trap_table"]

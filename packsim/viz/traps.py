@@ -67,7 +67,7 @@ def _check_impl(impl) -> str:
 def _build(impl: str):
     """The trap table's tiny Llama switched to ``impl`` (flash: :func:`for_impl`'s copy, on CUDA
     where the real flash-attn runs)."""
-    from packsim.core.flash_emulation import real_flash_attn
+    from packsim.reference.flash_emulation import real_flash_attn
 
     model = build_family("llama", "eager")
     return for_impl(model.cuda() if impl in FLASH_IMPLS and real_flash_attn() else model, impl)

@@ -39,7 +39,7 @@ causal sequence per row); ``AttentionInterface`` / ``AttentionMaskInterface`` ar
 ``paged|`` form of a registered name: continuous batching is not emulated.
 tests/test_upstream_flash.py pins each fact per installed version.
 
-Lessons: none directly (packsim.core.flash_emulation puts the reference kernel in through it).
+Lessons: none directly (packsim.reference.flash_emulation puts the reference kernel in through it).
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ module): in 5.16.1 ``Mamba2ForCausalLM.forward`` (to its backbone), ``Mamba2Bloc
 ``Mamba2ForCausalLM.forward`` still drops it at its backbone; 5.25.0 passes ``**kwargs`` in all
 three (tests/installed.py measures it; tests/test_hybrid_traps.py expects per version).
 
-Lessons: none directly (packsim.core.reference_hybrid wires the reference kernels through it).
+Lessons: none directly (packsim.reference.hybrid_emulation wires the reference kernels through it).
 """
 
 from __future__ import annotations

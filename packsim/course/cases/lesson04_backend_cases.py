@@ -73,8 +73,8 @@ def case_batch(rows) -> tuple[torch.Tensor, torch.Tensor]:
 @functools.cache
 def _model(impl: str):
     """The trap table's tiny Llama on ``impl`` (config use_cache=True, the default), built once."""
-    from packsim.core.flash_emulation import emulate_flash
     from packsim.exhibits.trap_cases import build_family
+    from packsim.reference.flash_emulation import emulate_flash
 
     model = build_family("llama", "eager")
     model.set_attn_implementation(emulate_flash(force_reference=True).name if impl == FLASH else impl)

@@ -171,9 +171,9 @@ def _packed_vs_alone(model, lengths, **fields) -> list[float]:
 def seq_idx_isolation(seq_idx: torch.Tensor | None, lengths=HYBRID_CASES[0]) -> list[float]:
     """Each example's max |packed - alone| on the tiny Bamba (a Mamba2 mixer, then attention),
     packed with restarting position_ids (1, T) and ``seq_idx`` (1, T) (None: positions only), inside
-    :func:`packsim.core.reference_hybrid.emulate_hybrid_kernels`: packsim's reference conv / scan
+    :func:`packsim.reference.hybrid_emulation.emulate_hybrid_kernels`: packsim's reference conv / scan
     kernels (pure torch) where transformers looks for causal_conv1d and mamba_ssm (a real package wins)."""
-    from packsim.core.reference_hybrid import emulate_hybrid_kernels
+    from packsim.reference.hybrid_emulation import emulate_hybrid_kernels
 
     fields = {"position_ids": _restarting_positions(lengths)}
     if seq_idx is not None:

@@ -5,7 +5,7 @@ transformers calls them, computed by plain torch on CPU or GPU.
 A teaching and checking kernel: one masked matmul-softmax over a padded batch of segments (no
 tiling, no online softmax, never a Python loop over tokens). Wherever it runs, whatever runs on
 it must say "reference kernel (packsim, pure torch), not flash-attn" (:data:`REFERENCE_KERNEL`);
-:func:`packsim.core.flash_emulation.emulate_flash` puts it behind transformers' own flash path.
+:func:`packsim.reference.flash_emulation.emulate_flash` puts it behind transformers' own flash path.
 
 Shapes (flash-attn's layout: tokens before heads; H query heads, H_kv key/value heads):
 

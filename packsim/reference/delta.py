@@ -20,7 +20,7 @@ consecutive value heads), g and beta (B, T, HV), initial_state (N, HV, K, V) wit
 number of sequences with cu_seqlens (then B == 1); returns o (B, T, HV, V) in q's dtype and the
 final state (N, HV, K, V) fp32 or None.
 
-Lessons: none directly (:mod:`packsim.core.reference_hybrid` wires it into transformers).
+Lessons: none directly (:mod:`packsim.reference.hybrid_emulation` wires it into transformers).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from packsim.core.errors import PacksimError
-from packsim.core.reference_conv import REFERENCE_KERNEL
+from packsim.reference.conv import REFERENCE_KERNEL
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"]
 

@@ -18,7 +18,7 @@ Contract (as transformers calls the package):
   conv_state_indices=None)``: x (B, D) or (B, D, L), conv_state (B, D, S >= W-1) updated in place
   (shifted left by L, the new columns at the end); returns out shaped like x.
 
-Lessons: none directly (:mod:`packsim.core.reference_hybrid` wires it into transformers).
+Lessons: none directly (:mod:`packsim.reference.hybrid_emulation` wires it into transformers).
 """
 
 from __future__ import annotations

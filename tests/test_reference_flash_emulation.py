@@ -1,4 +1,4 @@
-"""Tests for packsim.core.flash_emulation: transformers' own flash path on the reference kernel
+"""Tests for packsim.reference.flash_emulation: transformers' own flash path on the reference kernel
 (packsim, pure torch), not flash-attn, and the known flash traps reproduced and measured.
 
 Ground truth is computed apart from the flash path: each example run alone through the same
@@ -24,20 +24,20 @@ import pytest
 import torch
 
 import packsim
-import packsim.core.flash_emulation as flash_emulation
-from packsim.core import reference_flash
-from packsim.core.flash_emulation import (
+import packsim.reference.flash_emulation as flash_emulation
+from packsim.core.model import build_model
+from packsim.core.segments import cu_seqlens_from_lengths, example_positions
+from packsim.core.upstream import flash_utils
+from packsim.exhibits.trap_cases import build_family
+from packsim.reference import flash as reference_flash
+from packsim.reference.flash import REFERENCE_KERNEL
+from packsim.reference.flash_emulation import (
     REAL_NAME,
     REFERENCE_NAME,
     FlashEmulation,
     emulate_flash,
     real_flash_attn,
 )
-from packsim.core.model import build_model
-from packsim.core.reference_flash import REFERENCE_KERNEL
-from packsim.core.segments import cu_seqlens_from_lengths, example_positions
-from packsim.core.upstream import flash_utils
-from packsim.exhibits.trap_cases import build_family
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -20,9 +20,9 @@ so does everything around it (which fields the model forwards, when it calls the
 A real package, bound by transformers or installed, always wins. Idempotent; ``undo()`` (or
 leaving the ``with`` block) puts transformers back.
 
-    causal_conv1d_fn, causal_conv1d_update         -> packsim.core.reference_conv
-    mamba_chunk_scan_combined, mamba_split_conv1d_scan_combined -> packsim.core.reference_ssm
-    chunk_gated_delta_rule, fused_recurrent_gated_delta_rule    -> packsim.core.reference_delta
+    causal_conv1d_fn, causal_conv1d_update         -> packsim.reference.conv
+    mamba_chunk_scan_combined, mamba_split_conv1d_scan_combined -> packsim.reference.ssm
+    chunk_gated_delta_rule, fused_recurrent_gated_delta_rule    -> packsim.reference.delta
 
 Left to transformers: ``selective_state_update`` (the one-token decode step; its fallback is
 exact and never sees a packed row), the Mamba1 and KDA kernels (no reference here).
@@ -39,10 +39,10 @@ import sys
 from dataclasses import dataclass, field
 
 from packsim.core.errors import PacksimError
-from packsim.core.reference_conv import REFERENCE_KERNEL, causal_conv1d_fn, causal_conv1d_update
-from packsim.core.reference_delta import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
-from packsim.core.reference_ssm import mamba_chunk_scan_combined, mamba_split_conv1d_scan_combined
 from packsim.core.upstream.hub_kernels import CELLS, kernel_names, restore, swap, wrapper_cells
+from packsim.reference.conv import REFERENCE_KERNEL, causal_conv1d_fn, causal_conv1d_update
+from packsim.reference.delta import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from packsim.reference.ssm import mamba_chunk_scan_combined, mamba_split_conv1d_scan_combined
 
 __all__ = ["HYBRID_MODULES", "REFERENCES", "REFERENCE_KERNEL", "HybridKernels", "emulate_hybrid_kernels",
            "kernel_sites", "kernels_in_use"]

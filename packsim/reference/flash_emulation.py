@@ -4,7 +4,7 @@
 ``attn_implementation`` to load models with. Where no real flash-attn can run (no CUDA, or no
 ``flash_attn`` package) that is :data:`REFERENCE_NAME` (``"packsim_reference_flash"``): a model
 loaded with it runs transformers' unmodified ``flash_attention_forward`` ->
-``_flash_attention_forward`` on the two kernels of :mod:`packsim.core.reference_flash` (reference
+``_flash_attention_forward`` on the two kernels of :mod:`packsim.reference.flash` (reference
 kernel (packsim, pure torch), not flash-attn). Where a real flash-attn and CUDA are there, the
 real kernel wins: nothing is installed and the name is ``"flash_attention_2"``
 (``force_reference=True`` installs the reference anyway, to compare the two on a GPU).
@@ -64,9 +64,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from packsim.core import reference_flash
-from packsim.core.reference_flash import REFERENCE_KERNEL
 from packsim.core.upstream import flash_utils
+from packsim.reference import flash as reference_flash
+from packsim.reference.flash import REFERENCE_KERNEL
 
 __all__ = ["REAL_NAME", "REFERENCE_NAME", "FlashEmulation", "FlashRequests", "emulate_flash", "real_flash_attn",
            "reference_for_flash_requests"]
@@ -78,7 +78,7 @@ REAL_NAME = "flash_attention_2"
 @dataclass(frozen=True)
 class FlashEmulation:
     """What :func:`emulate_flash` did: ``name`` to pass as ``attn_implementation``, the ``kernel``
-    it runs (:data:`~packsim.core.reference_flash.REFERENCE_KERNEL`, or "flash-attn <version>"),
+    it runs (:data:`~packsim.reference.flash.REFERENCE_KERNEL`, or "flash-attn <version>"),
     ``reference`` (True: the reference kernel (packsim, pure torch), not flash-attn) and
     ``installed`` (True when this call changed transformers' registries, False when all was there).
 
@@ -197,7 +197,7 @@ def _install() -> list[Callable[[], None]]:
     before = flash_utils.lazy_imports()
     if flash_utils.wrap_lazy_imports(REFERENCE_NAME, _reference_kernels, doc=(
             f"transformers' _lazy_imports, with {REFERENCE_NAME!r} answered by the {REFERENCE_KERNEL} "
-            "(packsim.core.flash_emulation).")):
+            "(packsim.reference.flash_emulation).")):
         undo.append(functools.partial(flash_utils.unwrap_lazy_imports, flash_utils.lazy_imports(), before))
     mappings = flash_utils.registries()
     saved = [mapping.get(REFERENCE_NAME, flash_utils.ABSENT) for mapping in mappings]

@@ -1,4 +1,4 @@
-"""packsim.core.reference_hybrid: the reference kernels behind transformers' own kernel wrappers.
+"""packsim.reference.hybrid_emulation: the reference kernels behind transformers' own kernel wrappers.
 
 Pins what the wiring relies on in transformers (fails naming what moved), the real package winning
 (stand-in modules), idempotence and undo; then per hybrid family (tiny models from
@@ -17,19 +17,19 @@ from installed import mamba2_drops_seq_idx, reads_seq_idx, wrapper_refuses
 
 from packsim.auditing.hybrid_findings import CUDA_REFUSAL, stateful_layers
 from packsim.core.errors import PacksimError
-from packsim.core.reference_conv import REFERENCE_KERNEL
-from packsim.core.reference_conv import causal_conv1d_fn as ref_conv
-from packsim.core.reference_hybrid import (
+from packsim.core.segments import cu_seqlens_from_lengths
+from packsim.core.upstream.hub_kernels import wrapper_cells
+from packsim.exhibits.hybrid_traps import build_frontier, frontier_batch
+from packsim.exhibits.trap_cases import ROWS
+from packsim.reference.conv import REFERENCE_KERNEL
+from packsim.reference.conv import causal_conv1d_fn as ref_conv
+from packsim.reference.hybrid_emulation import (
     HYBRID_MODULES,
     REFERENCES,
     emulate_hybrid_kernels,
     kernel_sites,
     kernels_in_use,
 )
-from packsim.core.segments import cu_seqlens_from_lengths
-from packsim.core.upstream.hub_kernels import wrapper_cells
-from packsim.exhibits.hybrid_traps import build_frontier, frontier_batch
-from packsim.exhibits.trap_cases import ROWS
 
 TOL = 1e-5
 LENGTHS = ROWS[0]  # three examples of 10, 13 and 9 tokens in one row of 32
@@ -245,7 +245,7 @@ def test_family_isolates_with_its_fields_and_leaks_with_positions_only(family, w
 @pytest.mark.parametrize("family", ["bamba", "zamba2", "granitemoehybrid", "falcon_h1"])
 def test_training_mode_fused_path_isolates(family, wired, monkeypatch):
     """In train mode the Mamba2 mixers call mamba_split_conv1d_scan_combined (the fused kernel)."""
-    import packsim.core.reference_ssm as rs
+    import packsim.reference.ssm as rs
 
     calls = []
     monkeypatch.setattr(rs, "causal_conv1d_fn", lambda *a, **k: calls.append(1) or ref_conv(*a, **k))

@@ -20,7 +20,7 @@ D (h,) or (h, p), z (b, l, h, p), dt_bias (h,), initial_states (b, h, p, n), seq
 cu_seqlens (S+1,) (only with return_varlen_states, b == 1). Fused: zxbcdt (b, l, 2*d_mlp + dim +
 conv_dim + h) with dim = h*p and conv_dim = dim + 2*g*n, conv1d_weight (conv_dim, W).
 
-Lessons: none directly (:mod:`packsim.core.reference_hybrid` wires it into transformers).
+Lessons: none directly (:mod:`packsim.reference.hybrid_emulation` wires it into transformers).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from packsim.core.errors import PacksimError
-from packsim.core.reference_conv import REFERENCE_KERNEL, causal_conv1d_fn
+from packsim.reference.conv import REFERENCE_KERNEL, causal_conv1d_fn
 
 __all__ = ["mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined"]
 
@@ -173,7 +173,7 @@ def mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias
     ``mamba_ssm.ops.triton.ssd_combined.mamba_split_conv1d_scan_combined``.
 
     zxbcdt (b, l, 2*d_mlp + dim + conv_dim + h) splits into (MLP part, z, xBC, dt); xBC runs through
-    :func:`~packsim.core.reference_conv.causal_conv1d_fn` with ``seq_idx``, then
+    :func:`~packsim.reference.conv.causal_conv1d_fn` with ``seq_idx``, then
     :func:`mamba_chunk_scan_combined` with dt_softplus. Returns (b, l, out_dim) (or (out, final state)).
     """
     if D.dim() == 1 and headdim is None:
