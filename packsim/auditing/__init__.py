@@ -26,6 +26,7 @@ forward     ``tolerance``        the float tolerance of a trainer's audit, from 
 forward     ``causes``           which field or kwarg most likely breaks isolation
 forward     ``hybrid_findings``  stateful layers (Mamba2, short conv, DeltaNet) and kernel refusals
 forward     ``no_trace``         the audit leaves no trace: RNG, train/eval flags, hooks restored
+forward     ``trainer_cp``       a context-parallel Trainer: the audit attends as accelerate's hooks make it
 entry       ``auditor``          :func:`audit`: run the probes on one model and one batch
 entry       ``logprobs``         :func:`audit_logprobs`: per-sequence log-probs packed vs alone
 entry       ``preference``       DPO pairs: chosen / rejected log-probs through the packed call

@@ -66,6 +66,7 @@ from packsim.auditing.pipeline import (
 from packsim.auditing.preference import audit_dpo_trainer, is_dpo
 from packsim.auditing.report import AuditReport, Finding
 from packsim.auditing.tolerance import compute_dtype, tolerance_note
+from packsim.auditing.trainer_cp import as_cp_step, cp_finding
 from packsim.auditing.truncation import truncated_examples
 from packsim.core.boundaries import ROWS_SOURCE, find_boundaries
 from packsim.core.errors import PacksimError
@@ -331,22 +332,24 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
     was_training = model.training
     model.train()
     try:
-        results = []
-        for raw, features in drawn[:batches]:  # a given batch: just it
-            fields = trainer._prepare_inputs(raw)
-            view = _view(trainer, model, fields)
-            ev = _evidence(trainer, model, view, features)
-            p, note = _pipeline(trainer, model, view, features, forward_kwargs, autocast, objective)
-            try:
-                report, base_out = _probe(p, view, seed, max_examples, tol, ev.findings)
-            except (ImportError, RuntimeError, ValueError) as err:
-                raise PacksimError(f"the trainer's forward failed on batch {len(results)} ({type(err).__name__}: "
-                                   f"{str(err).splitlines()[0][:200]}): fix the trainer so one training step "
-                                   "runs, then audit it.") from err
-            report.trust_boundaries = trust_boundaries  # each batch's own verdict in the batches finding
-            results.append((report, view, p, note, base_out))
+        with as_cp_step(trainer, model) as cp_step:  # a context-parallel trainer: attend as its step does
+            results = []
+            for raw, features in drawn[:batches]:  # a given batch: just it
+                fields = trainer._prepare_inputs(raw)
+                view = _view(trainer, model, fields)
+                ev = _evidence(trainer, model, view, features)
+                p, note = _pipeline(trainer, model, view, features, forward_kwargs, autocast, objective)
+                try:
+                    report, base_out = _probe(p, view, seed, max_examples, tol, ev.findings)
+                except (ImportError, RuntimeError, ValueError) as err:
+                    raise PacksimError(f"the trainer's forward failed on batch {len(results)} ({type(err).__name__}: "
+                                       f"{str(err).splitlines()[0][:200]}): fix the trainer so one training step "
+                                       "runs, then audit it.") from err
+                report.trust_boundaries = trust_boundaries  # each batch's own verdict in the batches finding
+                results.append((report, view, p, note, base_out))
 
-        known = [(p.context["fields"], out.logits) for _r, _v, p, _n, out in results if out.in_eval]
+        known = [(p.context["fields"], out.logits) for _r, _v, p, _n, out in results  # not under CP hooks
+                 if out.in_eval and cp_step["cp_size"] == 1]
 
         def logits(inputs):  # the audit's forward in eval mode: the baseline's logits where they are that
             rest = {k: v for k, v in inputs.items() if k != "labels"}
@@ -376,7 +379,7 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
     use_cache, where = _use_cache(model, forward_kwargs)
     counts_items = bool(getattr(trainer, "model_accepts_loss_kwargs", False)
                         or getattr(trainer, "compute_loss_func", None) is not None)
-    findings = static_findings(trainer, view, impl)
+    findings = [f for f in [cp_finding(cp_step, report, view.seq)] if f] + static_findings(trainer, view, impl)
     findings += [cache(view, base_out.cache, use_cache, where),
                  completion_only_loss(trainer, note, _inside_counts(p), report.probes["loss_coverage"]),
                  accumulation, loss_across_devices(trainer, counts_items),

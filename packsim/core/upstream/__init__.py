@@ -14,6 +14,7 @@ does (``_prepare_inputs``, ``get_batch_samples``, ``current_gradient_accumulatio
     trl_trainers  TRL's trainers: the chunked-CE forward TRL 1.9's SFTTrainer leaves on the model, the
                   metrics they log, the MoE router aux loss SFTTrainer adds
     outputs       transformers' names for the cache (output field, forward keyword) and checkpointing
+    accelerate_cp accelerate's context-parallel hooks (mask dropped, is_causal) as the Trainer runs them
     window        the tested versions, and the notice outside them
 
 Lessons: none directly.
