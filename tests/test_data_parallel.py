@@ -24,8 +24,7 @@ from packsim.core.loss import IGNORE_INDEX
 from packsim.experiment.training import TrainConfig
 from packsim.scaling.data_parallel import _empty_like, data_parallel_step, train_data_parallel
 from packsim.scaling.step_plan import plan_step
-from packsim.scaling.train_command import torchrun_command
-from packsim.scaling.train_outputs import compare_outputs, load_output
+from packsim.scaling.train_command import compare_outputs, load_output, torchrun_command
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = str(ROOT / "tests" / "dp_worker.py")

@@ -13,20 +13,26 @@ GPU)::
     packsim train --nproc 2 --out runs/two                                  # the same, via torchrun
 
 Every option is checked before any process group starts (:func:`packsim.scaling.step_plan.validate`).
-Rank 0 writes ``OUT/results.json``, ``OUT/model.pt`` and ``OUT/losses.json``
-(:mod:`packsim.scaling.train_outputs`). ``--engine trainer`` trains through the transformers
+Rank 0 writes the output folder: ``OUT/results.json`` (the run,
+:class:`~packsim.experiment.results.Results` with one :class:`~packsim.experiment.results.RunResult`),
+``OUT/model.pt`` (the final weights, :mod:`packsim.experiment.model_files`) and ``OUT/losses.json``
+(the loss curves at full precision; results.json keeps 6 digits): :func:`save_output`,
+:func:`load_output`, and :func:`compare_outputs`, which is how lesson 10 and
+``tests/test_data_parallel.py`` tell a distributed run from the one-process run. ``--engine trainer`` trains through the transformers
 ``Trainer`` instead (:mod:`packsim.scaling.trainer_parallel`). Several runs at once from a
 notebook: :mod:`packsim.scaling.train_runs`.
 
-Lessons: none directly (lesson 10 starts it through :mod:`packsim.scaling.train_runs`).
+Lessons: 10 (its outputs; it starts the command through :mod:`packsim.scaling.train_runs`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -36,15 +42,16 @@ from packsim.core.errors import PacksimError
 from packsim.core.model import build_model
 from packsim.core.setups import get_setup
 from packsim.experiment.data_designs import make_data
+from packsim.experiment.model_files import read_weights, save_weights
+from packsim.experiment.results import Results, RunResult
 from packsim.experiment.training import TrainConfig
 from packsim.scaling.data_parallel import train_data_parallel
 from packsim.scaling.launch_env import world
 from packsim.scaling.step_plan import validate
 from packsim.scaling.train_options import OPTIONS as _OPTIONS
 from packsim.scaling.train_options import add_arguments
-from packsim.scaling.train_outputs import save_output
 
-__all__ = ["torchrun_command", "add_arguments", "run", "main"]
+__all__ = ["torchrun_command", "add_arguments", "run", "main", "save_output", "load_output", "compare_outputs"]
 
 
 def torchrun_command(nproc: int, train_args: list[str]) -> list[str]:
@@ -141,3 +148,37 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="packsim train", description=__doc__.split("\n")[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))
+
+
+def save_output(run: RunResult, model, out: str | Path, config: dict, env: dict) -> Path:
+    """Write results.json (one run), model.pt and losses.json (full precision) under ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    Results(runs=[run], config=config, env=env, wall_s=run.wall_s).save(out / "results.json")
+    save_weights(model, out / "model.pt")
+    train = run.curves["train"]
+    exact = {k: train[k] for k in ("reported_loss", "response_loss") if k in train}
+    (out / "losses.json").write_text(json.dumps(exact))
+    return out / "results.json"
+
+
+def load_output(out: str | Path) -> dict:
+    """``{"run": RunResult, "losses": {name: [float]}, "state": state_dict}`` of a ``packsim train`` output."""
+    out = Path(out)
+    if not (out / "model.pt").exists():
+        raise PacksimError(f"no packsim train output in {out}: run `packsim train --out {out}` first.")
+    return {"run": Results.load(out / "results.json").runs[0],
+            "losses": json.loads((out / "losses.json").read_text()),
+            "state": read_weights(out / "model.pt")}
+
+
+def compare_outputs(a: str | Path | dict, b: str | Path | dict, loss: str = "reported_loss") -> dict:
+    """Max |difference| of the per-step ``loss`` and of every weight between two outputs (dirs or loaded)."""
+    a = a if isinstance(a, dict) else load_output(a)
+    b = b if isinstance(b, dict) else load_output(b)
+    la, lb = a["losses"][loss], b["losses"][loss]
+    if len(la) != len(lb) or a["state"].keys() != b["state"].keys():
+        raise PacksimError("the two runs differ in steps or model: compare runs of the same --steps and model.")
+    weight = max(float((a["state"][k].float() - b["state"][k].float()).abs().max()) for k in a["state"])
+    return {"steps": len(la), "max_loss_diff": max(abs(x - y) for x, y in zip(la, lb, strict=True)),
+            "max_weight_diff": weight}

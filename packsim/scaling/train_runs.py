@@ -4,7 +4,7 @@
 options hold ``--nproc N`` starts N ranks through PyTorch's launcher (``python -m
 torch.distributed.run``, :func:`packsim.scaling.train_command.torchrun_command`), the others
 train in this process while the launched ones run. Each writes ``out/<name>``
-(:mod:`packsim.scaling.train_outputs`), which it loads back.
+(:mod:`packsim.scaling.train_command`), which it loads back.
 
 Lessons: 10.
 """
@@ -20,8 +20,7 @@ from pathlib import Path
 import torch
 
 from packsim.core.errors import PacksimError
-from packsim.scaling.train_command import main, torchrun_command
-from packsim.scaling.train_outputs import load_output
+from packsim.scaling.train_command import load_output, main, torchrun_command
 
 __all__ = ["launch_runs"]
 

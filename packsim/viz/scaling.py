@@ -19,7 +19,7 @@ from plotly.subplots import make_subplots
 
 from packsim.scaling.normalisation import NORMALISATIONS, weights
 from packsim.scaling.rank_balance import straggler_ratio
-from packsim.scaling.train_outputs import compare_outputs
+from packsim.scaling.train_command import compare_outputs
 from packsim.viz.style import OKABE_ITO, layout
 from packsim.viz.widget import PacksimWidget, show_figure
 
@@ -77,7 +77,7 @@ def token_weights_explorer(rank0_tokens: int = 40, rank1_tokens: int = 105) -> T
 def ranks_vs_one_figure(runs: dict[str, dict], reference: str = "one", loss: str = "response_loss") -> go.Figure:
     """Three panels: ``loss`` per step, its |difference| from ``runs[reference]``, max |weight difference|.
 
-    ``runs``: name -> a loaded ``packsim train`` output (:func:`~packsim.scaling.train_outputs.load_output`);
+    ``runs``: name -> a loaded ``packsim train`` output (:func:`~packsim.scaling.train_command.load_output`);
     each run other than ``reference`` is coloured by the normaliser it recorded.
     """
     one = runs[reference]["losses"][loss]

@@ -1,4 +1,4 @@
-"""packsim.scaling.train_outputs: a packsim train output written, read back exactly, and diffed."""
+"""packsim.scaling.train_command: a packsim train output written, read back exactly, and diffed."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from packsim.core.errors import PacksimError
 from packsim.core.model import build_model
 from packsim.experiment.results import RunResult, StepRecord
-from packsim.scaling.train_outputs import compare_outputs, load_output, save_output
+from packsim.scaling.train_command import compare_outputs, load_output, save_output
 
 
 def _run(losses: list[float]) -> RunResult:
