@@ -9,21 +9,12 @@ for SFTTrainer, in train mode, under ``trainer.accelerator.autocast()``, with th
 attention implementation. Labels are left out of the probes' forwards (they change the loss, not
 the logits), and so are ``shift_labels`` where the model runs the chunked-CE forward an older TRL
 leaves on it, which returns no logits with them (:mod:`packsim.core.upstream.trl_trainers` names the
-versions). It then adds
-configuration findings (:mod:`packsim.auditing.findings`) and measures the loss normalisation over
-gradient accumulation (:mod:`packsim.auditing.accumulation`).
+versions). It then adds configuration findings (:mod:`packsim.auditing.findings`) and measures
+the loss normalisation over gradient accumulation (:mod:`packsim.auditing.accumulation`).
 
-Where the examples are: from evidence the collator did not write (:mod:`packsim.auditing.evidence`):
-the features it was given (the trainer's dataset items, TRL's packed rows split by ``seq_lengths``),
-each located as a contiguous run of the batch's input_ids, else the special tokens; every boundary
-field (position_ids, cu_seq_lens_q/k, seq_idx, a 4D mask) is checked against them
-(``boundary_fields``) and the probes run on them. Without such evidence, the batch's own fields
-(cu_seq_lens_q > seq_idx > position_ids restarts; one example per row without them), and the
-report says the verdict rests on them. Where the fields mark at most one example per row, the
-tokens decide: a BOS after a row's first token starts an example, and for TRL's wrapped packing the
-token after a run of EOS does too. Prompt/response: from the collated features' split
-(:func:`~packsim.auditing.features.response_mask_from_features`), all response for TRL's
-language-modelling data, else unknown. Used by lesson 07 and ``packsim audit --model``.
+Where the examples are, and which tokens are the response: from evidence the collator did not
+write, else the batch's own fields (:mod:`packsim.auditing.trainer_batch`); the report says which.
+Used by lesson 07 and ``packsim audit --model``.
 
 Lessons: A6.
 """
@@ -37,8 +28,6 @@ import torch
 
 from packsim.auditing.accumulation import loss_over_accumulation
 from packsim.auditing.auditor import TOLERANCE, audit_pipeline
-from packsim.auditing.evidence import BoundaryEvidence, boundary_fields, collect, special_tokens
-from packsim.auditing.features import feature_response_masks
 from packsim.auditing.findings import (
     BatchView,
     cache,
@@ -66,136 +55,23 @@ from packsim.auditing.pipeline import (
 from packsim.auditing.preference import audit_dpo_trainer, is_dpo
 from packsim.auditing.report import AuditReport, Finding
 from packsim.auditing.tolerance import compute_dtype, tolerance_note
+from packsim.auditing.trainer_batch import (
+    batch_evidence,
+    batch_view,
+    draw_batches,
+    is_wrapped,
+    response_mask,
+    same_fields,
+)
 from packsim.auditing.trainer_cp import as_cp_step, cp_finding
 from packsim.auditing.truncation import truncated_examples
-from packsim.core.boundaries import ROWS_SOURCE, find_boundaries
 from packsim.core.errors import PacksimError
 from packsim.core.loss import Role
-from packsim.core.segments import example_positions, seq_ids_from_starts
-from packsim.core.special_tokens import example_starts, is_token, start_ids, token_ids
+from packsim.core.segments import example_positions
 from packsim.core.upstream.trl_trainers import logit_fields
 from packsim.core.upstream.window import warn_outside
 
 __all__ = ["audit_trainer"]
-
-
-
-class _Recorder:
-    """Wraps the trainer's collator to keep the features of each batch it collates."""
-
-    def __init__(self, collate):
-        self.collate, self.calls = collate, []
-
-    def __call__(self, features):
-        self.calls.append(list(features))
-        return self.collate(features)
-
-
-def _draw(trainer, n: int) -> list[tuple[dict, list | None]]:
-    """The first ``n`` batches of the training dataloader, each with its features (None if unseen)."""
-    original = trainer.data_collator
-    recorder = _Recorder(original)
-    trainer.data_collator = recorder
-    try:
-        drawn = []
-        for batch in trainer.get_train_dataloader():
-            drawn.append(dict(batch))
-            if len(drawn) == n:
-                break
-    finally:
-        trainer.data_collator = original
-    if not drawn:
-        raise PacksimError("the trainer's training dataloader yielded no batch: give it a non-empty "
-                           "train_dataset (after TRL's preparation and packing).")
-    calls = recorder.calls  # the dataloader may collate one batch ahead; worker processes record none
-    return [(b, calls[i] if i < len(calls) else None) for i, b in enumerate(drawn)]
-
-
-def _special_ids(trainer, model) -> tuple[set[int], set[int]]:
-    """(bos, eos) of the trainer's tokenizer (or processor) and the model config."""
-    sources = (getattr(trainer, "processing_class", None), getattr(model, "config", None))
-    return token_ids("bos", *sources), token_ids("eos", *sources)
-
-
-def _token_seq(trainer, model, ids: torch.Tensor, pad: torch.Tensor) -> torch.Tensor | None:
-    """Example index (B, T) from the tokens, or None when the tokens mark nothing more than rows.
-
-    The rule is :func:`packsim.core.special_tokens.example_starts`'s; what the trainer knows is
-    whether an EOS ends every example: under TRL's wrapped packing it does (the token after a run
-    of EOS starts the next example); otherwise a row holds one example and an EOS inside it ends a
-    turn.
-    """
-    bos, eos = _special_ids(trainer, model)
-    starts = example_starts(ids, ~pad, bos, eos, eos_starts=_wraps(trainer))  # (B, T)
-    if starts is None or not bool(starts[:, 1:].any()):
-        return None
-    return seq_ids_from_starts(starts, ~pad)  # (B, T)
-
-
-def _view(trainer, model, fields: dict) -> BatchView:
-    ids = fields["input_ids"]
-    found = find_boundaries(fields, missing="rows")
-    field_seq = found.seq_ids.to(ids.device).clone()
-    mask = fields.get("attention_mask")
-    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and found.source == ROWS_SOURCE:
-        field_seq[mask.to(ids.device) == 0] = -1
-    view = BatchView(fields, field_seq, field_seq, found.source, False)
-    if not view.multi_by_fields:
-        tok = _token_seq(trainer, model, ids, field_seq < 0)
-        if tok is not None:
-            view.seq, view.from_tokens = tok, True
-            view.source = "the tokens: a BOS, or the token after a run of EOS under wrapped packing, starts an example"
-    bos = start_ids(*_special_ids(trainer, model))
-    if bos:
-        first = is_token(ids[:, 0], bos)
-        view.rows_mid_example = int((~first & (field_seq[:, 0] >= 0)).sum())
-    return view
-
-
-def _evidence(trainer, model, view: BatchView, features) -> BoundaryEvidence:
-    """Independent boundaries of the batch (the dataset's examples, else its tokens); sets ``view.seq``."""
-    bos, eos = _special_ids(trainer, model)
-    ids = view.fields["input_ids"]
-    if view.from_tokens:  # the fields mark nothing inside rows (wrapped packing): the tokens decided
-        return BoundaryEvidence(view.seq, view.source, [
-            boundary_fields(view.fields, view.seq, view.source),
-            special_tokens(ids, view.seq, start_ids(bos, eos), eos, False, "the tokens")])
-    ev = collect(view.fields, view.field_seq, features, bos, eos, what="trainer's dataset examples of this batch")
-    if ev.seq is not None:
-        view.seq, view.source = ev.seq, f"{view.source}, confirmed by {ev.source}" if ev.confirms else ev.source
-    else:
-        view.source += f" ({ev.source}: the verdict rests on the batch's own metadata)"
-    return ev
-
-
-def _response_mask(trainer, view: BatchView, features, objective: str = "sft") -> tuple[torch.Tensor | None, str | None]:
-    """(B, T) bool response mask and where it came from, or (None, None) when unknown."""
-    real = view.seq >= 0
-    if objective == "lm":
-        return real.clone(), "objective='lm' (every real token is a target)"
-    if features is not None:
-        try:
-            flags = feature_response_masks(features)
-        except PacksimError:
-            flags = None
-        if flags is not None:
-            lengths = [len(f) for f in flags]
-            B = real.shape[0]
-            rows = [int(r.sum()) for r in real]
-            if B == 1 and rows[0] == sum(lengths):
-                layout = [sum(flags, [])]
-            elif B == len(flags) and rows == lengths:
-                layout = flags
-            else:
-                layout = None
-            if layout is not None:
-                mask = torch.zeros_like(real)
-                for row, f in enumerate(layout):
-                    mask[row, real[row]] = torch.tensor(f, dtype=torch.bool, device=mask.device)
-                return mask, "the collated features' prompt/completion split"
-    if sft_language_modelling(trainer):  # TRL's config says every token is a target
-        return real.clone(), "language-modelling data (every token is a response token)"
-    return None, None
 
 
 def _pipeline(trainer, model, view: BatchView, features, forward_kwargs, autocast,
@@ -217,7 +93,7 @@ def _pipeline(trainer, model, view: BatchView, features, forward_kwargs, autocas
                                    **forward_kwargs)).logits
 
     seq, S = view.seq, int(view.seq.max()) + 1 if bool((view.seq >= 0).any()) else 0
-    mask, note = _response_mask(trainer, view, features, objective)
+    mask, note = response_mask(trainer, view, features, objective)
     roles, notes = dict_roles(model, fields, seq, mask)
     if note:
         notes[0] = f"prompt/response from {note}"
@@ -323,7 +199,7 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
     start = time.perf_counter()
     model = trainer.model
     ga = max(int(getattr(trainer.args, "gradient_accumulation_steps", 1) or 1), 1)
-    drawn = _draw(trainer, max(batches, ga)) if batch is None else [(dict(batch), None)]
+    drawn = draw_batches(trainer, max(batches, ga)) if batch is None else [(dict(batch), None)]
     forward_kwargs = {"use_cache": False} if is_sft(trainer) else {}
     autocast = trainer.accelerator.autocast
     compute = compute_dtype(trainer, model)
@@ -336,8 +212,8 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
             results = []
             for raw, features in drawn[:batches]:  # a given batch: just it
                 fields = trainer._prepare_inputs(raw)
-                view = _view(trainer, model, fields)
-                ev = _evidence(trainer, model, view, features)
+                view = batch_view(trainer, model, fields)
+                ev = batch_evidence(trainer, model, view, features)
                 p, note = _pipeline(trainer, model, view, features, forward_kwargs, autocast, objective)
                 try:
                     report, base_out = _probe(p, view, seed, max_examples, tol, ev.findings)
@@ -353,7 +229,7 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
 
         def logits(inputs):  # the audit's forward in eval mode: the baseline's logits where they are that
             rest = {k: v for k, v in inputs.items() if k != "labels"}
-            hit = next((x for fields, x in known if _same_fields(rest, fields)), None)
+            hit = next((x for fields, x in known if same_fields(rest, fields)), None)
             return hit if hit is not None else model(**logit_fields(model, rest)[0], **forward_kwargs).logits
 
         model.eval()  # dropout off: the two forwards compared below must see the same network
@@ -383,7 +259,7 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
     findings += [cache(view, base_out.cache, use_cache, where),
                  completion_only_loss(trainer, note, _inside_counts(p), report.probes["loss_coverage"]),
                  accumulation, loss_across_devices(trainer, counts_items),
-                 truncated_examples(trainer, p, drawn[worst][1], cut_across_rows=_wraps(trainer))]
+                 truncated_examples(trainer, p, drawn[worst][1], cut_across_rows=is_wrapped(trainer))]
     findings += report.findings  # boundary_fields, special_tokens (packsim.auditing.evidence)
     hybrid = hybrid_state(model, view.fields)  # stateful (conv / SSM) layers; None for attention-only models
     if hybrid and not any(f.name == "hybrid_state" for f in findings):  # refused: already there
@@ -400,26 +276,3 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
     return replace(report, findings=findings, causes=fixes + report.causes, trust_boundaries=trust_boundaries,
                    forward=report.forward + tolerance_note(report, base_out, trainer, tol_given, compute),
                    seconds=time.perf_counter() - start)
-
-
-def _same_fields(rest: dict, fields: dict) -> bool:
-    """Whether ``rest`` is ``fields`` without labels: the same keys and equal values (tensors by value)."""
-    keys = set(fields) - {"labels"}
-    if set(rest) != keys:
-        return False
-    for k in keys:
-        a, b = rest[k], fields[k]
-        if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-            if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
-                    and torch.equal(a, b.to(a.device))):
-                return False
-        elif a != b:
-            return False
-    return True
-
-
-def _wraps(trainer) -> bool:
-    """TRL's wrapped packing: examples are cut wherever a row ends."""
-    args = trainer.args
-    return bool(is_sft(trainer) and getattr(args, "packing", False)
-                and getattr(args, "packing_strategy", "") == "wrapped")
