@@ -1,4 +1,4 @@
-"""packsim.scaling.train_command: a packsim train output written, read back exactly, and diffed."""
+"""packsim.scaling.train_command: a packsim train output written, read back exactly, and diffed; runs launched."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from packsim.core.errors import PacksimError
 from packsim.core.model import build_model
 from packsim.experiment.results import RunResult, StepRecord
-from packsim.scaling.train_command import compare_outputs, load_output, save_output
+from packsim.scaling.train_command import compare_outputs, launch_runs, load_output, save_output
 
 
 def _run(losses: list[float]) -> RunResult:
@@ -46,3 +46,22 @@ def test_compare_outputs_gives_the_largest_differences(tmp_path):
 def test_missing_output_says_how_to_make_it(tmp_path):
     with pytest.raises(PacksimError, match="run `packsim train --out"):
         load_output(tmp_path / "nothing")
+
+
+# ----------------------------------------------------------------------------- launch_runs
+
+TINY = ["--steps", "2", "--examples-per-step", "4", "--capacity", "128", "--quiet"]
+
+
+def test_one_process_runs_train_here_with_the_threads_asked_and_load(tmp_path):
+    before = torch.get_num_threads()
+    runs = launch_runs({"a": TINY, "b": [*TINY, "--normalise", "local"]}, tmp_path, threads=1)
+    assert torch.get_num_threads() == before  # restored after the runs
+    assert set(runs) == {"a", "b"} and (tmp_path / "a" / "model.pt").exists()
+    assert runs["a"]["run"].extra["world_size"] == 1 and runs["b"]["run"].extra["normalise"] == "local"
+    assert len(runs["a"]["losses"]["reported_loss"]) == 2
+
+
+def test_launch_runs_raises_with_the_runs_error(tmp_path):
+    with pytest.raises(PacksimError, match="run .bad. failed \\(unknown --normalise .median."):
+        launch_runs({"bad": ["--normalise", "median", "--steps", "1", "--quiet"]}, tmp_path)

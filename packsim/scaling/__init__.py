@@ -4,8 +4,9 @@ The rooms: ``launch_env`` (``world()``: rank and world size from torchrun's envi
 ``step_plan`` (a step's examples over ranks and micro-batches), ``rank_balance`` (the work per rank,
 stragglers), ``normalisation`` (the loss normaliser across ranks: global, per rank, mean of means),
 ``data_parallel`` (the step each rank runs), ``trainer_parallel`` (the same through the transformers
-``Trainer``), ``train_options`` + ``train_command`` (``packsim train`` and its output folder: save,
-load, compare two), ``train_runs`` (launch runs from a notebook); context parallelism:
+``Trainer``), ``train_options`` (its options, read without torch so ``--help`` answers at once) +
+``train_command`` (``packsim train``, its output folder: save, load, compare two, and several runs
+launched from a notebook); context parallelism:
 ``context_parallel`` (how packed documents split over ranks), ``cp_attention`` (torch's context
 parallelism wired to a model) and ``cp_compare`` (the torchrun comparison with one process, audited).
 
@@ -61,7 +62,7 @@ _HOMES = {
     "compare_outputs": "packsim.scaling.train_command",
     "load_output": "packsim.scaling.train_command",
     "save_output": "packsim.scaling.train_command",
-    "launch_runs": "packsim.scaling.train_runs",
+    "launch_runs": "packsim.scaling.train_command",
     "check_trainer_args": "packsim.scaling.trainer_parallel",
     "train_with_trainer": "packsim.scaling.trainer_parallel",
 }
