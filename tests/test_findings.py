@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import pytest
 import torch
 
 from packsim.auditing.findings import (
     BatchView,
     attention_mask,
     flash_rows,
-    loss_across_devices,
     padding_free_attention,
 )
 from packsim.core.boundaries import find_boundaries
@@ -55,14 +53,6 @@ def test_padding_free_attention_by_implementation():
     assert padding_free_attention(packed, "flash_attention_2").status == "fail"  # two rows, no cu_seq_lens
     plain = view()  # one example per row: not padding-free
     assert padding_free_attention(plain, "eager").status == "pass"
-
-
-@pytest.mark.parametrize("world, avg, counts, status", [
-    (1, True, True, "skipped"), (4, True, True, "pass"), (4, False, True, "fail"), (4, True, False, "fail"),
-])
-def test_loss_across_devices(world, avg, counts, status):
-    trainer = SimpleNamespace(args=SimpleNamespace(world_size=world, average_tokens_across_devices=avg))
-    assert loss_across_devices(trainer, counts).status == status
 
 
 def test_rows_start_mid_example_only_where_a_bos_really_starts_examples():

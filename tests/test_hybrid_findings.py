@@ -292,7 +292,7 @@ def test_a_trainer_whose_collator_gives_seq_idx_is_measured_on_the_reference_ker
 
 def test_seq_idx_that_never_reaches_a_kernel_is_the_cause_on_the_reference_kernel():
     """A forward that drops seq_idx before its mixers (Mamba2ForCausalLM up to transformers 5.24,
-    hybrid_traps.family_why; on 5.25 a head written the 5.24 way): on the reference kernels the batch
+    hybrid_sources.family_why; on 5.25 a head written the 5.24 way): on the reference kernels the batch
     with seq_idx still leaks, and the cause says seq_idx does not reach a kernel that reads it."""
     from packsim.reference.hybrid_emulation import emulate_hybrid_kernels
 

@@ -11,6 +11,7 @@ from installed import reads_seq_idx, wrapper_refuses
 from packsim import audit
 from packsim.auditing.hybrid_findings import stateful_layers
 from packsim.core.errors import PacksimError
+from packsim.exhibits.hybrid_sources import mamba2_drops_seq_idx
 from packsim.exhibits.hybrid_traps import (
     CUDA_REFUSAL,
     FRONTIER_FAMILIES,
@@ -20,7 +21,6 @@ from packsim.exhibits.hybrid_traps import (
     frontier_cell,
     frontier_needs,
     frontier_table,
-    mamba2_drops_seq_idx,
 )
 from packsim.exhibits.trap_cases import VOCAB
 from packsim.reference.conv import REFERENCE_KERNEL

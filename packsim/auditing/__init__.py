@@ -17,6 +17,7 @@ evidence    ``truncation``       examples cut by truncation (records past max_le
 evidence    ``loss_checks``      batches that count no label; token weights under accumulation
 evidence    ``accumulation``     the trainer's loss over one accumulation step vs the counted mean
 evidence    ``findings``         configuration findings (wrapped packing, padding-free, flash rows)
+evidence    ``loss_findings``    the loss settings' findings (completion-only loss, across devices)
 evidence    ``trainer_batch``    a Trainer's batches drawn with their features, their examples located
 forward     ``pipeline``         the forward under audit and what it knows about the batch
 forward     ``packed_vs_alone``  every example packed vs alone: the isolation check of constant cost

@@ -28,21 +28,18 @@ import torch
 
 from packsim.auditing.accumulation import loss_over_accumulation
 from packsim.auditing.auditor import TOLERANCE, audit_pipeline
-from packsim.auditing.findings import (
-    BatchView,
-    cache,
-    completion_only_loss,
-    is_sft,
-    loss_across_devices,
-    sft_language_modelling,
-    static_findings,
-)
+from packsim.auditing.findings import BatchView, cache, is_sft, static_findings
 from packsim.auditing.grpo import audit_grpo_trainer, is_grpo
 from packsim.auditing.hybrid_findings import (
     MEASURE_IT,
     hybrid_state,
     kernel_refusal,
     scans_layers_once,
+)
+from packsim.auditing.loss_findings import (
+    completion_only_loss,
+    loss_across_devices,
+    sft_language_modelling,
 )
 from packsim.auditing.no_trace import leaves_no_trace
 from packsim.auditing.pipeline import (

@@ -26,7 +26,8 @@ import torch
 
 from packsim.auditing.evidence import BoundaryEvidence, boundary_fields, collect, special_tokens
 from packsim.auditing.features import feature_response_masks
-from packsim.auditing.findings import BatchView, is_sft, sft_language_modelling
+from packsim.auditing.findings import BatchView, is_sft
+from packsim.auditing.loss_findings import sft_language_modelling
 from packsim.core.boundaries import ROWS_SOURCE, find_boundaries
 from packsim.core.errors import PacksimError
 from packsim.core.segments import seq_ids_from_starts

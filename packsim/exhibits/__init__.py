@@ -7,6 +7,7 @@ module                 what it holds
 ``trap_cases``         what a trap-table cell runs: the tiny family models, the packed-row conditions
 ``trap_results``       :class:`TrapTable`: the measured cells as text, HTML or a heatmap
 ``traps``              :func:`trap_table`: is a packed row isolated, per family x attention x condition
+``hybrid_sources``     why a hybrid family isolates or not, read from the installed transformers source
 ``hybrid_traps``       :func:`frontier_table`: the same rows for hybrid state-space and mRoPE models
 ``museum_rows``        :class:`MuseumTable`: one row per planted bug, what caught it, whether the fix passes
 ``museum_beyond_sft``  public bugs beyond SFT on attention-only decoders (RL, DPO, hybrids, mRoPE)

@@ -36,7 +36,7 @@ global state; ``reference_kernels=False`` keeps transformers as loaded): packsim
   (``Mamba2ForCausalLM.forward`` to its backbone, ``Mamba2Block`` and ``FalconH1DecoderLayer`` to
   their mixers, in models/mamba2 and models/falcon_h1): then ``seq_idx`` never reaches a mixer
   through it, with any kernel (the cells give file:line); where every call passes it, the family
-  isolates with ``seq_idx`` like the others. :func:`dropped_seq_idx` reads which calls drop it from
+  isolates with ``seq_idx`` like the others. :mod:`packsim.exhibits.hybrid_sources` reads which calls drop it from
   the installed source; which transformers versions do is in the README's "Tested versions" and
   docs/audit.md's "The versions the audit is tested on";
 - the Qwen2-VL text model (models/qwen2_vl, ``Qwen2VLTextModel.forward``) builds the packed mask
@@ -54,7 +54,6 @@ Lessons: A3, A6, A8.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import time
 import warnings
 from dataclasses import replace
@@ -69,13 +68,12 @@ from packsim.auditing.hybrid_findings import (
 )
 from packsim.core.errors import PacksimError
 from packsim.core.segments import cu_seqlens_from_lengths, example_positions
+from packsim.exhibits.hybrid_sources import family_why
 from packsim.exhibits.trap_cases import ROWS, TINY_DECODER, TINY_IDS, VOCAB
 from packsim.exhibits.trap_results import Cell, TrapTable
 
 __all__ = ["CUDA_REFUSAL", "FRONTIER_CONDITIONS", "FRONTIER_FAMILIES", "FRONTIER_TOL", "build_frontier",
-           "dropped_seq_idx", "family_why", "frontier_batch", "frontier_cell", "frontier_needs", "frontier_table",
-           "mamba2_drops_seq_idx",
-           "needs_cuda_reason"]
+           "frontier_batch", "frontier_cell", "frontier_needs", "frontier_table", "needs_cuda_reason"]
 
 _MAMBA = dict(mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=16, mamba_chunk_size=8,
               mamba_expand=2)
@@ -133,73 +131,6 @@ FRONTIER_TOL = {"hybrid": 1e-6, "mrope": 1e-5}  # fp32 isolation threshold per k
 # the hybrid conditions that can isolate, fewest fields first, and the fields each one names
 _NEEDS = {"seq_idx": "seq_idx", "seq_idx_cu_seq_lens": "seq_idx + cu_seq_lens_q/k",
           "seq_idx_block_mask": "seq_idx + a 4D block-diagonal attention_mask"}
-
-
-def _where(obj, marker: str) -> str:
-    """'transformers/models/.../modeling_x.py:LINE' of the first line of ``obj``'s source holding ``marker``."""
-    obj = inspect.unwrap(obj)  # the modeling function, not its decorators'
-    try:
-        lines, first = inspect.getsourcelines(obj)
-        path = inspect.getsourcefile(obj) or "?"
-    except (OSError, TypeError):
-        return "(source not readable)"
-    hit = next((first + k for k, line in enumerate(lines) if marker in line), None)
-    short = path[path.rfind("transformers/"):] if "transformers/" in path else path
-    return f"{short}:{hit}" if hit else f"{short} (no {marker!r}: transformers moved)"
-
-
-# the calls that carry seq_idx (in **kwargs) from the model down to a family's stateful layer, outermost
-# first: (class in the family's modeling module, the callee inside its forward): the calls some transformers
-# versions write without it (which ones: the README's "Tested versions"), read from the installed source
-_CARRIERS = {"mamba2": (("Mamba2ForCausalLM", "self.backbone"), ("Mamba2Block", "self.mixer")),
-             "falcon_h1": (("FalconH1DecoderLayer", "self.mamba"),)}
-
-
-def dropped_seq_idx(family: str) -> list[str]:
-    """'<Class>.forward calls <callee> without seq_idx or **kwargs (file:line)' for each call on the way
-    to ``family``'s stateful layers that drops it in the installed transformers (read from the source
-    with ``ast``), outermost first; [] where seq_idx reaches them."""
-    import ast
-    import importlib
-    import textwrap
-
-    module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-    drops = []
-    for cls, callee in _CARRIERS.get(family, ()):
-        forward = inspect.unwrap(getattr(module, cls).forward)
-        calls = [node for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(forward))))
-                 if isinstance(node, ast.Call) and ast.unparse(node.func) == callee]
-        if calls and not any(k.arg in (None, "seq_idx") for k in calls[0].keywords):
-            drops.append(f"{cls}.forward calls {callee} without seq_idx or **kwargs ({_where(forward, callee + '(')})")
-    return drops
-
-
-def mamba2_drops_seq_idx() -> bool:
-    """Whether ``Mamba2ForCausalLM.forward`` itself drops seq_idx at its backbone, in the installed transformers."""
-    return any(d.startswith("Mamba2ForCausalLM.") for d in dropped_seq_idx("mamba2"))
-
-
-def family_why(family: str) -> str:
-    """Why a family needs more than seq_idx, or why no field isolates it through its own forward
-    (file:line in the installed transformers); '' for the others."""
-    import transformers
-
-    dropped = dropped_seq_idx(family)
-    if dropped:
-        backbone = family == "mamba2" and len(dropped) == 1 and dropped[0].startswith("Mamba2ForCausalLM.")
-        return (f"{' and '.join(dropped)}, so no packing field reaches its state, on any kernel"
-                + ("; its backbone (Mamba2Model) isolates with seq_idx" if backbone else ""))
-    if family == "granitemoehybrid":
-        at = _where(transformers.GraniteMoeHybridModel.forward, "mask_kwargs = {")
-        return (f"GraniteMoeHybridModel.forward builds its attention mask without position_ids ({at}), so restarting "
-                "positions leave its attention causal over the row")
-    if family == "qwen3_next":
-        from transformers.models.qwen3_next import modeling_qwen3_next
-
-        at = _where(modeling_qwen3_next.Qwen3NextGatedDeltaNet.forward, "cu_seqlens=")
-        return (f"Qwen3NextGatedDeltaNet hands cu_seq_lens_q to its gated delta rule as cu_seqlens ({at}); seq_idx "
-                "reaches only its conv")
-    return ""
 
 
 def _vl_config(transformers):
@@ -279,7 +210,7 @@ class _Bound(torch.nn.Module):
 
 def cell_kernel(model, family: str) -> str:
     """What the stateful layers' kernels of ``model`` run on now ('' for a model without any), and for
-    Mamba2ForCausalLM why no packing field reaches them (:func:`family_why`)."""
+    Mamba2ForCausalLM why no packing field reaches them (:func:`~packsim.exhibits.hybrid_sources.family_why`)."""
     kernels = boundary_kernels(model)
     if not kernels:
         return ""
@@ -391,7 +322,7 @@ def frontier_table(kind: str = "hybrid", families=None, impls=("sdpa",), *, tol:
 def frontier_needs(table: TrapTable) -> dict[str, str]:
     """{family: the fields it needs to isolate, read from the hybrid table's cells}: the fewest-field
     condition that isolates under every impl ("seq_idx", "seq_idx + cu_seq_lens_q/k", "seq_idx + a 4D
-    block-diagonal attention_mask"), with why (:func:`family_why`) where transformers' code decides it;
+    block-diagonal attention_mask"), with why (:func:`~packsim.exhibits.hybrid_sources.family_why`) where transformers' code decides it;
     or why nothing in the table isolates it."""
     out = {}
     for family in table.families:

@@ -32,7 +32,7 @@ layout, not a Python function; and transformers 5.24 without ``kernels`` has no 
 point at all. tests/test_upstream_hub_kernels.py pins each fact above per installed version.
 
 Above the wrappers, the modeling code must carry ``seq_idx`` down to the mixers (read from the
-installed source by :func:`packsim.exhibits.hybrid_traps.dropped_seq_idx`, not a reach of this
+installed source by :func:`packsim.exhibits.hybrid_sources.dropped_seq_idx`, not a reach of this
 module): in 5.16.1 ``Mamba2ForCausalLM.forward`` (to its backbone), ``Mamba2Block`` and
 ``FalconH1DecoderLayer`` (to their mixers) pass neither ``seq_idx`` nor ``**kwargs``; in 5.24.0
 ``Mamba2ForCausalLM.forward`` still drops it at its backbone; 5.25.0 passes ``**kwargs`` in all
