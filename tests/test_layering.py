@@ -12,7 +12,7 @@ hold the same way: a module imports no module of a floor above its own.
 
 ``course.tools`` is tooling for ``make`` and the tests (static site, notebook checks, lesson map):
 no other module and no notebook imports it. No two modules import each other, directly or
-through others.
+through others. And no module is over 400 lines (one idea per module).
 """
 
 from __future__ import annotations
@@ -192,3 +192,14 @@ def test_the_audit_room_never_imports_the_exhibits_or_the_course():
     wrong = [f"{m}:{line} imports {t}" for m in modules() if m.startswith("packsim.auditing")
              for t, line in imports_of(m) if layer(t) not in ("core", "reference", "auditing")]
     assert not wrong, "; ".join(wrong)
+
+
+# ----------------------------------------------------------------------------- one idea per module
+
+MAX_LINES = 400  # the house rule: a module over it holds more than one idea; split it by idea
+
+
+def test_no_module_is_over_the_house_size():
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    assert sizes and max(sizes.values()) > 100  # negative control: the reader sees the big modules
+    assert not {p: n for p, n in sizes.items() if n > MAX_LINES}, "split these by idea"

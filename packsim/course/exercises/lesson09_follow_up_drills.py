@@ -6,7 +6,8 @@ packsim.course.solutions.lesson09_follow_up_drills).
   input_ids (T,), cu_seqlens (S+1,) int32, completion_mask (T,) bool; returns S 1-D tensors, example
   s's ``log p(token t | its example's tokens before t)`` for each completion token t after its first
   token, in order: what DPO sums and GRPO uses per token. The oracle runs each example alone
-  (:func:`packed_logp_cases`); the named slips are each compared with their own computation or
+  (:func:`~packsim.course.cases.lesson09_logp_cases.packed_logp_cases`, the rows and their ground
+  truth, apart from the check); the named slips are each compared with their own computation or
   found from the answer's structure (lengths, one number per example) or by adding a constant to
   every logit of a position (a softmax over the vocabulary ignores it).
 - :func:`check_q2_order`: ``q2_order``, the ids of :data:`Q2_CARDS` in the order a practitioner
@@ -24,13 +25,11 @@ from __future__ import annotations
 
 import functools
 import itertools
-from dataclasses import dataclass
 
 import torch
 
 from packsim.auditing.logprobs import LOGPROB_TOL
-from packsim.core.model import build_model
-from packsim.core.segments import cu_seqlens_from_lengths
+from packsim.course.cases.lesson09_logp_cases import LogpCase, packed_logp_cases, row_logp
 from packsim.course.exercises import Feedback, check, fail, ok
 
 # appendix A8 repeats lesson 09's diagnosis drills on new symptoms: their cards and checks, from one import
@@ -49,75 +48,16 @@ __all__ = ["LogpCase", "packed_logp_cases", "check_packed_token_logps", "Q2_CARD
 # ----------------------------------------------------------------------------- packed log-probs
 
 TOL = LOGPROB_TOL[torch.float32]  # per token, fp32: the audit's own tolerance for packed vs alone
-_VOCAB = 96
-
-
-@dataclass(frozen=True)
-class LogpCase:
-    """One packed row and its ground truth: ``alone[s]`` (n_s,) from example s run by itself."""
-
-    name: str
-    logits: torch.Tensor  # (T, V) fp32, one forward over the packed row, block-diagonal attention
-    input_ids: torch.Tensor  # (T,) int64
-    cu_seqlens: torch.Tensor  # (S+1,) int32
-    completion_mask: torch.Tensor  # (T,) bool
-    alone: tuple  # S tensors (n_s,) float64
-
-
-@torch.no_grad()
-def _case(model, name: str, examples: list, masks: list) -> LogpCase:
-    ids, mask = torch.cat(examples), torch.cat(masks)  # (T,) each
-    lengths = [len(x) for x in examples]
-    cu, longest = cu_seqlens_from_lengths(lengths), max(lengths)  # (S+1,) int32
-    positions = torch.cat([torch.arange(n) for n in lengths])  # restart at 0 for each example
-    logits = model(input_ids=ids[None], position_ids=positions[None], cu_seq_lens_q=cu, cu_seq_lens_k=cu,
-                   max_length_q=longest, max_length_k=longest, use_cache=False).logits[0]  # (T, V)
-    alone = []
-    for x, m in zip(examples, masks, strict=True):
-        own = model(input_ids=x[None], use_cache=False).logits[0]  # (L, V): the example alone
-        alone.append(_row_logp(own, x)[1:][m[1:]])  # tokens 1..L-1: the first has no prediction inside it
-    return LogpCase(name, logits.float(), ids, cu, mask, tuple(alone))
-
-
-@functools.lru_cache(maxsize=1)
-def packed_logp_cases() -> tuple[LogpCase, LogpCase]:
-    """Two packed rows of a tiny random Llama (``build_model("tiny", vocab_size=96, seed=0)``):
-
-    0. a GRPO group: one prompt of 6 tokens, four completions of 5, 3, 7 and 4 tokens (mask: the
-       completions);
-    1. three documents of 7, 5 and 9 tokens with every token counted (mask all True), as an
-       all-token score would: each document's first token is marked but has no log-prob.
-    """
-    model = build_model("tiny", vocab_size=_VOCAB, seed=0)
-    g = torch.Generator().manual_seed(0)
-
-    def draw(n):
-        return torch.randint(3, _VOCAB, (n,), generator=g)
-
-    prompt = draw(6)
-    group = [torch.cat([prompt, draw(n)]) for n in (5, 3, 7, 4)]
-    docs = [draw(n) for n in (7, 5, 9)]
-    return (_case(model, "a GRPO group (one prompt, four completions)", group,
-                  [torch.arange(len(x)) >= len(prompt) for x in group]),
-            _case(model, "three documents, every token counted", docs, [torch.ones(len(x), dtype=torch.bool) for x in docs]))
 
 
 def _spans(case: LogpCase):
     return list(itertools.pairwise(case.cu_seqlens.tolist()))
 
 
-def _row_logp(logits, ids, shift=True):
-    """(T,) log_softmax over the vocabulary at each token: from the logit before it (shift) or its own."""
-    lp = torch.log_softmax(logits.double(), -1)  # (T, V)
-    if not shift:
-        return lp.gather(-1, ids[:, None])[:, 0]
-    return torch.cat([lp.new_full((1,), float("nan")), lp[:-1].gather(-1, ids[1:, None])[:, 0]])
-
-
 def _slips(case: LogpCase) -> list[tuple[str, list]]:
     """The specific wrong computations, each as a full answer, with the mistake's name."""
     m, spans = case.completion_mask, _spans(case)
-    own = _row_logp(case.logits, case.input_ids, shift=False)
+    own = row_logp(case.logits, case.input_ids, shift=False)
     truth = list(case.alone)
     return [
         ("no shift: you scored token t with the logit at t, which predicts token t + 1; token t's "
@@ -159,7 +99,7 @@ def _structure(got, case: LogpCase) -> str | None:
 
 def _lengths(got: list, case: LogpCase) -> str | None:
     """Names a count that is off: prompt tokens kept, or an example's first token scored."""
-    m, spans, shifted = case.completion_mask, _spans(case), _row_logp(case.logits, case.input_ids)
+    m, spans, shifted = case.completion_mask, _spans(case), row_logp(case.logits, case.input_ids)
     for s, ((a, _), t, want) in enumerate(zip(spans, got, case.alone, strict=True)):  # a first token scored across a boundary
         if a > 0 and bool(m[a]) and len(t) == len(want) + 1 and abs(float(t[0]) - float(shifted[a])) <= TOL:
             return (f"on {case.name}: example {s}'s first token (row position {a}), which the mask marks, got "
