@@ -15,7 +15,9 @@ kernel, and the report names it). ``spec`` is
 Anything that goes wrong before a trainer is in hand (no such file, an import that fails, a missing
 or non-callable name, a factory that raises, calls ``sys.exit`` (any code, at import or when called)
 or returns something else) is a
-:class:`~packsim.core.errors.PacksimError` naming it: ``packsim audit`` exits 2 with one line.
+:class:`~packsim.core.errors.PacksimError` naming it: ``packsim audit`` exits 2 with one line. A
+factory whose ``parallelism_config`` accelerate refuses where the gate runs (one plain process, or
+CPU processes for context parallelism) gets the fix for that: the run's launcher, or its GPUs.
 
 Lessons: none directly.
 """
@@ -28,10 +30,21 @@ import sys
 from pathlib import Path
 
 from packsim.core.errors import PacksimError
+from packsim.core.upstream.accelerate_cp import build_refusal
 
 __all__ = ["load_factory", "load_trainer"]
 
 _USAGE = "pass --trainer path/to/train.py:make_trainer or --trainer package.module:make_trainer"
+_BUILD = "it must build the trainer, called with no arguments."
+# a ParallelismConfig refusing the place the gate runs in (packsim.core.upstream.accelerate_cp.build_refusal)
+_REFUSED = {
+    "launcher": ("its TrainingArguments' parallelism_config builds a device mesh, which needs the launcher's "
+                 "environment: run the gate as the run starts, e.g. `torchrun --nproc_per_node N -m packsim audit "
+                 "--trainer {spec}` (N: the config's total size)."),
+    "device": ("accelerate builds a Trainer with a parallelism_config (context parallelism) only on GPUs, not "
+               "in CPU processes: run the gate on the GPUs the run trains on, under its launcher; a packed row "
+               "trains causal across its documents there (docs/audit.md, 'A Trainer trained context-parallel')."),
+}
 
 
 def _first_line(err: BaseException) -> str:
@@ -109,8 +122,8 @@ def load_trainer(spec: str):
                            "Trainer: return the trainer, and keep sys.exit and trainer.train() under "
                            "`if __name__ == \"__main__\":`.") from None
     except Exception as err:  # noqa: BLE001
-        raise PacksimError(f"--trainer {spec}: the factory raised {_first_line(err)}: it must build the "
-                           "trainer, called with no arguments.") from None
+        raise PacksimError(f"--trainer {spec}: the factory raised {_first_line(err)}: "
+                           f"{_REFUSED.get(build_refusal(err), _BUILD).format(spec=spec)}") from None
     if not (hasattr(trainer, "get_train_dataloader") and hasattr(trainer, "model")):
         raise PacksimError(f"--trainer {spec} returned {type(trainer).__name__} {str(trainer)[:40]!r}, not a "
                            "transformers Trainer or trl.SFTTrainer: return the trainer you call .train() on.")

@@ -21,22 +21,34 @@ Read in accelerate 1.13.0 and 1.16.0 and transformers 5.16.1 and 5.25.0 (the tes
 - accelerate builds such an Accelerator only for the multi-device types (MULTI_GPU, MULTI_XPU, ...)
   under FSDP2 (``state.py``: the FSDP and ``cp_size`` branch skips MULTI_CPU, and
   ``ParallelismConfig._validate_accelerator`` raises "ParallelismConfig is only compatible ... but got
-  DistributedType.MULTI_CPU"): a context-parallel Trainer cannot be built on a CPU.
+  DistributedType.MULTI_CPU"): a context-parallel Trainer cannot be built on a CPU;
+- building the Trainer builds the ``ParallelismConfig``'s device mesh (``Accelerator.__init__`` ->
+  ``ParallelismConfig.get_device_mesh`` -> ``torch.distributed.init_device_mesh``), which starts a
+  process group from torchrun's environment (``torch/distributed/rendezvous.py`` raises "environment
+  variable RANK expected" without it): one plain process cannot build one either.
 
 :func:`context_parallel_size` reads the first fact; :func:`cp_attention_hooks` attaches accelerate's own
 hooks for the length of a ``with`` block and removes exactly those on leaving, so the audit's forward
-runs the attention a context-parallel step runs. tests/test_upstream_accelerate_cp.py pins the hook's
-effect and this module's reading per installed version.
+runs the attention a context-parallel step runs. :func:`build_refusal` tells which of the last two
+facts stopped a trainer from being built (from the files its traceback passes through), so the gate
+names the fix. tests/test_upstream_accelerate_cp.py pins the hook's effect and this module's
+reading per installed version, the refusals on one process and on two gloo ranks included.
 
 Lessons: none directly.
 """
 
 from __future__ import annotations
 
+import os
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["context_parallel_size", "cp_attention_hooks", "hooked_modules"]
+__all__ = ["build_refusal", "context_parallel_size", "cp_attention_hooks", "hooked_modules"]
+
+# the files a refusal passes through (forward slashes; matched at the end of each frame's path)
+_PARALLELISM = "accelerate/parallelism_config.py"
+_RENDEZVOUS = "torch/distributed/rendezvous.py"
 
 
 def context_parallel_size(trainer) -> int:
@@ -70,3 +82,19 @@ def cp_attention_hooks(model) -> Iterator[list[str]]:
                 m._forward_pre_hooks.pop(key)
                 m._forward_pre_hooks_with_kwargs.pop(key, None)
                 getattr(m, "_forward_pre_hooks_always_called", {}).pop(key, None)
+
+
+def build_refusal(err: BaseException) -> str | None:
+    """Why building a Trainer raised, where accelerate's ``ParallelismConfig`` refused the place it runs
+    in: ``"launcher"`` (its device mesh needs torchrun's environment: one plain process), ``"device"``
+    (accelerate's validation raised in CPU processes, where it runs no ParallelismConfig), or None
+    for any other error (accelerate's own message says it). Read from the files the traceback passes
+    through and the processes' distributed type, not from the message."""
+    files = [frame.f_code.co_filename.replace(os.sep, "/") for frame, _ in traceback.walk_tb(err.__traceback__)]
+    if not any(f.endswith(_PARALLELISM) for f in files):
+        return None
+    if any(f.endswith(_RENDEZVOUS) for f in files):
+        return "launcher"
+    from accelerate import PartialState
+
+    return "device" if PartialState().distributed_type.name == "MULTI_CPU" else None
