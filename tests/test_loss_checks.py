@@ -40,6 +40,22 @@ def test_global_token_mean_weighs_every_token_the_same(micro_batches):
     assert good.status == "pass" and "1/N = 0.0476" in good.evidence
 
 
+def test_equal_weights_divided_by_another_count_fail(micro_batches):
+    """unsloth-zoo#1066's shape: num_items_in_batch with the packed boundaries subtracted once more."""
+    counted = sum(int((b["labels"][..., 1:] != IGNORE_INDEX).sum()) for b in micro_batches)  # N, counted here
+    starts = sum(int((b["position_ids"][..., 1:] == 0).sum()) for b in micro_batches)
+    assert counted == 21 and starts > 0
+
+    def boundaries_twice(logits, labels):
+        return global_token_mean(logits, labels) * counted / (counted - starts)
+
+    weights = torch.cat(token_weights(tiny_llama(), micro_batches, boundaries_twice))
+    assert torch.allclose(weights, torch.full_like(weights, 1 / (counted - starts)), rtol=1e-4)
+    bad = check_loss_normalisation(tiny_llama(), micro_batches, boundaries_twice)
+    assert bad.failed and f"divides by {counted - starts:.2f}, not by the {counted} counted tokens" in bad.evidence
+    assert "count them once" in bad.fix
+
+
 def test_the_two_reductions_agree_when_micro_batches_count_the_same(micro_batches):
     same = [micro_batches[1], micro_batches[1]]
     assert not check_loss_normalisation(tiny_llama(), same, mean_of_means).failed

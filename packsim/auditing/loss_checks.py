@@ -4,8 +4,8 @@ token when losses are accumulated over micro-batches (gradient accumulation).
 - :func:`check_counted_labels`: labels (B, T) with no label counted -> the loss is 0/0;
 - :func:`token_weights`: logits (1, N_k, V) per micro-batch through the pipeline's
   ``accumulate(logits_list, labels_list)``; the weight of each counted token, read exactly from the
-  gradient; :func:`check_loss_normalisation` (finding ``equal_token_weights``) wants them all
-  equal (1/N, N = the step's count);
+  gradient; :func:`check_loss_normalisation` (finding ``equal_token_weights``) wants each to be
+  1/N (N = the step's count): equal, and divided by that count;
 - :func:`mean_of_means` (the reduction before transformers' fix) and :func:`global_token_mean`
   (``num_items_in_batch``): transformers' own ``ForCausalLMLoss`` sums, weighed by
   :func:`packsim.core.loss.accumulated_loss`.
@@ -67,17 +67,26 @@ def token_weights(model, micro_batches: list[dict], accumulate: Callable) -> lis
 
 
 def check_loss_normalisation(model, micro_batches: list[dict], accumulate: Callable) -> Finding:
-    """Fail when counted tokens weigh differently in the loss accumulated over ``micro_batches``."""
+    """Fail unless every counted token weighs 1/N in the loss accumulated over ``micro_batches``
+    (N: the step's counted tokens): unequal weights (a mean of per-micro-batch means), or equal ones
+    divided by another count (a ``num_items_in_batch`` that is not the step's count)."""
     per_batch = token_weights(model, micro_batches, accumulate)
     w = torch.cat(per_batch)
-    spread = float(w.max() / w.min())
+    spread, n = float(w.max() / w.min()), len(w)
     evidence = (f"weight of each counted token in the accumulated loss: {float(w.min()):.4f}.."
-                f"{float(w.max()):.4f} (max/min {spread:.3f}; 1/N = {1 / len(w):.4f}) over "
+                f"{float(w.max()):.4f} (max/min {spread:.3f}; 1/N = {1 / n:.4f}) over "
                 f"micro-batches with {[len(x) for x in per_batch]} counted tokens")
     if spread > 1 + 1e-4:
         return Finding("equal_token_weights", "fail", evidence,
                        "sum the token losses of every micro-batch and divide by the step's counted "
                        "tokens (num_items_in_batch), not by each micro-batch's own count.")
+    scale = float(w.mean()) * n  # 1 when the loss divides by N
+    if abs(scale - 1) > 1e-4:
+        return Finding("equal_token_weights", "fail",
+                       f"{evidence}: every token weighs the same, but the loss divides by {1 / float(w.mean()):.2f}, "
+                       f"not by the {n} counted tokens",
+                       "divide the step's summed token loss by its counted tokens (labels[..., 1:] != -100 "
+                       "over every micro-batch: num_items_in_batch), and count them once.")
     return Finding("equal_token_weights", "pass", evidence)
 
 

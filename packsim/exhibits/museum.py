@@ -7,8 +7,8 @@ by :func:`packsim.audit` (perturbation, gradient, attention_mass, loss_coverage)
 visible in one batch's probes and are caught by the museum's checks (:mod:`packsim.auditing.loss_checks`):
 
 - :func:`check_counted_labels`: a batch whose labels are all -100 (the loss is 0/0);
-- :func:`check_loss_normalisation`: every counted token must weigh the same in the loss summed over
-  the micro-batches of one optimizer step (gradient accumulation).
+- :func:`check_loss_normalisation`: every counted token must weigh 1/N (N: the step's counted
+  tokens) in the loss summed over the micro-batches of one optimizer step (gradient accumulation).
 
 Batches are transformers' ``DataCollatorWithFlattening`` rows (1, N) (``input_ids``, ``labels``,
 ``position_ids``, ``cu_seq_lens_q/k``) unless the story says otherwise; ``response_mask`` (1, N) is
