@@ -118,33 +118,56 @@ def batch_with_fault(exs, fault: str) -> dict:
             "cu_seq_lens_k": cu_t.clone(), "max_length_q": longest, "max_length_k": longest}
 
 
-def truth(model, exs, batch, rng: random.Random) -> dict:
-    """The batch's ground truth, without packsim: leak, labels, fields (see the module docstring)."""
+def truth(model, exs, batch, rng: random.Random, tol: float = LEAK_TOL, alone_tol: float | None = None,
+          **forward_kwargs) -> dict:
+    """The batch's ground truth, without packsim: leak (above ``tol``), labels, fields (see the module
+    docstring); ``seq_idx`` (1, T) and a 4D ``attention_mask`` (1, 1, T, T), where the batch carries
+    them, against each token's example and the block-diagonal causal mask built from it.
+
+    ``alone_tol``: position_ids are judged by what they do, not by their values: each example's
+    packed logits against the example run alone (input_ids only), bad above ``alone_tol`` (a model
+    that reads positions only relatively, or not at all, computes the same with positions that do
+    not restart)."""
     lengths = [len(ids) for ids, _ in exs]
     owner = torch.tensor([k for k, n in enumerate(lengths) for _ in range(n)])  # (T,)
     labels_ok = batch["labels"][0].tolist() == expected_labels(exs)
     cu = [0, *[sum(lengths[:k + 1]) for k in range(len(lengths))]]
     restarts = [p for n in lengths for p in range(n)]
-    fields_ok = batch["position_ids"][0].tolist() == restarts  # each field the batch carries, against the examples
+    positions_ok = batch["position_ids"][0].tolist() == restarts
+    fields_ok = positions_ok if alone_tol is None else True  # each field the batch carries, against the examples
     for side in ("q", "k"):
         if f"cu_seq_lens_{side}" in batch:
             fields_ok &= batch[f"cu_seq_lens_{side}"].tolist() == cu
         if f"max_length_{side}" in batch:
             fields_ok &= int(batch[f"max_length_{side}"]) >= max(lengths)
-    leak, error = 0.0, None
+    if "seq_idx" in batch:
+        fields_ok &= batch["seq_idx"][0].tolist() == owner.tolist()
+    mask = batch.get("attention_mask")
+    if mask is not None and mask.dim() == 4:
+        keep = (owner[:, None] == owner[None, :]) & torch.ones(len(owner), len(owner), dtype=torch.bool).tril()
+        fields_ok &= torch.equal(mask[0, 0] == 0, keep)
+    leak, gap, error = 0.0, 0.0, None
+    fields = {k: v for k, v in batch.items() if k != "labels"}
     try:
         with torch.no_grad():
-            base = model(**{k: v for k, v in batch.items() if k != "labels"}).logits[0]  # (T, V)
+            base = model(**fields, **forward_kwargs).logits[0]  # (T, V)
+            if alone_tol is not None:
+                for k in range(len(exs)):
+                    alone = model(input_ids=batch["input_ids"][:, owner == k], **forward_kwargs).logits[0]  # (L, V)
+                    gap = max(gap, float((base[owner == k] - alone).abs().max()))
             for k in range(len(exs)):
                 ids = batch["input_ids"].clone()
                 mine = (owner == k).nonzero()[1:, 0]  # the example's tokens after its BOS
                 ids[0, mine] = torch.tensor([rng.randrange(3, VOCAB) for _ in mine])
-                out = model(**{**{k2: v for k2, v in batch.items() if k2 != "labels"}, "input_ids": ids}).logits[0]
+                out = model(**{**fields, "input_ids": ids}, **forward_kwargs).logits[0]
                 leak = max(leak, float((out - base)[owner != k].abs().max()))
     except Exception as err:  # noqa: BLE001 - the forward itself refuses the batch (the reference kernel)
         error = f"{type(err).__name__}: {str(err)[:80]}"
-    return {"leak": leak, "labels_ok": labels_ok, "fields_ok": fields_ok, "forward_error": error,
-            "bad": leak > LEAK_TOL or not labels_ok or not fields_ok}
+    out = {"leak": leak, "labels_ok": labels_ok, "fields_ok": fields_ok, "forward_error": error,
+           "bad": leak > tol or not labels_ok or not fields_ok}
+    if alone_tol is not None:
+        out.update(alone_gap=gap, positions_restart=positions_ok, bad=out["bad"] or gap > alone_tol)
+    return out
 
 
 def one_audit(seed: int, family: str, path: str, fault: str, evidence: str, models: dict) -> dict:
@@ -184,14 +207,14 @@ def cells(args) -> list[tuple[int, str, str, str, str]]:
     return out if args.only is None else [c for c in out if c[0] == args.only]
 
 
-def table(rows: list[dict], key: str) -> str:
-    """Counts per ``key``: audits, bad by the ground truth (leaking by it), and each check."""
+def table(rows: list[dict], key: str, tol: float = LEAK_TOL) -> str:
+    """Counts per ``key``: audits, bad by the ground truth (leaking by it: above ``tol``), and each check."""
     groups: dict[str, Counter] = {}
     for r in rows:
         c = groups.setdefault(r[key], Counter())
         c[r["check"]] += 1
         c["bad"] += r["bad"]
-        c["leaks"] += r["leak"] > LEAK_TOL
+        c["leaks"] += r["leak"] > tol
     cols = ("agrees", "false PASS", "false FAIL", "not measured", "unverified")
     return bu.markdown_table([key, "audits", "bad (truth)", "leaks (truth)", *cols],
                              [[g, sum(c[k] for k in cols), c["bad"], c["leaks"], *(c[k] for k in cols)]

@@ -446,3 +446,29 @@ def test_random_audits_quick_agrees_with_its_ground_truth_and_the_truth_can_see_
     rows = json.loads((tmp_path / "random_audits.json").read_text())["rows"]
     assert len(rows) == 12 and all(r["check"] == "agrees" for r in rows), [r for r in rows if r["check"] != "agrees"]
     assert len({r["seed"] for r in rows}) == 12
+
+
+def test_random_hybrid_audits_quick_agrees_and_its_float64_truth_sees_each_fault(tmp_path, bench):
+    """Every fault is bad by the script's own float64 truth on a family its fields isolate (so agreement is
+    not a pass-everything), a clean isolating row moves the others by exactly 0 there, and a quick run agrees."""
+    import copy
+    import random
+
+    from packsim.exhibits.hybrid_traps import build_frontier
+    from packsim.reference.hybrid_emulation import emulate_hybrid_kernels
+
+    rha = bench("random_hybrid_audits")
+    model = copy.deepcopy(build_frontier("bamba", "sdpa")).double().eval()
+    with emulate_hybrid_kernels():
+        for fault in rha.FAULTS:
+            exs = rha.examples(random.Random(3))[:3]
+            batch = rha.hybrid_batch(exs, "seq_idx", fault)
+            batch = {k: v.double() if v.is_floating_point() else v for k, v in batch.items()}
+            truth = rha.truth(model, exs, batch, random.Random(1), rha.LEAK_TOL, rha.ALONE_TOL, use_cache=False)
+            assert truth["bad"] == (fault != "none"), (fault, truth)
+            if fault == "none":
+                assert truth["leak"] == 0.0 and truth["alone_gap"] < 1e-6, truth
+    out = run_script("random_hybrid_audits.py", tmp_path, "--quick", "--cells", "12")
+    last_line_is_table(out)
+    rows = json.loads((tmp_path / "random_hybrid_audits.json").read_text())["rows"]
+    assert len(rows) == 12 and all(r["check"] == "agrees" for r in rows), [r for r in rows if r["check"] != "agrees"]

@@ -100,6 +100,27 @@ def test_flash_fields_catch_a_stale_max_length_and_offsets_that_disagree_with_th
     assert flash_fields({"input_ids": batch["input_ids"]}).status == "pass"
 
 
+def test_offsets_that_are_the_examples_pass_when_only_the_positions_disagree():
+    """With the examples known independently (seq, written here), the offsets that are exactly the
+    examples are right: positions that do not restart are the positions probe's to judge. Offsets off
+    the examples still fail, and without the evidence a disagreement fails as before."""
+    from transformers import DataCollatorWithFlattening
+
+    from packsim.auditing.findings import flash_fields
+
+    examples = [[1, 5, 6, 7, 2], [1, 8, 9, 2], [1, 10, 11, 12, 13, 14, 2]]
+    seq = torch.tensor([[k for k, e in enumerate(examples) for _ in e]])  # (1, 16): each token's example
+    batch = dict(DataCollatorWithFlattening(return_flash_attn_kwargs=True)([{"input_ids": e} for e in examples]))
+    continuous = {**batch, "position_ids": torch.arange(seq.shape[1])[None]}  # (1, 16): never restart
+    assert flash_fields(continuous).failed  # no evidence: which of the two is wrong is not known
+    right = flash_fields(continuous, seq)
+    assert right.status == "pass" and "holds the examples' offsets" in right.evidence
+    cu = batch["cu_seq_lens_q"].clone()
+    cu[1] += 1  # one token off the examples
+    assert flash_fields({**continuous, "cu_seq_lens_q": cu}, seq).failed
+    assert flash_fields({**batch, "cu_seq_lens_q": cu}, seq).failed  # the positions right, the offsets not
+
+
 def test_packsim_audit_reports_flash_fields_that_disagree_with_the_positions():
     """packsim.audit adds flash_fields where the batch carries varlen fields: consistent ones pass; offsets
     one token off the position restarts (computed here) FAIL the audit, whatever the sdpa forward does."""

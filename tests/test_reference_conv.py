@@ -89,6 +89,14 @@ def test_update_steps_equal_the_full_conv_and_the_fallback():
     assert (chunked - causal_conv1d_fn(x, w, b)).abs().max() <= TOL
 
 
+def test_float64_inputs_are_convolved_in_float64():
+    x, w, b = (t.double() for t in _data())
+    rows = [[5, 1, 11, 7], [12, 3, 9]]
+    packed = causal_conv1d_fn(x, w, b, seq_idx=_seq(rows), activation="silu")
+    want = F.silu(F.conv1d(F.pad(x[:1, :, :5], (3, 0)), w[:, None], b, groups=x.shape[1]))  # segment 0 of row 0
+    assert packed.dtype == torch.float64 and (packed[:1, :, :5] - want).abs().max() <= 1e-12
+
+
 def test_dtype_in_dtype_out():
     x, w, b = _data()
     out = causal_conv1d_fn(x.to(torch.bfloat16), w, b, activation="silu")

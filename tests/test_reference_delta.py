@@ -30,8 +30,8 @@ def _loop(q, k, v, g, beta, S=None):
     B, T = q.shape[:2]
     q = F.normalize(q, dim=-1, eps=0) * K ** -0.5
     k = F.normalize(k, dim=-1, eps=0)
-    S = torch.zeros(B, HV, K, V) if S is None else S.clone()
-    o = torch.zeros(B, T, HV, V)
+    S = torch.zeros(B, HV, K, V, dtype=q.dtype) if S is None else S.clone()
+    o = torch.zeros(B, T, HV, V, dtype=q.dtype)
     for bi in range(B):
         for j in range(HV):
             qh, kh = q[bi, :, j // (HV // H)], k[bi, :, j // (HV // H)]
@@ -49,6 +49,16 @@ def test_matches_the_per_token_loop(kernel):
     o, S = kernel(**d, initial_state=S0, output_final_state=True, use_qk_l2norm_in_kernel=True)
     want, want_S = _loop(**d, S=S0)
     assert (o - want).abs().max() <= TOL and (S - want_S).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_float64_inputs_run_in_float64(kernel):
+    """A float64 audit holds the kernel to float64 round-off: fp32 accumulation would miss by ~1e-7."""
+    d = {k: v.double() for k, v in _data(B=1, T=40).items()}
+    d["q"], d["k"] = (F.normalize(d[x], dim=-1, eps=0) for x in ("q", "k"))  # as the loop does (no kernel eps)
+    o, S = kernel(**d, output_final_state=True, use_qk_l2norm_in_kernel=False)
+    want, want_S = _loop(**d)
+    assert o.dtype == torch.float64 and (o - want).abs().max() <= 1e-10 and (S - want_S).abs().max() <= 1e-10
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

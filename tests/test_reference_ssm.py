@@ -31,7 +31,7 @@ def _recurrence(x, dt, A, B, C, D=None, z=None, dt_bias=None, h0=None):
     """Ground truth, one token at a time: h = exp(dt A) h + dt x B^T, y = h C + D x (times silu z)."""
     dt = F.softplus(dt + dt_bias) if dt_bias is not None else F.softplus(dt)
     Bh, Ch = (t.repeat_interleave(h // g, dim=2) for t in (B, C))  # (b, T, h, n)
-    state = torch.zeros(x.shape[0], h, p, n) if h0 is None else h0.clone()
+    state = torch.zeros(x.shape[0], h, p, n, dtype=x.dtype) if h0 is None else h0.clone()
     ys = []
     for t in range(x.shape[1]):
         state = torch.exp(dt[:, t] * A)[:, :, None, None] * state \
@@ -55,6 +55,14 @@ def test_matches_the_token_by_token_recurrence():
         y, final = _scan(d, D=D, z=d["z"], dt_bias=d["dt_bias"], initial_states=h0, return_final_states=True)
         want, want_final = _recurrence(d["x"], d["dt"], d["A"], d["B"], d["C"], D, d["z"], d["dt_bias"], h0)
         assert (y - want).abs().max() <= TOL and (final - want_final).abs().max() <= TOL
+
+
+def test_float64_inputs_are_scanned_in_float64():
+    """A float64 audit holds the kernel to float64 round-off: fp32 accumulation would miss by ~1e-7."""
+    d = {k: v.double() for k, v in _data().items()}
+    y = _scan(d, D=d["D"], z=d["z"], dt_bias=d["dt_bias"])
+    want, _ = _recurrence(d["x"], d["dt"], d["A"], d["B"], d["C"], d["D"], d["z"], d["dt_bias"])
+    assert y.dtype == torch.float64 and (y - want).abs().max() <= 1e-10
 
 
 def test_packed_row_equals_each_segment_alone_and_the_fallback_crosses():

@@ -84,7 +84,7 @@ def _pipeline(model, batch, response_mask, forward_kwargs, examples=None, object
         ev = dict_evidence(model, batch, examples)
         p = dict_pipeline(model, batch, response_mask, forward_kwargs, seq=ev.seq, source=ev.source,
                           objective=objective)
-        return p, ev.findings + ([flash_fields(batch)] if has_flash_fields(batch) else [])
+        return p, ev.findings + ([flash_fields(batch, ev.seq)] if has_flash_fields(batch) else [])
     raise PacksimError(
         f"cannot audit a batch of type {type(batch).__name__}: pass a packsim.PackedBatch or the "
         "collator's dict (input_ids, labels, position_ids, ...)."

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from packsim.auditing.report import Finding
-from packsim.core.segments import run_starts
+from packsim.core.segments import run_cu_seqlens, run_starts
 from packsim.core.special_tokens import is_token, start_ids, token_ids
 
 _MASKING_IMPLS = ("eager", "sdpa", "flex_attention")  # transformers' masking_utils builds their masks
@@ -33,7 +33,8 @@ class BatchView:
     (cu_seq_lens_q > seq_idx > position_ids restarts; one per row without them). source: where
     ``seq`` came from. from_tokens: ``seq`` came from BOS/EOS tokens because the fields mark at
     most one example per row. rows_mid_example: rows whose first token is not BOS (BOS known; what
-    the report says of it is :func:`rows_mid_example`'s).
+    the report says of it is :func:`rows_mid_example`'s). independent: ``seq`` came from evidence the
+    collator did not write (the dataset's examples, or the tokens).
     """
 
     fields: dict
@@ -42,6 +43,7 @@ class BatchView:
     source: str
     from_tokens: bool
     rows_mid_example: int = 0
+    independent: bool = False
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -227,15 +229,21 @@ def flash_rows(view: BatchView, impl: str | None) -> Finding:
                    "cu_seq_lens_q/k and max_length_q/k over the flattened tokens")
 
 
-def flash_fields(fields) -> Finding:
+def flash_fields(fields, seq: torch.Tensor | None = None) -> Finding:
     """The varlen fields against each other, before any forward: ``max_length_q/k`` below the longest
     segment of ``cu_seq_lens_q/k`` (flash-attn sizes its grid by them and silently leaves the rest of
     a longer segment uncomputed; packsim's reference kernel raises), or ``cu_seq_lens_*`` offsets that
-    are not where ``position_ids`` restart (the kernel attends over segments the positions disagree with)."""
+    are not where ``position_ids`` restart (the kernel attends over segments the positions disagree with).
+
+    ``seq`` (1, T): where independent evidence put the examples. Offsets that are exactly its
+    examples are right whatever the positions say: the disagreement is then the positions', which the
+    positions probe judges by what they do (a model that reads them only relatively, or not at all,
+    computes the same), and this finding passes saying so."""
     given = [k for k in _FA_KEYS if fields.get(k) is not None]
     if not given:
         return Finding("flash_fields", "pass", "no cu_seq_lens_* / max_length_* in the batch")
-    problems = []
+    problems, notes = [], []
+    examples = None if seq is None or seq.shape[0] != 1 else run_cu_seqlens(seq.reshape(-1)).tolist()
     for side in ("q", "k"):
         cu, most = fields.get(f"cu_seq_lens_{side}"), fields.get(f"max_length_{side}")
         if cu is None:
@@ -249,11 +257,17 @@ def flash_fields(fields) -> Finding:
         if pos is not None and torch.as_tensor(pos).shape[0] == 1:
             row = torch.as_tensor(pos).reshape(-1)  # (T,): one flattened row
             restarts = [0, *((row[1:] <= row[:-1]).nonzero()[:, 0] + 1).tolist(), row.numel()]
-            if cu.tolist() != restarts:
+            if cu.tolist() == restarts:
+                continue
+            if cu.tolist() == examples:
+                notes.append(f"cu_seq_lens_{side} holds the examples' offsets; position_ids do not restart at "
+                             "them (the positions probe judges what that does)")
+            else:
                 problems.append(f"cu_seq_lens_{side} {cu.tolist()[:8]} disagrees with where position_ids "
                                 f"restart {restarts[:8]}")
     if not problems:
-        return Finding("flash_fields", "pass", f"{', '.join(given)} agree with each other and with position_ids")
+        return Finding("flash_fields", "pass", "; ".join(notes) if notes else
+                       f"{', '.join(given)} agree with each other and with position_ids")
     return Finding("flash_fields", "fail", "inconsistent boundary fields: " + "; ".join(problems) +
                    ": a flash-attn varlen kernel runs over them as given, and computes the wrong attention "
                    "without an error", "recompute cu_seq_lens_q/k and max_length_q/k from the same position_ids "
@@ -265,7 +279,9 @@ def static_findings(trainer, view: BatchView, impl: str | None) -> list[Finding]
     the batch carries varlen fields."""
     found = [wrapped_packing(trainer, view), padding_free_attention(view, impl),
              attention_mask(view, impl), flash_rows(view, impl)]
-    return found + [flash_fields(view.fields)] if has_flash_fields(view.fields) else found
+    if not has_flash_fields(view.fields):
+        return found
+    return found + [flash_fields(view.fields, view.seq if view.independent else None)]
 
 
 def has_flash_fields(fields) -> bool:

@@ -113,11 +113,13 @@ def batch_evidence(trainer, model, view: BatchView, features) -> BoundaryEvidenc
     bos, eos = _special_ids(trainer, model)
     ids = view.fields["input_ids"]
     if view.from_tokens:  # the fields mark nothing inside rows (wrapped packing): the tokens decided
+        view.independent = True
         return BoundaryEvidence(view.seq, view.source, [
             boundary_fields(view.fields, view.seq, view.source),
             special_tokens(ids, view.seq, start_ids(bos, eos), eos, False, "the tokens")])
     ev = collect(view.fields, view.field_seq, features, bos, eos, what="trainer's dataset examples of this batch")
     if ev.seq is not None:
+        view.independent = True
         view.seq, view.source = ev.seq, f"{view.source}, confirmed by {ev.source}" if ev.confirms else ev.source
     else:
         view.source += f" ({ev.source}: the verdict rests on the batch's own metadata)"

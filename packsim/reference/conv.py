@@ -7,7 +7,9 @@ token ``t - (W-1) + j``: across a boundary that is the previous example's token.
 drops such a tap when ``seq_idx`` says the two tokens belong to different examples; transformers'
 torch fallback (``causal_conv1d_fn`` in e.g. ``models/bamba/modeling_bamba.py``) has no ``seq_idx``
 and convolves straight across. This module does what the CUDA kernel does, in plain torch, on
-any device: all taps at once (``unfold``), masked where ``seq_idx`` differs.
+any device: all taps at once (``unfold``), masked where ``seq_idx`` differs. The three reference
+kernels (conv, ``ssm``, ``delta``) compute in fp32 as the CUDA kernels accumulate, or in float64
+for float64 inputs (:func:`upcast`: a float64 audit is held to float64 round-off).
 
 Contract (as transformers calls the package):
   ``causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None,
@@ -29,6 +31,12 @@ import torch.nn.functional as F
 from packsim.core.errors import PacksimError
 
 __all__ = ["REFERENCE_KERNEL", "causal_conv1d_fn", "causal_conv1d_update"]
+
+
+def upcast(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in the dtype the reference kernels compute in: float32, or float64 for float64 inputs
+    (the CUDA kernels accumulate in fp32; a float64 audit gets float64 round-off, not fp32's)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
 
 REFERENCE_KERNEL = "reference kernel (packsim, pure torch)"
 
@@ -64,11 +72,11 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None, re
                            "(the CUDA kernel refuses it too); pass seq_idx alone for a packed row.")
     B, D, T = x.shape
     W = weight.shape[-1]
-    xf = x.float()  # (B, D, T)
-    head = xf.new_zeros(B, D, W - 1) if initial_states is None else initial_states.float()  # (B, D, W-1)
+    xf = upcast(x)  # (B, D, T)
+    head = xf.new_zeros(B, D, W - 1) if initial_states is None else upcast(initial_states)  # (B, D, W-1)
     padded = torch.cat([head, xf], dim=-1)  # (B, D, T+W-1)
     windows = padded.unfold(-1, W, 1)  # (B, D, T, W): tap j of token t reads token t-(W-1)+j
-    taps = windows * weight.float()[None, :, None, :]  # (B, D, T, W)
+    taps = windows * upcast(weight)[None, :, None, :]  # (B, D, T, W)
     if seq_idx is not None:
         if tuple(seq_idx.shape) != (B, T):
             raise PacksimError(f"causal_conv1d_fn: seq_idx {tuple(seq_idx.shape)} must be (B, T) = {(B, T)}; "
@@ -78,7 +86,7 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None, re
         taps = taps * same[:, None].to(taps.dtype)
     out = taps.sum(-1)  # (B, D, T)
     if bias is not None:
-        out = out + bias.float()[None, :, None]
+        out = out + upcast(bias)[None, :, None]
     out = _activate(out, activation).to(x.dtype)
     if not return_final_states:
         return out
@@ -110,12 +118,12 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, cach
     if S < W - 1 or conv_state.shape[:2] != x3.shape[:2]:
         raise PacksimError(f"causal_conv1d_update: conv_state {tuple(conv_state.shape)} must be (B, D, S >= "
                            f"{W - 1}) for x {tuple(x3.shape)} and width {W}; pass the cache's conv state.")
-    joined = torch.cat([conv_state.float(), x3.float()], dim=-1)  # (B, D, S+L)
+    joined = torch.cat([upcast(conv_state), upcast(x3)], dim=-1)  # (B, D, S+L)
     conv_state.copy_(joined[..., -S:].to(conv_state.dtype))
     windows = joined[..., -(L + W - 1):].unfold(-1, W, 1)  # (B, D, L, W)
-    out = (windows * weight.float()[None, :, None, :]).sum(-1)  # (B, D, L)
+    out = (windows * upcast(weight)[None, :, None, :]).sum(-1)  # (B, D, L)
     if bias is not None:
-        out = out + bias.float()[None, :, None]
+        out = out + upcast(bias)[None, :, None]
     out = _activate(out, activation).to(x.dtype)
     return out[..., 0] if squeeze else out
 

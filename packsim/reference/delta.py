@@ -18,7 +18,7 @@ serves ``fused_recurrent_gated_delta_rule``.
 Shapes (fla's): q, k (B, T, H, K), v (B, T, HV, V) with HV % H == 0 (each q/k head serves HV/H
 consecutive value heads), g and beta (B, T, HV), initial_state (N, HV, K, V) with N = B, or the
 number of sequences with cu_seqlens (then B == 1); returns o (B, T, HV, V) in q's dtype and the
-final state (N, HV, K, V) fp32 or None.
+final state (N, HV, K, V) fp32 (float64 for float64 inputs) or None.
 
 Lessons: none directly (:mod:`packsim.reference.hybrid_emulation` wires it into transformers).
 """
@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from packsim.core.errors import PacksimError
-from packsim.reference.conv import REFERENCE_KERNEL
+from packsim.reference.conv import REFERENCE_KERNEL, upcast
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"]
 
@@ -50,11 +50,11 @@ def _to_sequences(q, k, v, g, beta, scale, initial_state, cu_seqlens, l2norm, wh
     B, T, H, K = q.shape
     HV = v.shape[2]
     beta = torch.ones_like(g) if beta is None else beta
-    q, k = (t.float().repeat_interleave(HV // H, dim=2) for t in (q, k))  # (B, T, HV, K)
+    q, k = (upcast(t).repeat_interleave(HV // H, dim=2) for t in (q, k))  # (B, T, HV, K)
     if l2norm:
         q, k = _l2norm(q), _l2norm(k)
     q = q * (K ** -0.5 if scale is None else scale)
-    v, g, beta = v.float(), g.float(), beta.float()
+    v, g, beta = upcast(v), upcast(g), upcast(beta)
     if cu_seqlens is None:
         lay = lambda t: t.transpose(1, 2)  # noqa: E731  (B, T, HV, ·) -> (B, HV, T, ·)
         seqs = [lay(t) for t in (q, k, v, g, beta)]
@@ -83,7 +83,7 @@ def _to_sequences(q, k, v, g, beta, scale, initial_state, cu_seqlens, l2norm, wh
     if initial_state is not None and tuple(initial_state.shape) != (N, HV, K, v.shape[-1]):
         raise PacksimError(f"{what}: initial_state {tuple(initial_state.shape)} must be (N, HV, K, V) = "
                            f"{(N, HV, K, v.shape[-1])}: one state per sequence.")
-    S0 = None if initial_state is None else initial_state.float()
+    S0 = None if initial_state is None else upcast(initial_state)
     return seqs, S0, back
 
 
@@ -156,7 +156,7 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, ini
     Same shapes and returns as :func:`chunk_gated_delta_rule` (g None: no decay). A Python loop over
     time (every sequence and head vectorised): the decode step's kernel, one token per call.
     """
-    g = torch.zeros(v.shape[:3], dtype=torch.float32, device=v.device) if g is None else g
+    g = v.new_zeros(v.shape[:3], dtype=torch.promote_types(v.dtype, torch.float32)) if g is None else g
     seqs, S0, back = _to_sequences(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel,
                                    "fused_recurrent_gated_delta_rule")
     o, S = _recurrent(*seqs, S0)

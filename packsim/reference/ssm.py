@@ -18,7 +18,8 @@ mamba_ssm, tokens are joined by seq_idx equality (give it non-decreasing along t
 Shapes (mamba_ssm's): x (b, l, h, p), dt (b, l, h), A (h,), B / C (b, l, g, n) with h % g == 0,
 D (h,) or (h, p), z (b, l, h, p), dt_bias (h,), initial_states (b, h, p, n), seq_idx (b, l),
 cu_seqlens (S+1,) (only with return_varlen_states, b == 1). Fused: zxbcdt (b, l, 2*d_mlp + dim +
-conv_dim + h) with dim = h*p and conv_dim = dim + 2*g*n, conv1d_weight (conv_dim, W).
+conv_dim + h) with dim = h*p and conv_dim = dim + 2*g*n, conv1d_weight (conv_dim, W). "fp32" below
+reads float64 for float64 inputs (:func:`packsim.reference.conv.upcast`).
 
 Lessons: none directly (:mod:`packsim.reference.hybrid_emulation` wires it into transformers).
 """
@@ -29,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from packsim.core.errors import PacksimError
-from packsim.reference.conv import REFERENCE_KERNEL, causal_conv1d_fn
+from packsim.reference.conv import REFERENCE_KERNEL, causal_conv1d_fn, upcast
 
 __all__ = ["mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined"]
 
@@ -60,17 +61,17 @@ def _scan(x, dt, A, B, C, chunk_size, initial_states, seq):
     Q = int(chunk_size)
     pad = (-T) % Q
     rep = h // B.shape[2]
-    B = B.float().repeat_interleave(rep, dim=2)  # (b, l, h, n)
-    C = C.float().repeat_interleave(rep, dim=2)  # (b, l, h, n)
+    B = upcast(B).repeat_interleave(rep, dim=2)  # (b, l, h, n)
+    C = upcast(C).repeat_interleave(rep, dim=2)  # (b, l, h, n)
     n = B.shape[-1]
-    xdt = x.float() * dt[..., None]  # (b, l, h, p)
+    xdt = upcast(x) * dt[..., None]  # (b, l, h, p)
     # padding tokens: dt = 0 (no decay, no input) and the row's last example index (no reset)
     seq = torch.cat([seq, seq[:, -1:].expand(b, pad)], dim=1) if pad else seq  # (b, L)
     xdt, dt, B, C = (_pad_len(t, pad) for t in (xdt, dt, B, C))
     c = (T + pad) // Q
     xdt, B, C = (t.reshape(b, c, Q, h, -1) for t in (xdt, B, C))  # (b, c, Q, h, p|n)
     seq = seq.reshape(b, c, Q)  # (b, c, Q)
-    Acs = torch.cumsum(dt.reshape(b, c, Q, h) * A.float(), dim=2)  # (b, c, Q, h): log decay from chunk start
+    Acs = torch.cumsum(dt.reshape(b, c, Q, h) * upcast(A), dim=2)  # (b, c, Q, h): log decay from chunk start
 
     # 1. inside each chunk: y_t += sum_{s<=t, same example} (C_t . B_s) exp(Acs_t - Acs_s) dt_s x_s
     keep = (seq[:, :, :, None] == seq[:, :, None, :]) & torch.ones(Q, Q, dtype=torch.bool, device=x.device).tril()
@@ -85,7 +86,7 @@ def _scan(x, dt, A, B, C, chunk_size, initial_states, seq):
     added = torch.einsum("bclh,bclhn,bclhp->bchpn", to_end, B, xdt)  # (b, c, h, p, n)
 
     # 3. hand the state from chunk to chunk, dropped where the example changes
-    S = x.new_zeros(b, h, p, n, dtype=torch.float32) if initial_states is None else initial_states.float()
+    S = x.new_zeros(b, h, p, n, dtype=xdt.dtype) if initial_states is None else upcast(initial_states)
     owner = torch.zeros(b, dtype=torch.long, device=x.device)  # the example the carried state belongs to
     entering, owners, y_off = [], [], []
     for i in range(c):
@@ -125,19 +126,19 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     """
     _check_scan(x, dt, A, B, C, seq_idx)
     b, T = x.shape[:2]
-    dt = dt.float()
+    dt = upcast(dt)
     if dt_bias is not None:
-        dt = dt + dt_bias.float()
+        dt = dt + upcast(dt_bias)
     if dt_softplus:
         dt = F.softplus(dt)
     dt = dt.clamp(min=dt_limit[0], max=dt_limit[1])  # (b, l, h)
     seq = torch.zeros(b, T, dtype=torch.long, device=x.device) if seq_idx is None else seq_idx.long()
     y, final, parts = _scan(x, dt, A, B, C, chunk_size, initial_states, seq)
     if D is not None:
-        Df = D.float()
-        y = y + x.float() * (Df[:, None] if Df.dim() == 1 else Df)
+        Df = upcast(D)
+        y = y + upcast(x) * (Df[:, None] if Df.dim() == 1 else Df)
     if z is not None:
-        y = y * F.silu(z.float())
+        y = y * F.silu(upcast(z))
     out = [y.to(x.dtype)]
     if return_final_states:
         out.append(final)
@@ -155,11 +156,11 @@ mamba_chunk_scan_combined.__packsim_kernel__ = REFERENCE_KERNEL
 
 def _gated_rmsnorm(y, z, weight, eps, group, norm_before_gate):
     """RMSNorm over groups of ``group`` channels, gated by silu(z) before or after: y, z (b, l, dim) fp32."""
-    gate = F.silu(z.float())
+    gate = F.silu(upcast(z))
     if not norm_before_gate:
         y = y * gate
     shaped = y.reshape(*y.shape[:-1], -1, group)  # (b, l, g, dim/g)
-    y = (shaped * torch.rsqrt(shaped.pow(2).mean(-1, keepdim=True) + eps)).reshape(y.shape) * weight.float()
+    y = (shaped * torch.rsqrt(shaped.pow(2).mean(-1, keepdim=True) + eps)).reshape(y.shape) * upcast(weight)
     return y * gate if norm_before_gate else y
 
 
@@ -198,11 +199,11 @@ def mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias
         chunk_size, D=D, z=z4 if rmsnorm_weight is None else None, dt_bias=dt_bias, initial_states=initial_states,
         seq_idx=seq_idx, dt_softplus=True, dt_limit=dt_limit, return_final_states=return_final_states)
     y, final = result if return_final_states else (result, None)
-    y = y.float().reshape(b, T, dim)  # (b, l, dim)
+    y = upcast(y).reshape(b, T, dim)  # (b, l, dim)
     if rmsnorm_weight is not None:
         y = _gated_rmsnorm(y, z, rmsnorm_weight, rmsnorm_eps, dim // ngroups, norm_before_gate)
     if d_mlp > 0:
-        x0, z0 = zx0.float().chunk(2, dim=-1)
+        x0, z0 = upcast(zx0).chunk(2, dim=-1)
         y = torch.cat([F.silu(x0) * z0, y], dim=-1)  # (b, l, d_mlp + dim)
     y = y.to(zxbcdt.dtype)
     if outproj_weight is not None:
