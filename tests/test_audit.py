@@ -767,6 +767,44 @@ def test_a_forward_that_raises_in_a_backend_is_not_measured_naming_it():
     assert f"raised {raised}" in forward.evidence and "packsim_reference_flash" in forward.evidence
 
 
+class _RefusesOtherShapes(torch.nn.Module):
+    """A model whose forward accepts only the packed row's shape (a kernel with a fixed-size plan): the
+    audit's first forward runs, the probes' rows of single examples raise inside the model."""
+
+    def __init__(self, shape):
+        super().__init__()
+        self.inner, self.shape, self.config = packsim.build_model("tiny", seed=0), tuple(shape), None
+        self.config = self.inner.config
+
+    def forward(self, input_ids=None, **kwargs):
+        if tuple(input_ids.shape) != self.shape:
+            raise RuntimeError(f"this kernel was planned for {self.shape}, got {tuple(input_ids.shape)}")
+        return self.inner(input_ids=input_ids, **kwargs)
+
+
+def test_a_probe_forward_that_raises_in_the_model_is_not_measured_and_a_packsim_bug_still_crashes(monkeypatch):
+    examples = [[1, 5, 6, 7, 2], [1, 8, 9, 2], [1, 10, 11, 12, 2]]
+    batch = dict(DataCollatorWithFlattening()([{"input_ids": e} for e in examples]))
+    model = _RefusesOtherShapes(batch["input_ids"].shape).eval()
+    with torch.no_grad():
+        model(input_ids=batch["input_ids"], position_ids=batch["position_ids"])  # the packed row runs
+        with pytest.raises(RuntimeError, match="planned for"):
+            model(input_ids=batch["input_ids"][:, :5])  # the ground truth: one example alone raises
+    report = packsim.audit(model, batch, examples=examples, objective="lm")
+    assert report.status == "not measured" and not report.ok, report.table()
+    forward = next(f for f in report.findings if f.name == "forward")
+    assert "a probe's forward" in forward.evidence and "raised RuntimeError: this kernel was planned" in forward.evidence
+
+    import packsim.auditing.auditor as auditor
+
+    planted = {}  # a bug whose frame is packsim's own file, as a fault of the audit's code would be
+    exec(compile("def broken(*args, **kwargs):\n    raise TypeError('planted bug in packsim')\n",
+                 auditor.__file__, "exec"), planted)
+    monkeypatch.setattr(auditor, "leak_probes", planted["broken"])
+    with pytest.raises(TypeError, match="planted bug"):  # packsim's own fault: a crash, never a verdict
+        packsim.audit(packsim.build_model("tiny", seed=0).eval(), batch, examples=examples, objective="lm")
+
+
 def test_a_stale_max_length_on_the_flash_path_is_a_fail_not_an_exception():
     """max_length_q one short of the longest example (computed here from the examples): flash-attn would
     size its grid by it and silently leave the rest uncomputed; packsim's reference kernel refuses it.

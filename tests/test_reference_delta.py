@@ -52,6 +52,14 @@ def test_matches_the_per_token_loop(kernel):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
+def test_outputs_are_contiguous_as_flas_are(kernel):
+    d = _data(B=1, T=40)
+    assert kernel(**d)[0].is_contiguous()
+    cu = torch.tensor([0, 13, 40], dtype=torch.int32)
+    assert kernel(**d, cu_seqlens=cu)[0].is_contiguous()
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_float64_inputs_run_in_float64(kernel):
     """A float64 audit holds the kernel to float64 round-off: fp32 accumulation would miss by ~1e-7."""
     d = {k: v.double() for k, v in _data(B=1, T=40).items()}

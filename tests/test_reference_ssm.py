@@ -57,6 +57,14 @@ def test_matches_the_token_by_token_recurrence():
         assert (y - want).abs().max() <= TOL and (final - want_final).abs().max() <= TOL
 
 
+def test_outputs_are_contiguous_as_the_real_kernels_are():
+    """mamba_ssm returns fresh tensors, and transformers' mixers .view them (Falcon-H1's in 5.16.1)."""
+    d = _data()
+    assert _scan(d, seq_idx=_seq([[10, 19], [29]])).is_contiguous()  # no D, no z: the scan's own layout
+    short = {k: v[:, :5] if v.dim() > 1 and v.shape[1] == T else v for k, v in d.items()}  # under one chunk
+    assert _scan(short, D=d["D"], z=short["z"]).is_contiguous()
+
+
 def test_float64_inputs_are_scanned_in_float64():
     """A float64 audit holds the kernel to float64 round-off: fp32 accumulation would miss by ~1e-7."""
     d = {k: v.double() for k, v in _data().items()}

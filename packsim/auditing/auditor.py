@@ -38,8 +38,10 @@ Lessons: 07, 09, A6.
 from __future__ import annotations
 
 import time
+import traceback
 from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -195,9 +197,16 @@ def audit_pipeline(p: Pipeline, *, max_examples: int = 4, tol: float | None = No
         for name in LEAK_PROBES:
             probes[name] = ProbeResult(name, "skipped", None, tol, why)
     else:
-        probes["perturbation"], change, probes["gradient"], ratio = leak_probes(p, base, shared, tol, seed,
-                                                                               max_examples)
-        probes["attention_mass"], outside = attention_mass(p, base, tol, base_out if shared.attentions else None)
+        try:
+            probes["perturbation"], change, probes["gradient"], ratio = leak_probes(p, base, shared, tol, seed,
+                                                                                   max_examples)
+            probes["attention_mass"], outside = attention_mass(p, base, tol,
+                                                               base_out if shared.attentions else None)
+        except Exception as err:  # the model's own forward on a probe's rows (each example alone, a perturbed
+            if not _raised_by_the_model(err):  # row): a verdict; a fault of packsim's own code stays a crash
+                raise
+            return _forward_failed(p, err, tol, start, findings, "a probe's forward (examples alone, a "
+                                   "perturbed row)")
         shared.graph = None  # free the baseline's graph
     # eval-mode logits where the baseline ran in eval mode, or (fp32 / fp64) every example matched
     # itself alone in eval mode: what audit_trainer's accumulation check reuses instead of a forward
@@ -219,14 +228,14 @@ def audit_pipeline(p: Pipeline, *, max_examples: int = 4, tol: float | None = No
     return report, base_out
 
 
-def _forward_failed(p: Pipeline, err: Exception, tol: float, start: float,
-                    findings: list | None) -> tuple[AuditReport, ForwardOutput]:
+def _forward_failed(p: Pipeline, err: Exception, tol: float, start: float, findings: list | None,
+                    which: str = "the pipeline's forward") -> tuple[AuditReport, ForwardOutput]:
     """NOT MEASURED for a forward that raised inside a backend (e.g. transformers' ``get_target_dtype``
     finding no ``nn.Linear`` in GPT-2 on the flash path: ``StopIteration``): the leak probes and the
     positions are skipped naming the exception; loss coverage needs no forward and still runs."""
     first = (str(err).splitlines() or [""])[0][:200]
     impl = getattr(getattr(p.model, "config", None), "_attn_implementation", None)
-    why = (f"not measured: the pipeline's forward raised {type(err).__name__}"
+    why = (f"not measured: {which} raised {type(err).__name__}"
            f"{': ' + first if first else ''} (attn_implementation={impl!r}), so no probe that needs it ran")
     probes = {name: ProbeResult(name, "skipped", None, tol, why) for name in (*LEAK_PROBES, "positions")}
     probes["loss_coverage"] = loss_coverage(p)
@@ -241,6 +250,17 @@ def _forward_failed(p: Pipeline, err: Exception, tol: float, start: float,
                          seconds=time.perf_counter() - start, findings=[*(findings or []), finding])
     dtype = next(p.model.parameters()).dtype
     return report, ForwardOutput(torch.empty((*p.input_ids.shape, 0), dtype=dtype))
+
+
+def _raised_by_the_model(err: BaseException) -> bool:
+    """Whether the innermost frame of ``err`` is outside packsim's audit (the model, transformers, torch,
+    or a reference kernel standing in for a CUDA package), not a bug of the audit itself."""
+    frames = list(traceback.walk_tb(err.__traceback__))
+    if not frames:
+        return False
+    path = Path(frames[-1][0].f_code.co_filename).resolve()
+    package = Path(__file__).resolve().parents[1]  # packsim/
+    return not path.is_relative_to(package) or path.is_relative_to(package / "reference")
 
 
 def worst_pair(ids: list[int], change: torch.Tensor, ratio) -> WorstPair | None:

@@ -139,7 +139,7 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
         y = y + upcast(x) * (Df[:, None] if Df.dim() == 1 else Df)
     if z is not None:
         y = y * F.silu(upcast(z))
-    out = [y.to(x.dtype)]
+    out = [y.to(x.dtype).contiguous()]  # a fresh tensor, as mamba_ssm's kernel returns (callers .view it)
     if return_final_states:
         out.append(final)
     if return_varlen_states:
@@ -205,7 +205,7 @@ def mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias
     if d_mlp > 0:
         x0, z0 = upcast(zx0).chunk(2, dim=-1)
         y = torch.cat([F.silu(x0) * z0, y], dim=-1)  # (b, l, d_mlp + dim)
-    y = y.to(zxbcdt.dtype)
+    y = y.to(zxbcdt.dtype).contiguous()
     if outproj_weight is not None:
         y = F.linear(y.to(outproj_weight.dtype), outproj_weight, outproj_bias)
     return (y, final) if return_final_states else y
