@@ -186,17 +186,25 @@ def one_audit(seed: int, family: str, path: str, fault: str, evidence: str, mode
     start = time.perf_counter()
     given = [ids for ids, _ in exs] if evidence == "examples" else None
     report = packsim.audit(model, batch, response_mask=response, examples=given)
-    status = report.status
-    if status in ("not measured", "unverified"):
-        check = status
-    else:
-        check = "agrees" if (status == "fail") == gt["bad"] else "false PASS" if status == "pass" else "false FAIL"
     return {"seed": seed, "family": family, "path": path, "fault": fault, "evidence": evidence, "examples": len(exs),
-            "status": status, "failed": report.failed, "check": check, "seconds": time.perf_counter() - start, **gt}
+            "status": report.status, "failed": report.failed, "check": check(report.status, gt["bad"]),
+            "seconds": time.perf_counter() - start, **gt}
+
+
+def check(status: str, bad: bool) -> str:
+    """The audit's status against the ground truth: agrees, false PASS / FAIL, or the non-verdict itself."""
+    if status in ("not measured", "unverified"):
+        return status
+    return "agrees" if (status == "fail") == bad else "false PASS" if status == "pass" else "false FAIL"
 
 
 def cells(args) -> list[tuple[int, str, str, str, str]]:
-    grid = [(f, p, x, e) for f in args.families for p in args.paths for x in args.faults for e in EVIDENCE]
+    return seeded([(f, p, x, e) for f in args.families for p in args.paths for x in args.faults for e in EVIDENCE],
+                  args)
+
+
+def seeded(grid: list[tuple], args) -> list[tuple]:
+    """(seed, *cell) for every cell x ``--seeds`` (``--quick``: ``--cells`` random cells), or ``--only``'s."""
     if args.quick:
         grid = random.Random(args.seed).sample(grid, min(args.cells, len(grid)))
     out, seed = [], args.seed
@@ -221,32 +229,42 @@ def table(rows: list[dict], key: str, tol: float = LEAK_TOL) -> str:
                               for g, c in groups.items()])
 
 
+def run_arguments(ap: argparse.ArgumentParser, argv, out_name: str, seeds: int, cells: int) -> argparse.Namespace:
+    """The options every random-audit sweep takes (seeds, --only, --quick, --out), parsed; one torch thread."""
+    ap.add_argument("--seeds", type=int, default=seeds, help="seeds per cell")
+    ap.add_argument("--seed", type=int, default=0, help="the first seed")
+    ap.add_argument("--only", type=int, help="rerun the one audit with this seed")
+    ap.add_argument("--quick", action="store_true", help="--cells random cells of the grid, one seed")
+    ap.add_argument("--cells", type=int, default=cells)
+    ap.add_argument("--out", help=f"folder for {out_name} (default: benchmarks/results, quick: runs/)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.seeds = 1
+    torch.set_num_threads(1)
+    return args
+
+
+def summary(rows: list[dict], seconds: float, path) -> str:
+    """The sweep's first line: how many audits agree with their ground truth, and how the others went."""
+    count = Counter(r["check"] for r in rows)
+    return (f"{len(rows)} audits in {seconds:.0f} s: {count['agrees']} agree with their ground truth, "
+            f"{count['false PASS']} false PASS, {count['false FAIL']} false FAIL, "
+            f"{count['not measured'] + count['unverified']} without a verdict ({path})")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     ap.add_argument("--paths", nargs="+", default=list(PATHS), choices=list(PATHS))
     ap.add_argument("--faults", nargs="+", default=list(FAULTS), choices=list(FAULTS))
-    ap.add_argument("--seeds", type=int, default=2, help="seeds per cell")
-    ap.add_argument("--seed", type=int, default=0, help="the first seed")
-    ap.add_argument("--only", type=int, help="rerun the one audit with this seed")
-    ap.add_argument("--quick", action="store_true", help="--cells random cells of the grid, one seed")
-    ap.add_argument("--cells", type=int, default=24)
-    ap.add_argument("--out", help="folder for random_audits.json (default: benchmarks/results, quick: runs/)")
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.seeds = 1
-    torch.set_num_threads(1)
+    args = run_arguments(ap, argv, "random_audits.json", seeds=2, cells=24)
     start, models = time.perf_counter(), {}
     rows = [one_audit(*c, models) for c in cells(args)]
     seconds = time.perf_counter() - start
-    agree = sum(r["check"] == "agrees" for r in rows)
     wrong = [r for r in rows if r["check"] in ("false PASS", "false FAIL")]
     path = bu.save_json(bu.out_dir(args.out, args.quick) / "random_audits.json",
                         {"machine": bu.machine_info(1), "seconds": seconds, "rows": rows})
-    print(f"{len(rows)} audits in {seconds:.0f} s: {agree} agree with their ground truth, "
-          f"{sum(r['check'] == 'false PASS' for r in rows)} false PASS, "
-          f"{sum(r['check'] == 'false FAIL' for r in rows)} false FAIL, "
-          f"{sum(r['check'] in ('not measured', 'unverified') for r in rows)} without a verdict ({path})")
+    print(summary(rows, seconds, path))
     for r in wrong:
         print(f"  seed {r['seed']}: {r['family']} / {r['path']} / {r['fault']}: audit {r['status']} "
               f"{r['failed']}, truth leak {r['leak']:.1e} labels_ok {r['labels_ok']} fields_ok {r['fields_ok']}")

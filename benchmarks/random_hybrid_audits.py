@@ -36,7 +36,16 @@ import warnings
 
 import benchutil as bu
 import torch
-from random_audits import examples, expected_labels, table, truth
+from random_audits import (
+    check,
+    examples,
+    expected_labels,
+    run_arguments,
+    seeded,
+    summary,
+    table,
+    truth,
+)
 
 LEAK_TOL = 1e-9  # float64 truth: an isolating row moves other examples by round-off (~1e-15), a leak by far more
 ALONE_TOL = 1e-4  # packed vs alone: RoPE is shift-invariant only up to the round-off of its angles (fp32)
@@ -106,25 +115,13 @@ def one_audit(seed: int, family: str, fields: str, fault: str, models: dict) -> 
         report = packsim.audit(model, batch, response_mask=response, examples=[ids for ids, _ in exs],
                                use_cache=False)
     model.eval()  # an audit may leave a hybrid in train mode on its way out of a fused path
-    status = report.status
-    if status in ("not measured", "unverified"):
-        check = status
-    else:
-        check = "agrees" if (status == "fail") == gt["bad"] else "false PASS" if status == "pass" else "false FAIL"
     return {"seed": seed, "family": family, "fields": fields, "fault": fault, "examples": len(exs),
-            "status": status, "failed": report.failed, "check": check, "seconds": time.perf_counter() - start, **gt}
+            "status": report.status, "failed": report.failed, "check": check(report.status, gt["bad"]),
+            "seconds": time.perf_counter() - start, **gt}
 
 
 def cells(args) -> list[tuple[int, str, str, str]]:
-    grid = [(f, x, fault) for f in args.families for x in args.fields for fault in args.faults]
-    if args.quick:
-        grid = random.Random(args.seed).sample(grid, min(args.cells, len(grid)))
-    out, seed = [], args.seed
-    for _ in range(args.seeds):
-        for cell in grid:
-            out.append((seed, *cell))
-            seed += 1
-    return out if args.only is None else [c for c in out if c[0] == args.only]
+    return seeded([(f, x, fault) for f in args.families for x in args.fields for fault in args.faults], args)
 
 
 def main(argv=None) -> int:
@@ -135,30 +132,17 @@ def main(argv=None) -> int:
     ap.add_argument("--families", nargs="+", default=families, choices=families)
     ap.add_argument("--fields", nargs="+", default=list(FIELDS), choices=list(FIELDS))
     ap.add_argument("--faults", nargs="+", default=list(FAULTS), choices=list(FAULTS))
-    ap.add_argument("--seeds", type=int, default=8, help="seeds per cell")
-    ap.add_argument("--seed", type=int, default=0, help="the first seed")
-    ap.add_argument("--only", type=int, help="rerun the one audit with this seed")
-    ap.add_argument("--quick", action="store_true", help="--cells random cells of the grid, one seed")
-    ap.add_argument("--cells", type=int, default=12)
-    ap.add_argument("--out", help="folder for random_hybrid_audits.json (default: benchmarks/results, quick: runs/)")
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.seeds = 1
-    torch.set_num_threads(1)
+    args = run_arguments(ap, argv, "random_hybrid_audits.json", seeds=8, cells=12)
     start, models = time.perf_counter(), {}
     with emulate_hybrid_kernels():
         rows = [one_audit(*c, models) for c in cells(args)]
     seconds = time.perf_counter() - start
-    agree = sum(r["check"] == "agrees" for r in rows)
     wrong = [r for r in rows if r["check"] in ("false PASS", "false FAIL")]
     path = bu.save_json(bu.out_dir(args.out, args.quick) / "random_hybrid_audits.json",
                         {"machine": bu.machine_info(1), "seconds": seconds, "leak_tol": LEAK_TOL, "rows": rows})
+    print(summary(rows, seconds, path))
     isolated = [r["leak"] for r in rows if r["leak"] <= LEAK_TOL and not r["forward_error"]]
     leaking = [r["leak"] for r in rows if r["leak"] > LEAK_TOL]
-    print(f"{len(rows)} audits in {seconds:.0f} s: {agree} agree with their ground truth, "
-          f"{sum(r['check'] == 'false PASS' for r in rows)} false PASS, "
-          f"{sum(r['check'] == 'false FAIL' for r in rows)} false FAIL, "
-          f"{sum(r['check'] in ('not measured', 'unverified') for r in rows)} without a verdict ({path})")
     print(f"the truth's margin: largest change of an isolated row {max(isolated, default=0):.1e}, smallest leak "
           f"{min(leaking, default=float('nan')):.1e} (LEAK_TOL {LEAK_TOL:.0e}); positions that do not restart: "
           f"{sum(not r['positions_restart'] for r in rows)} rows, their largest packed-vs-alone gap where nothing "
