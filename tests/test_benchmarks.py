@@ -472,3 +472,21 @@ def test_random_hybrid_audits_quick_agrees_and_its_float64_truth_sees_each_fault
     last_line_is_table(out)
     rows = json.loads((tmp_path / "random_hybrid_audits.json").read_text())["rows"]
     assert len(rows) == 12 and all(r["check"] == "agrees" for r in rows), [r for r in rows if r["check"] != "agrees"]
+
+
+def test_random_cp_audits_quick_agrees_and_its_truth_sees_both_traps(tmp_path, bench):
+    """Under accelerate's hook a packed row leaks and a left-padded row reads its padding, by the script's own
+    truth (a right-padded row does neither), and a quick run has no false verdict."""
+    import random
+
+    rcp = bench("random_cp_audits")
+    exs = [([1, 5, 6, 7, 2], 2), ([1, 8, 9, 10, 11, 2], 3)]
+    for collator, bad in (("packed", True), ("right_padded", False), ("left_padded", True)):
+        trainer = rcp.build_trainer("llama", collator, exs, str(tmp_path / collator))
+        batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+        assert rcp.truth(trainer.model, batch, True, random.Random(0))["bad"] == bad, collator
+        assert not rcp.truth(trainer.model, batch, False, random.Random(0))["bad"], collator  # the mask honoured
+    out = run_script("random_cp_audits.py", tmp_path, "--quick", "--cells", "8", "--sizes", "2", "3")
+    last_line_is_table(out)
+    rows = json.loads((tmp_path / "random_cp_audits.json").read_text())["rows"]
+    assert len(rows) == 8 and all(r["check"] == "agrees" for r in rows), [r for r in rows if r["check"] != "agrees"]
