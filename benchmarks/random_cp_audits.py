@@ -16,9 +16,10 @@ the batch is bad. Where each example is comes from the collators written here (p
 the attention mask), not from the audit.
 
 The truth measures attention (the collators' labels are right by construction), so the verdict
-checked is the audit's without its loss-normalisation finding, which is reported apart: transformers (``Trainer._get_num_items_in_batch``, read in 5.25.0)
-divides ``num_items_in_batch`` by ``cp_size``, undoing the gather over the CP ranks that a real run
-makes; one CPU process makes no such gather, so under this simulation ``loss_over_accumulation``
+checked is the audit's without its loss-normalisation finding, which is reported apart.
+``Trainer._get_num_items_in_batch`` divides ``num_items_in_batch`` by ``cp_size`` (read in 5.16.1:
+``// parallelism_config.non_data_parallel_size``; 5.25.0: ``/ (tp * cp * sp)``), undoing the
+gather over the CP ranks that a real run makes; one CPU process makes no such gather, so under this simulation ``loss_over_accumulation``
 measures half the count, which a real run would not have (not measured here: no two GPUs).
 
     python benchmarks/random_cp_audits.py            # 3 families x 3 collators x cp on/off x 4 sizes x 4 seeds
