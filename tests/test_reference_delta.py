@@ -52,7 +52,7 @@ def test_matches_the_per_token_loop(kernel):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_outputs_are_contiguous_as_flas_are(kernel):
+def test_outputs_are_contiguous_for_callers_that_view_them(kernel):
     d = _data(B=1, T=40)
     assert kernel(**d)[0].is_contiguous()
     cu = torch.tensor([0, 13, 40], dtype=torch.int32)

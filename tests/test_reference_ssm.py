@@ -57,8 +57,8 @@ def test_matches_the_token_by_token_recurrence():
         assert (y - want).abs().max() <= TOL and (final - want_final).abs().max() <= TOL
 
 
-def test_outputs_are_contiguous_as_the_real_kernels_are():
-    """mamba_ssm returns fresh tensors, and transformers' mixers .view them (Falcon-H1's in 5.16.1)."""
+def test_outputs_are_contiguous_for_callers_that_view_them():
+    """transformers' mixers .view the scan's output (Falcon-H1's in 5.16.1: modeling_falcon_h1.py)."""
     d = _data()
     assert _scan(d, seq_idx=_seq([[10, 19], [29]])).is_contiguous()  # no D, no z: the scan's own layout
     short = {k: v[:, :5] if v.dim() > 1 and v.shape[1] == T else v for k, v in d.items()}  # under one chunk

@@ -8,7 +8,7 @@ drops such a tap when ``seq_idx`` says the two tokens belong to different exampl
 torch fallback (``causal_conv1d_fn`` in e.g. ``models/bamba/modeling_bamba.py``) has no ``seq_idx``
 and convolves straight across. This module does what the CUDA kernel does, in plain torch, on
 any device: all taps at once (``unfold``), masked where ``seq_idx`` differs. The three reference
-kernels (conv, ``ssm``, ``delta``) compute in fp32 as the CUDA kernels accumulate, or in float64
+kernels (conv, ``ssm``, ``delta``) compute in fp32, or in float64
 for float64 inputs (:func:`upcast`: a float64 audit is held to float64 round-off).
 
 Contract (as transformers calls the package):
@@ -34,8 +34,8 @@ __all__ = ["REFERENCE_KERNEL", "causal_conv1d_fn", "causal_conv1d_update"]
 
 
 def upcast(t: torch.Tensor) -> torch.Tensor:
-    """``t`` in the dtype the reference kernels compute in: float32, or float64 for float64 inputs
-    (the CUDA kernels accumulate in fp32; a float64 audit gets float64 round-off, not fp32's)."""
+    """``t`` in the dtype the reference kernels compute in: float32 for float32 / bf16 / fp16 inputs,
+    float64 for float64 ones (a float64 audit is held to float64 round-off, not fp32's)."""
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 REFERENCE_KERNEL = "reference kernel (packsim, pure torch)"

@@ -142,7 +142,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     seqs, S0, back = _to_sequences(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel,
                                    "chunk_gated_delta_rule")
     o, S = _chunked(*seqs, S0)
-    return back(o).to(q.dtype).contiguous(), (S if output_final_state else None)  # contiguous, as fla's
+    return back(o).to(q.dtype).contiguous(), (S if output_final_state else None)  # contiguous: callers .view it
 
 
 chunk_gated_delta_rule.__packsim_kernel__ = REFERENCE_KERNEL
@@ -160,7 +160,7 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, ini
     seqs, S0, back = _to_sequences(q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel,
                                    "fused_recurrent_gated_delta_rule")
     o, S = _recurrent(*seqs, S0)
-    return back(o).to(q.dtype).contiguous(), (S if output_final_state else None)  # contiguous, as fla's
+    return back(o).to(q.dtype).contiguous(), (S if output_final_state else None)  # contiguous: callers .view it
 
 
 fused_recurrent_gated_delta_rule.__packsim_kernel__ = REFERENCE_KERNEL

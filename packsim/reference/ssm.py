@@ -139,7 +139,7 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
         y = y + upcast(x) * (Df[:, None] if Df.dim() == 1 else Df)
     if z is not None:
         y = y * F.silu(upcast(z))
-    out = [y.to(x.dtype).contiguous()]  # a fresh tensor, as mamba_ssm's kernel returns (callers .view it)
+    out = [y.to(x.dtype).contiguous()]  # contiguous: callers .view it
     if return_final_states:
         out.append(final)
     if return_varlen_states:
