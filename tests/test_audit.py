@@ -767,6 +767,25 @@ def test_a_forward_that_raises_in_a_backend_is_not_measured_naming_it():
     assert f"raised {raised}" in forward.evidence and "packsim_reference_flash" in forward.evidence
 
 
+@pytest.mark.parametrize("condition", ["positions_4rows", "positions_3d", "ones_mask_4rows"])
+def test_a_multimodal_rope_batch_is_audited_against_its_ground_truth(condition):
+    """Qwen2-VL's text stack with (4, 1, T) / (3, 1, T) rope rows: the ground truth (one example's tokens
+    changed, the others' logits compared) computed here; the audit reads the rope rows, never raises."""
+    from packsim.exhibits.hybrid_traps import build_frontier, frontier_batch
+
+    model = build_frontier("qwen2_vl").eval()
+    batch, seq = frontier_batch(condition)
+    ids = batch["input_ids"]
+    moved = ids.clone()
+    moved[seq == 0] = (moved[seq == 0] + 1) % 90 + 3
+    with torch.no_grad():
+        change = (model(**{**batch, "input_ids": moved}, use_cache=False).logits
+                  - model(**batch, use_cache=False).logits)[seq > 0].abs().max()
+    examples = [ids[0, seq[0] == k].tolist() for k in range(int(seq.max()) + 1)]
+    report = packsim.audit(model, batch, examples=examples, objective="lm", use_cache=False)
+    assert report.status == ("fail" if float(change) > 1e-4 else "pass"), (float(change), report.table())
+
+
 class _RefusesOtherShapes(torch.nn.Module):
     """A model whose forward accepts only the packed row's shape (a kernel with a fixed-size plan): the
     audit's first forward runs, the probes' rows of single examples raise inside the model."""

@@ -8,7 +8,7 @@ from toy import toy_examples
 from transformers import DataCollatorWithFlattening
 
 from packsim.core.batch import PackedBatch
-from packsim.core.boundaries import ROWS_SOURCE, find_boundaries
+from packsim.core.boundaries import ROWS_SOURCE, find_boundaries, text_positions
 from packsim.core.errors import PacksimError
 
 
@@ -101,3 +101,27 @@ def test_a_pad_run_ending_each_row_is_padding_when_the_pad_token_is_named():
     assert torch.equal(found.seq_ids, want) and "pad token 0" in found.source
     with_mask = {**batch, "attention_mask": torch.ones_like(ids)}
     assert find_boundaries(with_mask, pad_token_id=0).num_examples == 5  # the mask decides where there is one
+
+
+def test_text_positions_reads_every_documented_shape_and_refuses_the_rest():
+    pos = torch.tensor([[0, 1, 2, 0, 1]])  # (1, T): two examples
+    want = pos.expand(2, 5)
+    for given in (pos[0], pos, pos.expand(2, 5), pos[None].expand(3, 2, 5), pos[None].expand(4, 1, 5)):
+        assert torch.equal(text_positions(given, 2, 5), want), tuple(given.shape)
+    for wrong in (pos.expand(3, 5), pos[:, :4], pos[None].expand(2, 1, 5)):
+        with pytest.raises(PacksimError, match="multimodal-RoPE model's"):
+            text_positions(wrong, 2, 5)
+
+
+def test_find_boundaries_reads_mrope_rope_rows_by_their_text_row():
+    rows = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])  # (1, 9): three examples
+    four = {"input_ids": torch.ones(1, 9, dtype=torch.long), "position_ids": rows[None].expand(4, 1, 9)}
+    assert find_boundaries(four).seq_ids.tolist() == [[0, 0, 0, 1, 1, 2, 2, 2, 2]]
+    with pytest.raises(PacksimError, match="has shape \\(3, 9\\)"):
+        find_boundaries({**four, "position_ids": rows.expand(3, 9)})
+
+
+def test_a_batch_without_tokens_is_one_line():
+    with pytest.raises(PacksimError, match="holds no token"):
+        find_boundaries({"input_ids": torch.zeros(1, 0, dtype=torch.long)})
+

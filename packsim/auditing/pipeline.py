@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from packsim.core.batch import PackedBatch
-from packsim.core.boundaries import find_boundaries
+from packsim.core.boundaries import find_boundaries, text_positions
 from packsim.core.errors import PacksimError
 from packsim.core.loss import Role
 from packsim.core.segments import example_positions, run_starts
@@ -241,7 +241,7 @@ def dict_pipeline(model, batch: Mapping, response_mask, forward_kwargs, seq=None
     return Pipeline(
         model=model, run=run, input_ids=ids, seq=seq, example_ids=ex_ids, boundaries=source,
         labels=fields.get("labels"), roles=roles, role_notes=notes,
-        positions=None if pos is None else torch.as_tensor(pos).expand(ids.shape),
+        positions=None if pos is None else text_positions(pos, *ids.shape),
         expected_positions=example_positions(seq),
         forward=f"model(**batch{kw}), batch keys {sorted(fields)}{dropped}, attn_implementation={impl!r}",
         context={"kind": "dict", "fields": fields, "impl": impl, "forward_kwargs": forward_kwargs},

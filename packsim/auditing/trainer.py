@@ -62,6 +62,7 @@ from packsim.auditing.trainer_batch import (
 )
 from packsim.auditing.trainer_cp import as_cp_step, cp_finding
 from packsim.auditing.truncation import truncated_examples
+from packsim.core.boundaries import text_positions
 from packsim.core.errors import PacksimError
 from packsim.core.loss import Role
 from packsim.core.segments import example_positions
@@ -104,7 +105,7 @@ def _pipeline(trainer, model, view: BatchView, features, forward_kwargs, autocas
     p = Pipeline(
         model=model, run=run, input_ids=ids, seq=seq, example_ids=list(range(S)), boundaries=view.source,
         labels=fields.get("labels"), roles=roles, role_notes=notes,
-        positions=None if pos is None else torch.as_tensor(pos).expand(ids.shape),
+        positions=None if pos is None else text_positions(pos, *ids.shape),
         expected_positions=example_positions(seq), forward=forward,
         context={"kind": "dict", "fields": fields, "impl": impl, "forward_kwargs": forward_kwargs},
         run_alone=run_alone, objective="lm" if objective == "lm" or sft_language_modelling(trainer) else "sft",

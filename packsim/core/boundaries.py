@@ -28,7 +28,7 @@ from packsim.core.segments import (
     seq_ids_from_starts,
 )
 
-__all__ = ["Boundaries", "field_starts", "find_boundaries"]
+__all__ = ["Boundaries", "field_starts", "find_boundaries", "text_positions"]
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,8 @@ def find_boundaries(batch, shape: tuple[int, int] | None = None, missing: str = 
        offset are padding (flash-attn ignores them);
     2. ``seq_idx`` (B, T): a new example wherever the id changes (the same id continues it);
        negative ids are padding;
-    3. ``position_ids`` (B, T) or (1, T): a new example wherever the position does not continue
+    3. ``position_ids`` (B, T) or (1, T) (a multimodal-RoPE model's (3, B, T) / (4, B, T) rope rows
+       by their first, :func:`text_positions`): a new example wherever the position does not continue
        by +1.
 
     Every row start begins a new example (rows never share one), and a 2D ``attention_mask``
@@ -145,11 +146,31 @@ def _batch_shape(batch: Mapping, shape) -> tuple[int, int]:
             f"batch['input_ids'] must be a (B, T) tensor, got {got}: pass the collator's output "
             "(e.g. DataCollatorWithFlattening returns input_ids of shape (1, total_tokens))."
         )
+    if ids.numel() == 0:
+        raise PacksimError(f"batch['input_ids'] has shape {tuple(ids.shape)}: it holds no token; pass a batch "
+                           "with at least one example in it.")
     return tuple(ids.shape)
+
+
+def text_positions(position_ids, B: int, T: int) -> torch.Tensor:
+    """``position_ids`` as (B, T): (T,) or (1, T) is shared by every row; a multimodal-RoPE model's
+    (3, B, T) (t, h, w) or (4, B, T) (text positions first) rope rows are read by their first row,
+    which holds the text positions of text tokens. PacksimError for any other shape."""
+    pos = torch.as_tensor(position_ids)
+    if pos.dim() == 3 and pos.shape[0] in (3, 4) and pos.shape[1] in (1, B):
+        pos = pos[0]
+    if pos.dim() not in (1, 2) or pos.shape[-1] != T or (pos.dim() == 2 and pos.shape[0] not in (1, B)):
+        raise PacksimError(
+            f"batch['position_ids'] has shape {tuple(pos.shape)} but the batch holds ({B}, {T}) tokens: pass "
+            "(B, T) position ids, or a multimodal-RoPE model's (3, B, T) / (4, B, T) rope rows."
+        )
+    return pos.reshape(-1, T).expand(B, T)
 
 
 def _per_token(batch: Mapping, key: str, B: int, T: int) -> torch.Tensor:
     """``batch[key]`` as a (B, T) tensor (a (T,) or (1, T) field is shared by every row)."""
+    if key == "position_ids":
+        return text_positions(batch[key], B, T)
     field = torch.as_tensor(batch[key])
     if field.dim() not in (1, 2) or field.shape[-1] != T or (field.dim() == 2 and field.shape[0] not in (1, B)):
         raise PacksimError(
@@ -182,8 +203,11 @@ def field_starts(fields: Mapping, B: int, T: int) -> dict[str, tuple[torch.Tenso
     """
     out = {}
     pos = fields.get("position_ids")
-    if isinstance(pos, torch.Tensor) and pos.shape[-1] == T and pos.numel() in (T, B * T):
-        out["position_ids"] = (run_starts(pos.reshape(-1, T).expand(B, T), step=1), None)
+    if isinstance(pos, torch.Tensor):
+        try:
+            out["position_ids"] = (run_starts(text_positions(pos, B, T), step=1), None)
+        except PacksimError:
+            pass  # a field of the wrong shape is left out (the strict reader says why)
     for key in ("cu_seq_lens_q", "cu_seq_lens_k"):
         cu = fields.get(key)
         if isinstance(cu, torch.Tensor) and cu.numel() >= 2:
