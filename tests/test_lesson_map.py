@@ -75,3 +75,18 @@ def test_no_public_name_shadows_a_module():
         if obj is not None and not inspect.ismodule(obj):
             shadowed.append(f"packsim.{sub.name}")
     assert not shadowed, f"public names that shadow a module: {shadowed}"
+
+
+def test_the_readme_lesson_table_names_modules_that_exist():
+    """The library column of the README's lesson table: every name a module of packsim (a room moved: its row moves)."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    rows = re.findall(r"^\| `(\w+)` \| (?:core|appendix)[^|]*\|[^|]*\|([^|]*)\|", text, re.M)
+    named = {stem: re.findall(r"`([\w.]+)`", library) for stem, library in rows}
+    assert len(named) == len(list(NOTEBOOKS.glob("*.ipynb"))) and all(named.values()), named
+    missing = {stem: [n for n in names if importlib.util.find_spec(f"packsim.{n}") is None]
+               for stem, names in named.items()}
+    assert not any(missing.values()), f"the README's lesson table names modules that do not exist: {missing}"
