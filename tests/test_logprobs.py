@@ -314,3 +314,21 @@ def test_float32_logits_computed_in_bf16_are_judged_at_bf16_and_a_leak_is_still_
     leaking = audit_logprobs(prepared, causal, seq=seq, names=pair_names(2), use_cache=False)
     assert leaking.status == "leaks" and not leaking.worst.ok, leaking.text()
     assert leaking.worst.name != "pair 0 chosen" and "computed in bfloat16" in leaking.text()
+
+
+def test_bad_shapes_are_one_line_and_no_counted_token_is_not_measured():
+    """A seq of another shape and an empty batch are PacksimError lines; a mask that counts no token
+    after a sequence's first gives NOT MEASURED (there is no log-prob to compare), never 'isolated'."""
+    from packsim import PackingCollator, build_model
+    from packsim.core.errors import PacksimError
+
+    model = build_model("tiny", seed=0)
+    batch = PackingCollator("correct")([{"prompt_ids": [5, 6, 7], "response_ids": [8, 9, 10]},
+                                        {"prompt_ids": [11, 12], "response_ids": [13, 14]}])
+    mask = batch["labels"] != -100
+    with pytest.raises(PacksimError, match="seq has shape \\(1, 3\\)"):
+        audit_logprobs(model, batch, completion_mask=mask, seq=torch.zeros(1, 3, dtype=torch.long))
+    with pytest.raises(PacksimError, match="holds no token"):
+        audit_logprobs(model, {"input_ids": torch.zeros(1, 0, dtype=torch.long)})
+    report = audit_logprobs(model, batch, completion_mask=torch.zeros_like(mask), trust_boundaries=True)
+    assert report.status == "not measured" and "no completion token is counted" in report.text()

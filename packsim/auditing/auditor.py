@@ -65,6 +65,7 @@ from packsim.auditing.pipeline import (
 from packsim.auditing.probes import loss_coverage, positions_probe
 from packsim.auditing.report import AuditReport, Finding, ProbeResult, WorstPair
 from packsim.auditing.shared_pass import leak_probes, shared_baseline
+from packsim.auditing.tolerance import given_tolerance
 from packsim.core.batch import PackedBatch
 from packsim.core.errors import PacksimError
 from packsim.core.upstream.window import warn_outside
@@ -170,6 +171,7 @@ def audit_pipeline(p: Pipeline, *, max_examples: int = 4, tol: float | None = No
     the causes read from the batch's boundary fields. :func:`audit` and
     :func:`packsim.audit_trainer` both end here.
     """
+    tol = given_tolerance(tol)
     start = time.perf_counter() if start is None else start
     S = len(p.example_ids)
     try:

@@ -39,6 +39,7 @@ import torch.distributed as dist
 
 from packsim.auditing.no_trace import no_trace
 from packsim.auditing.report import AuditReport, Finding, ProbeResult, WorstPair
+from packsim.auditing.tolerance import given_tolerance
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX
 
@@ -93,7 +94,7 @@ def audit_context_parallel(model, cp_forward, input_ids: torch.Tensor, lengths, 
                            position_ids: torch.Tensor | None = None, targets: torch.Tensor | None = None,
                            group=None, tol: float | None = None, max_perturbed: int = 16) -> AuditReport:
     """Audit this rank's shard of a context-parallel forward (every rank calls it; see the module doc)."""
-    start = time.perf_counter()
+    start, tol = time.perf_counter(), given_tolerance(tol)
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise PacksimError(f"input_ids must be one packed row (1, T), got {tuple(input_ids.shape)}.")
     T = int(input_ids.shape[1])

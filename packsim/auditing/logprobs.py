@@ -34,7 +34,7 @@ from packsim.auditing.evidence import dict_evidence
 from packsim.auditing.hybrid_findings import needs_cuda_reason
 from packsim.auditing.no_trace import leaves_no_trace
 from packsim.auditing.report import rests_on_metadata
-from packsim.auditing.tolerance import least_precise, watch_dtypes
+from packsim.auditing.tolerance import given_tolerance, least_precise, watch_dtypes
 from packsim.core.boundaries import ROWS_SOURCE, find_boundaries
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX
@@ -167,12 +167,16 @@ def audit_logprobs(model, batch: dict, *, completion_mask=None, seq=None, exampl
     if not isinstance(batch, dict) or "input_ids" not in batch:
         raise PacksimError("audit_logprobs takes the collator's dict with input_ids (B, T) and the fields "
                            "the forward gets.")
+    tol = given_tolerance(tol)
+    found = find_boundaries(batch, missing="rows")  # input_ids (B, T) and every field checked first
     ids = batch["input_ids"]
     mask = _completion(batch if completion_mask is None else {"completion_mask": completion_mask}, ids.shape)
     fields = {k: v for k, v in batch.items() if k not in NON_MODEL_KEYS}
     findings, metadata_only = [], False
-    found = find_boundaries(batch, missing="rows")
     if seq is not None:
+        if tuple(torch.as_tensor(seq).shape) != tuple(ids.shape):
+            raise PacksimError(f"seq has shape {tuple(torch.as_tensor(seq).shape)}, input_ids {tuple(ids.shape)}: "
+                               "give each token's sequence index (-1 padding), one entry per token of the same batch.")
         source = "the seq given"
     else:  # the special tokens (or the examples given) locate the sequences, rows or no rows
         ev = dict_evidence(model, fields, examples)
@@ -190,6 +194,10 @@ def audit_logprobs(model, batch: dict, *, completion_mask=None, seq=None, exampl
     first = torch.ones_like(seq, dtype=torch.bool)
     first[:, 1:] = seq[:, 1:] != seq[:, :-1]  # (B, T): a sequence's first token has no prefix in it
     counted = mask.to(seq.device) & ~first & (seq >= 0)  # (B, T)
+    if not bool(counted.any()):
+        return LogprobReport([], "not measured", str(torch.get_default_dtype()).split(".")[-1], forward,
+                             "no completion token is counted (the completion mask marks none after a sequence's "
+                             "first token): there is no log-prob to compare", source, findings)
     try:
         with torch.no_grad(), watch_dtypes(model) as seen:
             logits = model(**fields, **forward_kwargs).logits  # (B, T, V)

@@ -6,20 +6,38 @@ parameters' dtype, whatever dtype the forward returns its logits in (:func:`comp
 :func:`tolerance_note` is the line the report's ``forward`` text ends with. Where no trainer says
 how the step computes (``packsim.audit_logprobs`` on a model, autocast or an accelerate-prepared
 forward around it), :func:`watch_dtypes` records the dtypes the model's leaf modules really output
-during the forward and :func:`least_precise` picks the one the tolerance follows.
+during the forward and :func:`least_precise` picks the one the tolerance follows. A tolerance the
+user gives passes :func:`given_tolerance` first (finite, not negative), so ``tol=nan`` can never
+read every change as "unchanged".
 
 Lessons: none directly (A6 reaches it through packsim.audit_trainer).
 """
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 
 import torch
 
 from packsim.auditing.report import AuditReport
+from packsim.core.errors import PacksimError
 
-__all__ = ["compute_dtype", "least_precise", "tolerance_note", "watch_dtypes"]
+__all__ = ["compute_dtype", "given_tolerance", "least_precise", "tolerance_note", "watch_dtypes"]
+
+
+def given_tolerance(tol) -> float | None:
+    """``tol`` as a float, or None for the dtype's default; PacksimError for anything not a finite
+    number >= 0 (a NaN tolerance would pass every comparison, a negative one fail every one)."""
+    if tol is None:
+        return None
+    try:
+        value = float(tol)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise PacksimError(f"tol={tol!r}: give a finite tolerance >= 0, or leave it out for the dtype's default.")
+    return value
 
 
 def compute_dtype(trainer, model) -> torch.dtype:

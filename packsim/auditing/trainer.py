@@ -51,7 +51,7 @@ from packsim.auditing.pipeline import (
 )
 from packsim.auditing.preference import audit_dpo_trainer, is_dpo
 from packsim.auditing.report import AuditReport, Finding
-from packsim.auditing.tolerance import compute_dtype, tolerance_note
+from packsim.auditing.tolerance import compute_dtype, given_tolerance, tolerance_note
 from packsim.auditing.trainer_batch import (
     batch_evidence,
     batch_view,
@@ -190,6 +190,7 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
     if not isinstance(batches, int) or batches < 1:
         raise PacksimError(f"batches={batches!r}: audit at least 1 batch.")
     check_objective(objective)
+    tol = given_tolerance(tol)
     if is_dpo(trainer):  # per-sequence log-probs, not a token loss: auditing/preference.py
         return audit_dpo_trainer(trainer, tol=tol, strict=strict)
     if is_grpo(trainer):  # log-probs of the trainer's own completions: auditing/grpo.py
