@@ -845,3 +845,30 @@ def test_a_stale_max_length_on_the_flash_path_is_a_fail_not_an_exception():
     report = packsim.audit(model, stale, examples=examples, objective="lm")
     assert report.status == "fail" and not report.ok and report.failed == ["flash_fields"], report.table()
     assert f"max_length_q={longest - 1}" in next(f for f in report.findings if f.name == "flash_fields").evidence
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"examples": []}, "examples=\\[\\]: pass the token ids"),
+    ({"examples": "abc"}, "examples='abc'"),
+    ({"examples": [["a", "b"]]}, "pass the token ids of each example"),
+    ({"examples": torch.tensor([1, 5, 6, 2])}, "pass the token ids of each example"),
+    ({"max_examples": 0}, "max_examples=0"),
+    ({"max_examples": "3"}, "max_examples='3'"),
+    ({"seed": "x"}, "seed='x': give an int"),
+])
+def test_bad_arguments_are_one_line_before_any_forward(kwargs, says):
+    """Each was silently ignored (examples the audit could not read: the verdict then rested on the batch's
+    own fields) or raised a TypeError / RuntimeError from inside the probes."""
+    batch = dict(DataCollatorWithFlattening()([{"input_ids": e} for e in ([1, 5, 6, 2], [1, 8, 9, 2])]))
+    with pytest.raises(PacksimError, match=says):
+        packsim.audit(packsim.build_model("tiny", seed=0), batch, **kwargs)
+
+
+def test_a_model_that_is_no_torch_module_is_one_line():
+    with pytest.raises(PacksimError, match="takes a torch model"):
+        packsim.audit("gpt2", {"input_ids": torch.ones(1, 4, dtype=torch.long)})
+    import numpy as np  # numpy ints are ints to the audit
+
+    batch = dict(DataCollatorWithFlattening()([{"input_ids": e} for e in ([1, 5, 6, 2], [1, 8, 9, 2])]))
+    assert packsim.audit(packsim.build_model("tiny", seed=0), batch, seed=np.int64(3), max_examples=np.int64(2),
+                         objective="lm").status in ("pass", "unverified")

@@ -41,6 +41,7 @@ import time
 import traceback
 from collections.abc import Mapping
 from dataclasses import replace
+from numbers import Integral
 from pathlib import Path
 
 import torch
@@ -55,6 +56,7 @@ from packsim.auditing.hybrid_findings import (
     refused_report,
     scans_layers_once,
 )
+from packsim.auditing.locate import feature_examples
 from packsim.auditing.no_trace import leaves_no_trace
 from packsim.auditing.pipeline import (
     ForwardOutput,
@@ -145,6 +147,14 @@ def audit(model, batch, response_mask=None, *, examples=None, max_examples: int 
     """
     start = time.perf_counter()
     warn_outside()  # a transformers / TRL outside the tested window: one notice per process
+    if not isinstance(model, torch.nn.Module):
+        raise PacksimError(f"packsim.audit takes a torch model (a transformers *ForCausalLM or any nn.Module "
+                           f"returning .logits), got {type(model).__name__}.")
+    max_examples, seed = check_probe_options(max_examples, seed)
+    if examples is not None and (isinstance(examples, torch.Tensor) or not feature_examples(examples)):
+        raise PacksimError(f"examples={_short(examples)}: pass the token ids of each example the collator was "
+                           "given (lists of ints, feature dicts with input_ids or prompt_ids + response_ids, "
+                           "or packsim Examples), or leave it out.")
     if isinstance(batch, Mapping):  # a batch field passed as a forward keyword is still the batch's field
         moved = {k: forward_kwargs.pop(k) for k in BATCH_FIELDS if k in forward_kwargs}
         batch = {**batch, **moved} if moved else batch
@@ -159,6 +169,21 @@ def audit(model, batch, response_mask=None, *, examples=None, max_examples: int 
 
 
 LEAK_PROBES = ("perturbation", "gradient", "attention_mass")
+
+
+def check_probe_options(max_examples, seed) -> tuple[int, int]:
+    """(max_examples, seed) as ints: an integer >= 1 and an integer (numpy's too), or PacksimError
+    (audit and audit_trainer)."""
+    if isinstance(max_examples, bool) or not isinstance(max_examples, Integral) or max_examples < 1:
+        raise PacksimError(f"max_examples={max_examples!r}: the pair probes need at least 1 example to perturb.")
+    if isinstance(seed, bool) or not isinstance(seed, Integral):
+        raise PacksimError(f"seed={seed!r}: give an int.")
+    return int(max_examples), int(seed)
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def audit_pipeline(p: Pipeline, *, max_examples: int = 4, tol: float | None = None, seed: int = 0,

@@ -27,7 +27,7 @@ from dataclasses import replace
 import torch
 
 from packsim.auditing.accumulation import loss_over_accumulation
-from packsim.auditing.auditor import TOLERANCE, audit_pipeline
+from packsim.auditing.auditor import TOLERANCE, audit_pipeline, check_probe_options
 from packsim.auditing.findings import BatchView, cache, is_sft, static_findings
 from packsim.auditing.grpo import audit_grpo_trainer, is_grpo
 from packsim.auditing.hybrid_findings import (
@@ -190,6 +190,7 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
     if not isinstance(batches, int) or batches < 1:
         raise PacksimError(f"batches={batches!r}: audit at least 1 batch.")
     check_objective(objective)
+    max_examples, seed = check_probe_options(max_examples, seed)
     tol = given_tolerance(tol)
     if is_dpo(trainer):  # per-sequence log-probs, not a token loss: auditing/preference.py
         return audit_dpo_trainer(trainer, tol=tol, strict=strict)
