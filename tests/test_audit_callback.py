@@ -190,3 +190,16 @@ def test_the_callback_re_audits_a_batch_that_grows_past_what_it_audited(checkpoi
     assert len(callback.reports) == 2 and callback.reports[0].status == "pass", callback.reports[0].table()
     assert callback.reports[1].status == "fail" and "perturbation" in callback.reports[1].failed
     assert 1 <= trainer.state.global_step < 3  # the first steps trained; the grown, leaking batch did not
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"foo": 1}, "AuditCallback got foo: it takes"),
+    ({"batches": 0}, "batches=0"), ({"reaudits": -1}, "reaudits=-1"), ({"tol": float("nan")}, "finite tolerance"),
+    ({"max_examples": 0}, "max_examples=0"), ({"objective": "rl"}, "objective='rl'"),
+])
+def test_bad_options_are_one_line_when_the_callback_is_made(kwargs, says):
+    """Not when train() has built the optimizer and the dataloader (an unknown keyword was a TypeError then)."""
+    from packsim.core.errors import PacksimError
+
+    with pytest.raises(PacksimError, match=says):
+        packsim.AuditCallback(**kwargs)

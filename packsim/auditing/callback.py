@@ -46,9 +46,12 @@ from collections.abc import Mapping
 import torch
 from transformers import Trainer, TrainerCallback
 
+from packsim.auditing.auditor import check_probe_options
 from packsim.auditing.grpo import is_grpo
 from packsim.auditing.no_trace import random_generators
+from packsim.auditing.pipeline import check_objective
 from packsim.auditing.preference import is_dpo
+from packsim.auditing.tolerance import given_tolerance
 from packsim.auditing.trainer import audit_trainer
 from packsim.core.errors import PacksimError
 
@@ -62,6 +65,24 @@ class AuditFailed(RuntimeError):
         self.report = report
         super().__init__("packsim.AuditCallback stopped training before the first step: the audit\n"
                          "of the training batches failed.\n" + str(report))
+
+
+# audit_trainer's options the callback passes on (trainer, batches and the batch re-audited are its own)
+_AUDIT_OPTIONS = tuple(n for n in inspect.signature(audit_trainer).parameters if n not in ("trainer", "batches", "batch"))
+
+
+def _check_options(batches, reaudits, audit_kwargs: dict) -> None:
+    """The callback's options, checked as :func:`packsim.audit_trainer` checks them: one line each."""
+    unknown = sorted(set(audit_kwargs) - set(_AUDIT_OPTIONS))
+    if unknown:
+        raise PacksimError(f"AuditCallback got {', '.join(unknown)}: it takes trainer, batches, warn_only, "
+                           f"reaudits and audit_trainer's {', '.join(_AUDIT_OPTIONS)}.")
+    for name, value, low in (("batches", batches, 1), ("reaudits", reaudits, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise PacksimError(f"AuditCallback({name}={value!r}): give an int >= {low}.")
+    check_probe_options(audit_kwargs.get("max_examples", 4), audit_kwargs.get("seed", 0))
+    given_tolerance(audit_kwargs.get("tol"))
+    check_objective(audit_kwargs.get("objective", "sft"))
 
 
 def _calling_trainer():
@@ -111,6 +132,7 @@ class AuditCallback(TrainerCallback):
 
     def __init__(self, trainer=None, *, batches: int = 1, warn_only: bool = False, reaudits: int = 2,
                  **audit_kwargs):
+        _check_options(batches, reaudits, audit_kwargs)  # here, not when train() has set everything up
         self.trainer, self.batches, self.warn_only = trainer, batches, warn_only
         self.audit_kwargs, self.reaudits = audit_kwargs, reaudits
         self.report, self.reports = None, []
