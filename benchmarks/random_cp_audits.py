@@ -1,7 +1,7 @@
 """Benchmark: random audits of Trainers configured for accelerate's context parallelism, against their ground truth.
 
-Each audit is a transformers ``Trainer`` on a tiny model of one of :data:`FAMILIES` (sdpa, the only
-attention accelerate's CP takes), a batch of 1-4 random prompt/response examples collated by one of
+Each audit is a transformers ``Trainer`` on a tiny model of one of :data:`FAMILIES` (sdpa: under torch
+CP ``Trainer._prepare_context_parallel_inputs`` refuses any other, read in transformers 5.16.1 and 5.25.0), a batch of 1-4 random prompt/response examples collated by one of
 :data:`COLLATORS` (packsim's packing collator: one packed row; one example per row padded on the
 right; or on the left), with or without ``ParallelismConfig(cp_size=2)``, audited by
 ``packsim.audit_trainer(trainer)``. accelerate builds a context-parallel Accelerator only on GPUs, so

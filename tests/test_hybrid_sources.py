@@ -34,6 +34,8 @@ def test_the_reading_agrees_with_the_measurement(family):
 
 @pytest.mark.parametrize("family", CARRYING)
 def test_each_dropped_call_names_its_line(family):
+    if not dropped_seq_idx(family):
+        pytest.skip(f"{family}: the installed transformers drops seq_idx on no call (the window's low end does)")
     for reason in dropped_seq_idx(family):
         callee = reason.split(" calls ")[1].split(" without")[0]
         assert callee + "(" in quoted_line(reason), reason

@@ -67,8 +67,10 @@ class AuditFailed(RuntimeError):
                          "of the training batches failed.\n" + str(report))
 
 
-# audit_trainer's options the callback passes on (trainer, batches and the batch re-audited are its own)
-_AUDIT_OPTIONS = tuple(n for n in inspect.signature(audit_trainer).parameters if n not in ("trainer", "batches", "batch"))
+# audit_trainer's options the callback passes on, with their defaults (trainer, batches and the batch
+# re-audited are the callback's own)
+_AUDIT_OPTIONS = {n: p.default for n, p in inspect.signature(audit_trainer).parameters.items()
+                  if n not in ("trainer", "batches", "batch")}
 
 
 def _check_options(batches, reaudits, audit_kwargs: dict) -> None:
@@ -80,9 +82,10 @@ def _check_options(batches, reaudits, audit_kwargs: dict) -> None:
     for name, value, low in (("batches", batches, 1), ("reaudits", reaudits, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise PacksimError(f"AuditCallback({name}={value!r}): give an int >= {low}.")
-    check_probe_options(audit_kwargs.get("max_examples", 4), audit_kwargs.get("seed", 0))
-    given_tolerance(audit_kwargs.get("tol"))
-    check_objective(audit_kwargs.get("objective", "sft"))
+    options = {**_AUDIT_OPTIONS, **audit_kwargs}
+    check_probe_options(options["max_examples"], options["seed"])
+    given_tolerance(options["tol"])
+    check_objective(options["objective"])
 
 
 def _calling_trainer():
