@@ -9,6 +9,7 @@ import torch
 from packsim.core.data import make_examples
 from packsim.core.errors import PacksimError
 from packsim.core.loss import IGNORE_INDEX
+from packsim.core.upstream.torch_cp import expected_layout
 from packsim.scaling.context_parallel import contiguous_split, pad_lengths, zigzag_split
 from packsim.scaling.cp_attention import document_row, rank_positions, shard_row
 
@@ -44,18 +45,19 @@ def _doc_major(lengths, cp):
     return [order[r * T // cp : (r + 1) * T // cp] for r in range(cp)]
 
 
-def test_torch_per_document_balancer_orders_document_by_document():
-    """torch 2.13's _PerDocumentHeadTailLoadBalancer puts each document in its zigzag order (chunk i
+def test_torch_per_document_balancer_holds_the_order_its_release_was_read_to_make():
+    """torch 2.13.0's _PerDocumentHeadTailLoadBalancer puts each document in its zigzag order (chunk i
     beside chunk 2cp-1-i), documents one after another, and the shard cut takes T/cp of that: a rank
-    holds whole documents' worth of chunks, not chunks i and 2cp-1-i of every document as
-    packsim.scaling.context_parallel.zigzag_split does."""
+    holds whole documents' worth of chunks. From 2.14.0 each rank holds chunks i and 2cp-1-i of every
+    document, as packsim.scaling.context_parallel.zigzag_split does (packsim.core.upstream.torch_cp)."""
     row = document_row(make_examples(80, seed=3), T=256, cp_size=2)
-    assert rank_positions(row.lengths, 2) == _doc_major(row.lengths, 2)
     starts = torch.cumsum(torch.tensor(row.lengths), 0) - torch.tensor(row.lengths)
     zig = [[int(starts[d]) + p for d, a, b in rank for p in range(a, b)] for rank in zigzag_split(row.lengths, 2)]
-    assert rank_positions(row.lengths, 2) != zig  # more than one document: the two layouts differ
+    assert _doc_major(row.lengths, 2) != zig  # more than one document: the two layouts differ
+    expected = zig if expected_layout(torch.__version__) == "rank-major" else _doc_major(row.lengths, 2)
+    assert rank_positions(row.lengths, 2) == expected, f"torch {torch.__version__}"
     one = [[p for _, a, b in rank for p in range(a, b)] for rank in zigzag_split([256], 2)]
-    assert rank_positions([256], 2) == one  # one document: the same chunks
+    assert rank_positions([256], 2) == one  # one document: the same chunks in every release
 
 
 def test_torch_head_tail_balancer_is_the_zigzag_of_the_whole_row():

@@ -118,6 +118,7 @@ def test_the_plain_install_is_the_library_and_the_extras_add_the_rest():
     assert extras["trl"] == {"trl": TESTED["trl"][0].rsplit(".0", 1)[0]}
     assert extras["bench"] == {"trl": extras["course"]["trl"]}
     assert core["transformers"] == TESTED["transformers"][0], "the install bound is the window's lower end"
+    assert core["torch"] == TESTED["torch"][0].rsplit(".0", 1)[0], "torch's install bound is the window's lower end"
     assert not (set(extras["dev"]) & COURSE_ONLY), "dev is the test tools; make setup adds course"
 
 

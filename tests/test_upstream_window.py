@@ -17,11 +17,26 @@ def _pins(path: Path) -> dict[str, str]:
     return {m[1].lower(): m[2] for m in re.finditer(r"^([A-Za-z0-9_.-]+)==([^\s;#]+)", path.read_text(), re.M)}
 
 
+def _floors(path: Path) -> dict[str, str]:
+    return {m[1].lower(): m[2] for m in re.finditer(r"^([A-Za-z0-9_.-]+)>=([^\s;#]+)$", path.read_text(), re.M)}
+
+
 def test_the_window_ends_are_the_constraints_files():
     low, lock = _pins(ROOT / "constraints/axolotl-0.19.txt"), _pins(ROOT / "constraints/lock.txt")
+    new = _floors(ROOT / "constraints/window-new.txt")
+    assert set(new) == set(TESTED), "constraints/window-new.txt floors exactly the window's packages"
     for package, (lowest, newest) in TESTED.items():
         assert low[package] == lowest, f"{package}: window.py says {lowest}, the Axolotl pins {low[package]}"
-        assert lock[package] == newest, f"{package}: window.py says {newest}, the lock {lock[package]}"
+        assert new[package] == newest, f"{package}: window.py says {newest}, window-new.txt {new[package]}"
+        # the lock is the main run's stack: the newest releases, but torch's CPU build at the low end
+        locked = lowest if package == "torch" else newest
+        assert lock[package] == locked, f"{package}: the lock pins {lock[package]}, the window wants {locked}"
+
+
+def test_torch_versions_with_a_build_label_are_read_by_their_release():
+    assert outside("torch", "2.13.0+cpu") == "" and outside("torch", "2.15.0+cu132") == ""
+    assert outside("torch", "2.12.1").startswith("torch 2.12.1 is older than packsim's tested window")
+    assert outside("torch", "2.16.0+cu132").startswith("torch 2.16.0+cu132 is newer than")
 
 
 def test_the_lock_pins_every_package_without_local_labels():

@@ -9,15 +9,16 @@ values of the whole row, and torch's context-parallel code (``torch.distributed.
 
 - ``"documents"`` (correct): torch's ``_PerDocumentHeadTailLoadBalancer`` cuts every document into
   ``2R`` chunks (so each is first padded to a multiple of ``2R``:
-  :func:`~packsim.scaling.context_parallel.pad_lengths`) and orders them chunk ``0``, ``2R-1``,
-  ``1``, ``2R-2``, ..., document after document; each rank takes ``T/R`` of that order
-  (:func:`rank_positions`). With one document that is
-  :func:`packsim.scaling.context_parallel.zigzag_split`; with several, a rank holds the chunks of
-  a few whole documents, not chunks ``i`` and ``2R-1-i`` of every document (the figure in the
-  balancer's docstring). ``_context_parallel_shard`` shards the tokens, positions, targets and the document mask, a flex
-  ``BlockMask`` that torch's ``_create_cp_block_mask`` rewrites for the rank's queries; in every
-  layer torch's ``_ContextParallel`` flex hook all-gathers K and V (``flex_cp_allgather``:
-  all-gather forward, reduce-scatter of their gradients backward).
+  :func:`~packsim.scaling.context_parallel.pad_lengths`) and orders them; each rank takes ``T/R`` of
+  that order (:func:`rank_positions`). With one document that is
+  :func:`packsim.scaling.context_parallel.zigzag_split`. With several, the order depends on the
+  torch release (:mod:`packsim.core.upstream.torch_cp`): rank after rank, chunks ``r`` and
+  ``2R-1-r`` of every document (``zigzag_split``), or, in the older release read, document after
+  document, so that a rank holds the chunks of a few whole documents. ``_context_parallel_shard``
+  shards the tokens, positions, targets and the document mask, a flex ``BlockMask`` that torch's
+  ``_create_cp_block_mask`` rewrites for the rank's queries; in every layer torch's
+  ``_ContextParallel`` flex hook all-gathers K and V (``flex_cp_allgather``: all-gather forward,
+  reduce-scatter of their gradients backward).
 - ``"ring_causal"`` (the trap of axolotl#3608, whose ``batch_ring`` path has no ``cu_seqlens``):
   torch's ring attention (``_templated_ring_attention`` and its backward) over torch's head-tail
   split of the whole row (``_HeadTailLoadBalancer``) with a plain causal mask. Positions still

@@ -15,6 +15,9 @@ does (``_prepare_inputs``, ``get_batch_samples``, ``current_gradient_accumulatio
                   metrics they log, the MoE router aux loss SFTTrainer adds
     outputs       transformers' names for the cache (output field, forward keyword) and checkpointing
     accelerate_cp accelerate's context-parallel hooks (mask dropped, is_causal) as the Trainer runs them
+    torch_cp      the private names of torch's context parallelism that lesson 10, the ring exhibit and
+                  the CP audit call where they teach them, and the order its per-document balancer
+                  makes in each release
     window        the tested versions, and the notice outside them
 
 Lessons: none directly.

@@ -1,9 +1,11 @@
-"""The tested support window: the transformers and TRL releases packsim's tests pass on.
+"""The tested support window: the torch, transformers, TRL and accelerate releases packsim's tests pass on.
 
 The lower ends are the stack the newest Axolotl release pins (constraints/axolotl-0.19.txt, the
 CI's window-low leg); the upper ends are the newest releases on the package index when this was
-last tested (constraints/lock.txt, the main CI run; the window-new leg installs whatever is newest
-and fails when a release moves something packsim reaches into). pyproject.toml states the lower
+last tested (constraints/window-new.txt, the floors of the window-new leg, which installs whatever
+is newest and fails when a release moves something packsim reaches into). constraints/lock.txt,
+the main CI run, pins the upper ends too, except torch: there it is the lower end, the CPU build a
+learner's ``make`` takes (pip's newest torch is a multi-GB CUDA build). pyproject.toml states the lower
 ends as install bounds and no upper cap, so packsim installs beside a newer stack: there
 :func:`notice` says once which package is outside the window, and the reaches into its internals
 (:mod:`packsim.core.upstream`) name the version when they no longer fit.
@@ -21,14 +23,15 @@ from packaging.version import InvalidVersion, Version
 __all__ = ["STACK", "TESTED", "installed", "notice", "outside", "stack_line", "warn_outside", "window_lines"]
 
 # package -> (lowest tested, newest tested): read by tests/test_upstream_window.py against the
-# constraints files, so the three never disagree
+# constraints files, so they never disagree
 TESTED = {
+    "torch": ("2.13.0", "2.15.0"),
     "transformers": ("5.16.1", "5.25.0"),
     "trl": ("1.9.0", "1.16.0"),
     "accelerate": ("1.13.0", "1.16.0"),
 }
 # the packages a stack is named by (tests, CI legs, doctor): the window's, and what they run on
-STACK = ("torch", *TESTED, "kernels", "datasets", "tokenizers")
+STACK = (*TESTED, "kernels", "datasets", "tokenizers")
 _warned: set[str] = set()
 
 
