@@ -67,7 +67,7 @@ def test_packed_batch_and_missing_fields():
     found = find_boundaries(b)
     assert found.seq_ids is b.seq_ids and found.cu_seqlens is b.cu_seqlens
     assert found.source.startswith("PackedBatch.seq_ids")
-    rows = find_boundaries({"input_ids": torch.ones(2, 3)}, missing="rows")
+    rows = find_boundaries({"input_ids": torch.ones(2, 3, dtype=torch.long)}, missing="rows")
     assert rows.source == ROWS_SOURCE and rows.seq_ids.tolist() == [[0, 0, 0], [1, 1, 1]]
     assert rows.cu_seqlens.tolist() == [0, 3, 6]
 
@@ -76,7 +76,9 @@ def test_packed_batch_and_missing_fields():
     ({"input_ids": torch.ones(1, 5, dtype=torch.long)}, "no example boundaries .* pass cu_seq_lens_q"),
     ({"input_ids": torch.ones(1, 5, dtype=torch.long), "cu_seq_lens_q": _cu(0, 3, 6)}, "ends at 6"),
     ({"input_ids": torch.ones(1, 5, dtype=torch.long), "cu_seq_lens_q": _cu(0, 3, 3)}, "strictly increasing"),
-    ({"input_ids": torch.ones(1, 5, dtype=torch.long), "seq_idx": torch.zeros(1, 4)}, r"seq_idx.*\(1, 5\)"),
+    ({"input_ids": torch.ones(1, 5, dtype=torch.long), "seq_idx": torch.zeros(1, 4, dtype=torch.long)}, r"seq_idx.*\(1, 5\)"),
+    ({"input_ids": torch.ones(1, 5, dtype=torch.long), "seq_idx": torch.zeros(1, 5)}, r"seq_idx.*float32.*integer"),
+    ({"input_ids": torch.ones(1, 5, dtype=torch.bool), "position_ids": torch.arange(5)[None]}, r"input_ids.*bool"),
     ({"input_ids": torch.ones(5, dtype=torch.long), "seq_idx": torch.zeros(5)}, r"\(B, T\) tensor"),
     ({"input_ids": torch.ones(2, 3, dtype=torch.long), "position_ids": torch.arange(3)[None],
       "attention_mask": torch.ones(1, 3)}, r"attention_mask.*\(2, 3\)"),

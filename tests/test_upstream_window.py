@@ -6,6 +6,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from packsim.core.upstream import window
 from packsim.core.upstream.window import TESTED, outside, stack_line, warn_outside, window_lines
@@ -28,9 +29,10 @@ def test_the_window_ends_are_the_constraints_files():
     for package, (lowest, newest) in TESTED.items():
         assert low[package] == lowest, f"{package}: window.py says {lowest}, the Axolotl pins {low[package]}"
         assert new[package] == newest, f"{package}: window.py says {newest}, window-new.txt {new[package]}"
-        # the lock is the main run's stack: the newest releases, but torch's CPU build at the low end
-        locked = lowest if package == "torch" else newest
-        assert lock[package] == locked, f"{package}: the lock pins {lock[package]}, the window wants {locked}"
+        if package == "torch":  # the lock's torch is the build `make lock` saw (here the CPU build of the low end)
+            assert Version(lowest) <= Version(lock[package]) <= Version(newest), f"torch {lock[package]} in the lock"
+        else:
+            assert lock[package] == newest, f"{package}: window.py says {newest}, the lock {lock[package]}"
 
 
 def test_torch_versions_with_a_build_label_are_read_by_their_release():

@@ -88,6 +88,7 @@ def find_boundaries(batch, shape: tuple[int, int] | None = None, missing: str = 
             "collator dict (input_ids, position_ids, cu_seq_lens_q, seq_idx, ...)."
         )
     B, T = _batch_shape(batch, shape)
+    _check_index_dtypes(batch)
     found = _starts_and_padding(batch, B, T)
     if found is None:
         if missing != "rows":
@@ -134,6 +135,20 @@ def _pad_tail(batch: Mapping, pad: int, B: int, T: int) -> torch.Tensor:
         is_pad &= labels.reshape(B, T).to(ids.device) == -100
     # a token is in the tail when it and every token after it in its row are pad: a reversed cumulative AND
     return is_pad.flip(-1).cumprod(-1).flip(-1).bool()
+
+
+# the fields a batch holds token ids, labels or indices in: integers, never bool or floating point
+INDEX_FIELDS = ("input_ids", "labels", "position_ids", "seq_idx", "cu_seq_lens_q", "cu_seq_lens_k")
+
+
+def _check_index_dtypes(batch: Mapping) -> None:
+    for key in INDEX_FIELDS:
+        x = batch.get(key)
+        if isinstance(x, torch.Tensor) and (x.dtype == torch.bool or x.is_floating_point() or x.is_complex()):
+            raise PacksimError(
+                f"batch[{key!r}] holds {x.dtype}, but the audit reads it as integers (token ids, labels, "
+                "positions, offsets): pass the collator's integer tensor (torch.long), not a cast copy."
+            )
 
 
 def _batch_shape(batch: Mapping, shape) -> tuple[int, int]:

@@ -4,10 +4,11 @@ The lower ends are the stack the newest Axolotl release pins (constraints/axolot
 CI's window-low leg); the upper ends are the newest releases on the package index when this was
 last tested (constraints/window-new.txt, the floors of the window-new leg, which installs whatever
 is newest and fails when a release moves something packsim reaches into). constraints/lock.txt,
-the main CI run, pins the upper ends too, except torch: there it is the lower end, the CPU build a
-learner's ``make`` takes (pip's newest torch is a multi-GB CUDA build). pyproject.toml states the lower
-ends as install bounds and no upper cap, so packsim installs beside a newer stack: there
-:func:`notice` says once which package is outside the window, and the reaches into its internals
+the main CI run, pins the upper ends too, except torch: there it is the build ``make lock`` was
+given, a release of the window (this project's lock: the CPU build of the lower end, which ``make``
+takes where pip's newest torch is a multi-GB CUDA build). pyproject.toml states the lower ends as
+install bounds and no upper cap, so packsim installs beside a newer stack: there :func:`notice`
+says once which package is outside the window, and the reaches into its internals
 (:mod:`packsim.core.upstream`) name the version when they no longer fit.
 
 Lessons: none directly (``packsim doctor`` prints :func:`window_lines`).
