@@ -94,6 +94,26 @@ def _verdict_or_one_line(model, batch, **kwargs):
     return "report", report
 
 
+def _leak_by_clean_boundaries(model, batch) -> float | None:
+    """Independently: the largest change of an example's logits in ``batch``'s forward against the
+    example run alone, the examples cut where the clean batch has them (None: no such forward)."""
+    ids, seq = batch.get("input_ids"), clean_batch()["seq_idx"][0].long()  # (1, N), (N,)
+    if not isinstance(ids, torch.Tensor) or ids.dtype != torch.long or ids.shape != (1, len(seq)):
+        return None
+    fields = {k: v for k, v in batch.items() if k not in ("input_ids", "labels")}
+    with torch.no_grad():
+        try:
+            packed = model(input_ids=ids, **fields, use_cache=False).logits[0]  # (N, V)
+        except Exception:  # noqa: BLE001 - a forward the broken fields refuse has no truth here
+            return None
+        worst = 0.0
+        for e in range(int(seq.max()) + 1):
+            where = (seq == e).nonzero()[:, 0]  # (n,)
+            alone = model(input_ids=ids[:, where], position_ids=torch.arange(len(where))[None], use_cache=False)
+            worst = max(worst, float((packed[where] - alone.logits[0]).abs().max()))
+    return worst
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
           derandomize=True)
 @given(edits=st.lists(EDITS, min_size=1, max_size=3))
@@ -101,7 +121,10 @@ def test_a_broken_batch_gets_a_verdict_or_one_line(model, edits):
     batch = clean_batch()
     for edit in edits:
         _edit(batch, edit)
-    _verdict_or_one_line(model, batch)
+    kind, answer = _verdict_or_one_line(model, batch)
+    if kind == "report" and answer.ok:  # a PASS: no example may move, by a truth computed here
+        leak = _leak_by_clean_boundaries(model, batch)
+        assert leak is None or leak <= 1e-4, f"PASS, but an example moves by {leak} against itself alone"
 
 
 def test_the_clean_batch_passes(model):
@@ -133,3 +156,10 @@ def test_a_token_the_model_cannot_embed_is_not_measured_naming_the_forward(model
     kind, report = _verdict_or_one_line(model, batch)
     assert kind == "report" and not report.ok and report.verdict.startswith("NOT MEASURED"), report.verdict
     assert "IndexError" in str(report)
+
+
+def test_the_truth_sees_a_leak_and_its_absence(model):
+    assert _leak_by_clean_boundaries(model, clean_batch()) < 1e-5  # restarting positions isolate on sdpa
+    causal = clean_batch()
+    causal["position_ids"] = torch.arange(causal["input_ids"].shape[1])[None]  # one causal row: examples see back
+    assert _leak_by_clean_boundaries(model, causal) > 1e-3
