@@ -10,9 +10,13 @@ examples for "not measured", the leak through the model's own forward for ``--tr
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("trl")  # a dev dependency: CI installs it
 
@@ -60,6 +64,23 @@ def test_non_utf8_data_is_exit_2_with_the_line(root, capsys):
     assert gate("--model", root / "ckpt", "--data", bad, "--collator", "packsim") == 2
     line = one_error_line(capsys)
     assert "is not UTF-8 text (byte 0xe9 on line 2)" in line and "save it as UTF-8" in line
+
+
+def test_half_a_character_is_exit_2_naming_the_line(root, capsys):
+    """JSON's "\\ud800" decodes to a lone surrogate, which the tokenizer then raised TypeError on (exit 4)."""
+    bad = _jsonl(root / "surrogate.jsonl", PAIRS)
+    with bad.open("a") as f:
+        f.write('{"prompt": "a\\ud800b=", "completion": "x"}\n')
+    assert gate("--model", root / "ckpt", "--data", bad, "--collator", "packsim") == 2
+    line = one_error_line(capsys)
+    assert f"line {len(PAIRS) + 1} of" in line and "half a character in 'prompt'" in line
+
+
+def test_a_byte_order_mark_before_the_first_line_is_skipped(root, capsys):
+    good = _jsonl(root / "bom.jsonl", PAIRS)
+    good.write_bytes(b"\xef\xbb\xbf" + good.read_bytes())  # was: line 1 is not JSON (Unexpected UTF-8 BOM)
+    assert gate("--model", root / "ckpt", "--data", good, "--collator", "packsim") == \
+        gate("--model", root / "ckpt", "--data", root / "data.jsonl", "--collator", "packsim") == 0
 
 
 def test_unreadable_data_is_exit_2(root, capsys, monkeypatch):
@@ -630,3 +651,32 @@ def test_without_signals_the_watchdog_ends_the_gate(root):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 3, done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("packsim audit: not measured: --timeout 1 s ran out")
+
+
+_TEXT = st.text(st.characters(codec="utf-8"), max_size=12) | st.sampled_from(["", " ", "=", "\n", "\x00", "a" * 40])
+_VALUE = _TEXT | st.integers() | st.none() | st.lists(st.integers(), max_size=2) | st.just({"k": 1})
+_RECORD = st.fixed_dictionaries({"prompt": _TEXT, "completion": _TEXT}).map(json.dumps)  # any text
+_ODD = (st.fixed_dictionaries({"prompt": _VALUE, "completion": _VALUE}).map(json.dumps)
+        | st.sampled_from(["", "   ", "{", "[1, 2]", '"text"', "null", '{"prompt": "a\\ud800", "completion": "b"}']))
+
+
+@settings(max_examples=100, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(records=st.lists(_RECORD, max_size=5), odd=st.none() | _ODD, at=st.integers(0, 5),
+       keep=st.integers(0, len(PAIRS)))
+def test_any_data_file_gets_an_exit_code_and_at_most_one_error_line(root, records, odd, at, keep):
+    """``keep`` good records, then records of any text (empty, NUL, any Unicode), and at most one odd
+    line among them (wrong types, broken JSON, a lone surrogate): exit 0, 1, 2 or 3, never 4 (a
+    packsim bug) or a traceback; exit 2 is one line on stderr."""
+    lines = records[:at] + ([odd] if odd is not None else []) + records[at:]
+    data = root / "fuzz.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p, "completion": c}) + "\n" for p, c in PAIRS[:keep])
+                    + "\n".join(lines) + "\n", encoding="utf-8")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = gate("--model", root / "ckpt", "--data", data, "--collator", "packsim")
+    event(f"exit {code}")  # pytest --hypothesis-show-statistics counts them
+    assert code in (0, 1, 2, 3), err.getvalue()[-2000:]
+    assert "Traceback" not in err.getvalue()
+    if code == 2:
+        assert len(err.getvalue().strip().splitlines()) == 1 and "error: " in err.getvalue(), err.getvalue()

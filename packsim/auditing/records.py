@@ -1,7 +1,8 @@
 """The gate's data file: JSON Lines records read with one clear line per bad input, and the bound on
 a record's length checked before anything is tokenized (``packsim audit --model DIR --data FILE``).
 
-A record is one ``{"prompt": ..., "completion": ...}`` object per line. :func:`record_bound` is the
+A record is one ``{"prompt": ..., "completion": ...}`` object per line, UTF-8 (a byte-order mark
+before the first line is skipped); a string with half of a surrogate pair escaped is refused. :func:`record_bound` is the
 longest text (in characters) the model could hold: no token is longer than the tokenizer's longest
 vocabulary entry, so a text longer than that times the model's positions has more tokens than it
 holds; :func:`load_records` refuses such a record naming its line, its size and the limit.
@@ -35,6 +36,8 @@ def _lines(path: Path, max_chars: int | None):
                 if cap is not None and len(raw) > cap:
                     yield n, None  # longer than any record within the bound: not decoded, not parsed
                     return
+                if n == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a byte-order mark (Windows editors write one)
+                    raw = raw[3:]
                 try:
                     yield n, raw.decode("utf-8")
                 except UnicodeDecodeError as err:
@@ -77,6 +80,12 @@ def load_records(path: str | Path, max_chars: int | None = None, limit: str = ""
                 what = "has no" if key not in record else "has a non-string"
                 raise PacksimError(f"line {n} of {path} {what} {key!r}: each line needs 'prompt' and "
                                    "'completion' strings.")
+            try:
+                record[key].encode("utf-8")
+            except UnicodeEncodeError as err:  # JSON's \ud800 escapes decode to half a character
+                raise PacksimError(f"line {n} of {path} has half a character in {key!r} (a lone surrogate, "
+                                   f"{record[key][err.start]!r} at character {err.start}): write the character "
+                                   "itself, or both halves of its escape (\\ud83d\\ude00).") from None
         size = len(record["prompt"]) + len(record["completion"])
         if max_chars is not None and size > max_chars:
             raise PacksimError(f"line {n} of {path} holds a record of {size:,} characters, more than the "
