@@ -262,6 +262,56 @@ def test_bad_input():
         Finding("x", "ok", "evidence")
 
 
+def _raises_key_error(features):
+    raise KeyError("prompt_ids")
+
+
+class _ListCollator:
+    def __call__(self, features):
+        return [1, 2, 3]
+
+
+@pytest.mark.parametrize("case, words", [
+    ("no dataset", r"raised ValueError: Trainer: training requires a train_dataset"),
+    ("empty dataset", r"raised ValueError: num_samples should be a positive integer"),
+    ("collator raises", r"raised KeyError: 'prompt_ids' \(its train_dataset, sampler or data collator\)"),
+    ("collator returns a list", r"the trainer's batch 0 is a list, not a dict of fields"),
+    ("batch= without input_ids", r"batch= holds no input_ids \(keys \['x'\]\): pass one collated training batch"),
+    ("batch= a list", r"batch= is a list"),
+    ("strict a string", r"strict='yes': pass True or False"),
+    ("trust_boundaries 1", r"trust_boundaries=1: pass True or False"),
+])
+def test_a_trainer_that_cannot_train_is_refused_in_one_line(checkpoint, tmp_path, case, words):
+    """Each crashed inside audit_trainer with the exception of the dataset, the sampler, the collator or
+    packsim's own reading of the batch (strict='yes' was taken as True); the trainer's own training
+    step fails the same way for the first five."""
+    features = datasets.Dataset.from_list(
+        [{"prompt_ids": [BOS_ID] + encode(p), "response_ids": encode(c) + [EOS_ID]} for p, c in PAIRS])
+    collator = {"collator raises": _raises_key_error, "collator returns a list": _ListCollator()}.get(
+        case, PackingCollator())
+    trainer = plain(checkpoint, tmp_path, collator)
+    if case == "no dataset":
+        trainer.train_dataset = None
+    elif case == "empty dataset":
+        trainer.train_dataset = features.select([])
+    options = {"batch= without input_ids": {"batch": {"x": 1}}, "batch= a list": {"batch": [1, 2]},
+               "strict a string": {"strict": "yes"}, "trust_boundaries 1": {"trust_boundaries": 1}}.get(case, {})
+    with pytest.raises(PacksimError, match=words) as caught:
+        packsim.audit_trainer(trainer, **options)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_packsim_fault_while_drawing_batches_still_crashes(checkpoint, tmp_path, monkeypatch):
+    """Only the trainer's own code becomes one line: an exception raised in packsim's code is a bug."""
+    from packsim.auditing import trainer_batch
+    from packsim.core.errors import raised_outside_packsim
+
+    # a packsim function called wrongly: AttributeError raised in packsim/core/errors.py
+    monkeypatch.setattr(trainer_batch, "batch_fields", lambda batch, what: raised_outside_packsim(batch))
+    with pytest.raises(AttributeError):
+        packsim.audit_trainer(plain(checkpoint, tmp_path, PackingCollator()))
+
+
 # ----------------------------------------------------------------------------- what the texts say (issue 30)
 
 

@@ -38,11 +38,9 @@ Lessons: 07, 09, A6.
 from __future__ import annotations
 
 import time
-import traceback
 from collections.abc import Mapping
 from dataclasses import replace
 from numbers import Integral
-from pathlib import Path
 
 import torch
 
@@ -69,7 +67,7 @@ from packsim.auditing.report import AuditReport, Finding, ProbeResult, WorstPair
 from packsim.auditing.shared_pass import leak_probes, shared_baseline
 from packsim.auditing.tolerance import given_tolerance
 from packsim.core.batch import PackedBatch
-from packsim.core.errors import PacksimError
+from packsim.core.errors import PacksimError, raised_outside_packsim
 from packsim.core.upstream.window import warn_outside
 
 # Float tolerance for "unchanged", by logits dtype. Measured cross-example changes of a leaking
@@ -230,7 +228,7 @@ def audit_pipeline(p: Pipeline, *, max_examples: int = 4, tol: float | None = No
             probes["attention_mass"], outside = attention_mass(p, base, tol,
                                                                base_out if shared.attentions else None)
         except Exception as err:  # the model's own forward on a probe's rows (each example alone, a perturbed
-            if not _raised_by_the_model(err):  # row): a verdict; a fault of packsim's own code stays a crash
+            if not raised_outside_packsim(err):  # row): a verdict; a fault of packsim's own code stays a crash
                 raise
             return _forward_failed(p, err, tol, start, findings, "a probe's forward (examples alone, a "
                                    "perturbed row)")
@@ -277,17 +275,6 @@ def _forward_failed(p: Pipeline, err: Exception, tol: float, start: float, findi
                          seconds=time.perf_counter() - start, findings=[*(findings or []), finding])
     dtype = next(p.model.parameters()).dtype
     return report, ForwardOutput(torch.empty((*p.input_ids.shape, 0), dtype=dtype))
-
-
-def _raised_by_the_model(err: BaseException) -> bool:
-    """Whether the innermost frame of ``err`` is outside packsim's audit (the model, transformers, torch,
-    or a reference kernel standing in for a CUDA package), not a bug of the audit itself."""
-    frames = list(traceback.walk_tb(err.__traceback__))
-    if not frames:
-        return False
-    path = Path(frames[-1][0].f_code.co_filename).resolve()
-    package = Path(__file__).resolve().parents[1]  # packsim/
-    return not path.is_relative_to(package) or path.is_relative_to(package / "reference")
 
 
 def worst_pair(ids: list[int], change: torch.Tensor, ratio) -> WorstPair | None:

@@ -54,6 +54,7 @@ from packsim.auditing.report import AuditReport, Finding
 from packsim.auditing.tolerance import compute_dtype, given_tolerance, tolerance_note
 from packsim.auditing.trainer_batch import (
     batch_evidence,
+    batch_fields,
     batch_view,
     draw_batches,
     is_wrapped,
@@ -187,8 +188,11 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
     if not hasattr(trainer, "get_train_dataloader") or not hasattr(trainer, "model"):
         raise PacksimError(f"audit_trainer takes a transformers.Trainer or trl.SFTTrainer, got "
                            f"{type(trainer).__name__}: for a model and one batch use packsim.audit.")
-    if not isinstance(batches, int) or batches < 1:
+    if not isinstance(batches, int) or isinstance(batches, bool) or batches < 1:
         raise PacksimError(f"batches={batches!r}: audit at least 1 batch.")
+    for name, flag in (("strict", strict), ("trust_boundaries", trust_boundaries)):
+        if not isinstance(flag, bool):
+            raise PacksimError(f"{name}={flag!r}: pass True or False.")
     check_objective(objective)
     max_examples, seed = check_probe_options(max_examples, seed)
     tol = given_tolerance(tol)
@@ -199,7 +203,7 @@ def audit_trainer(trainer, batches: int = 1, *, max_examples: int = 4, tol: floa
     start = time.perf_counter()
     model = trainer.model
     ga = max(int(getattr(trainer.args, "gradient_accumulation_steps", 1) or 1), 1)
-    drawn = draw_batches(trainer, max(batches, ga)) if batch is None else [(dict(batch), None)]
+    drawn = draw_batches(trainer, max(batches, ga)) if batch is None else [(batch_fields(batch, "batch="), None)]
     forward_kwargs = {"use_cache": False} if is_sft(trainer) else {}
     autocast = trainer.accelerator.autocast
     compute = compute_dtype(trainer, model)

@@ -22,6 +22,8 @@ Lessons: none directly.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from packsim.auditing.evidence import BoundaryEvidence, boundary_fields, collect, special_tokens
@@ -29,11 +31,11 @@ from packsim.auditing.features import feature_response_masks
 from packsim.auditing.findings import BatchView, is_sft
 from packsim.auditing.loss_findings import sft_language_modelling
 from packsim.core.boundaries import ROWS_SOURCE, find_boundaries
-from packsim.core.errors import PacksimError
+from packsim.core.errors import PacksimError, raised_outside_packsim
 from packsim.core.segments import seq_ids_from_starts
 from packsim.core.special_tokens import example_starts, is_token, start_ids, token_ids
 
-__all__ = ["batch_evidence", "batch_view", "draw_batches", "is_wrapped", "response_mask", "same_fields"]
+__all__ = ["batch_evidence", "batch_fields", "batch_view", "draw_batches", "is_wrapped", "response_mask", "same_fields"]
 
 
 class _Recorder:
@@ -55,9 +57,15 @@ def draw_batches(trainer, n: int) -> list[tuple[dict, list | None]]:
     try:
         drawn = []
         for batch in trainer.get_train_dataloader():
-            drawn.append(dict(batch))
+            drawn.append(batch_fields(batch, f"the trainer's batch {len(drawn)}"))
             if len(drawn) == n:
                 break
+    except Exception as err:  # the trainer's dataset or collator (its own training step would raise the same)
+        if isinstance(err, PacksimError) or not raised_outside_packsim(err):
+            raise
+        raise PacksimError(f"drawing the trainer's training batches raised {type(err).__name__}: "
+                           f"{(str(err).splitlines() or [''])[0][:200]} (its train_dataset, sampler or data collator): "
+                           "fix the trainer so one training step runs, then audit it.") from err
     finally:
         trainer.data_collator = original
     if not drawn:
@@ -65,6 +73,18 @@ def draw_batches(trainer, n: int) -> list[tuple[dict, list | None]]:
                            "train_dataset (after TRL's preparation and packing).")
     calls = recorder.calls  # the dataloader may collate one batch ahead; worker processes record none
     return [(b, calls[i] if i < len(calls) else None) for i, b in enumerate(drawn)]
+
+
+def batch_fields(batch, what: str) -> dict:
+    """``batch`` as a dict of fields with a tensor ``input_ids``, or PacksimError naming ``what`` it is."""
+    fix = ("pass one collated training batch" if what == "batch=" else
+           "the data collator must return one") + ", a dict with input_ids (B, T), as transformers' collators do"
+    if not isinstance(batch, Mapping):
+        raise PacksimError(f"{what} is a {type(batch).__name__}, not a dict of fields: {fix}.")
+    if not isinstance(batch.get("input_ids"), torch.Tensor):
+        got = "no input_ids" if "input_ids" not in batch else f"input_ids as a {type(batch['input_ids']).__name__}"
+        raise PacksimError(f"{what} holds {got} (keys {sorted(map(str, batch))}): {fix}.")
+    return dict(batch)
 
 
 def _special_ids(trainer, model) -> tuple[set[int], set[int]]:
