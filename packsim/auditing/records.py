@@ -2,10 +2,11 @@
 a record's length checked before anything is tokenized (``packsim audit --model DIR --data FILE``).
 
 A record is one ``{"prompt": ..., "completion": ...}`` object per line, UTF-8 (a byte-order mark
-before the first line is skipped); a string with half of a surrogate pair escaped is refused. :func:`record_bound` is the
-longest text (in characters) the model could hold: no token is longer than the tokenizer's longest
-vocabulary entry, so a text longer than that times the model's positions has more tokens than it
-holds; :func:`load_records` refuses such a record naming its line, its size and the limit.
+before the first line is skipped); a string with half of a surrogate pair escaped is refused.
+:func:`record_bound` is the longest text (in characters) the model could hold: no token is longer
+than the tokenizer's longest vocabulary entry, so a text longer than that times the model's
+positions has more tokens than it holds; :func:`load_records` refuses such a record naming its
+line, its size and the limit.
 
 Lessons: none directly (packsim.auditing.preflight reads the gate's data with it).
 """

@@ -2,8 +2,8 @@
 
 Read in torch 2.13.0, 2.14.0, 2.14.1 and 2.15.0 (``torch/distributed/tensor/experimental/
 _context_parallel/``): the names in :data:`PRIVATE` exist in each, under the same modules; lesson 10
-(:mod:`packsim.scaling.cp_attention`), the ring exhibit (:mod:`packsim.exhibits.cp_ring`) and
-:mod:`packsim.auditing.context_parallel` call them where they teach them.
+(:mod:`packsim.scaling.cp_attention`, which :mod:`packsim.auditing.context_parallel` audits) and
+the ring exhibit (:mod:`packsim.exhibits.cp_ring`) call them where they teach them.
 
 One of them changed what it does. ``_PerDocumentHeadTailLoadBalancer._generate_indices`` orders a
 row of documents, ``(T,)``, before ``_context_parallel_shard`` cuts it into ``R`` contiguous shards
@@ -38,7 +38,8 @@ __all__ = ["LAYOUTS", "PRIVATE", "RANK_MAJOR_SINCE", "expected_layout", "missing
 
 LAYOUTS = ("document-major", "rank-major")
 RANK_MAJOR_SINCE = "2.14.0"  # the first release read to order rank-major (2.13.0: document-major)
-# module -> the private names packsim calls (each read in every release of the module docstring)
+# module -> the private names packsim calls, and _create_cp_block_mask, whose whole-block rule
+# cp_attention.BLOCK follows (each read in every release of the module docstring)
 PRIVATE = {
     "torch.distributed.tensor.experimental._attention": (
         "_context_parallel_shard", "_ContextParallel", "_templated_ring_attention", "_HeadTailLoadBalancer",
