@@ -76,9 +76,10 @@ def _edit(batch: dict, edit: tuple) -> None:
         batch[field] = x[..., :0]
 
 
-EDITS = st.tuples(st.sampled_from(["drop", "extra", "dtype", "rank", "length", "values", "shuffle", "list",
-                                   "none", "empty"]),
-                  st.sampled_from(FIELDS), st.integers(0, 1000))
+_KINDS = ("drop", "extra", "rank", "length", "values", "shuffle", "list", "none", "empty")
+# a cast is drawn as its own edit with its dtype's index (0-3), so bool is one draw in eight, not in a hundred
+EDITS = (st.tuples(st.sampled_from(_KINDS), st.sampled_from(FIELDS), st.integers(0, 1000))
+         | st.tuples(st.just("dtype"), st.sampled_from(FIELDS), st.integers(0, 3)))
 
 
 def _verdict_or_one_line(model, batch, **kwargs):
