@@ -178,7 +178,7 @@ def one_audit(seed: int, family: str, path: str, fault: str, evidence: str, mode
     rng = random.Random(seed)
     if (family, path) not in models:
         model = tiny_model(family, path)
-        models[family, path] = model, copy.deepcopy(model).double()  # audited in fp32, the truth in float64
+        models[family, path] = model, float64_copy(model)  # audited in fp32, the truth in float64
     model, model64 = models[family, path]
     exs = examples(rng)
     batch = batch_with_fault(exs, fault)
@@ -247,6 +247,24 @@ def run_arguments(ap: argparse.ArgumentParser, argv, out_name: str, seeds: int, 
     return args
 
 
+def float64_copy(model):
+    """A float64 copy of the audited fp32 model, for the truth (an MoE family's experts run eagerly:
+    torch's grouped matmul takes no float64)."""
+    model64 = copy.deepcopy(model).double()
+    if hasattr(model64, "set_experts_implementation") and getattr(model64, "_can_set_experts_implementation",
+                                                                  lambda: False)():
+        model64.set_experts_implementation("eager")
+    return model64
+
+
+def margin(rows: list[dict], tol: float) -> str:
+    """The truth's margin: the largest change of an isolated row and the smallest leak, against ``tol``."""
+    isolated = [r["leak"] for r in rows if r["leak"] <= tol and not r["forward_error"]]
+    leaking = [r["leak"] for r in rows if r["leak"] > tol]
+    return (f"the truth's margin: largest change of an isolated row {max(isolated, default=0):.1e}, smallest leak "
+            f"{min(leaking, default=float('nan')):.1e} (LEAK_TOL {tol:.0e})")
+
+
 def summary(rows: list[dict], seconds: float, path) -> str:
     """The sweep's first line: how many audits agree with their ground truth, and how the others went."""
     count = Counter(r["check"] for r in rows)
@@ -268,10 +286,7 @@ def main(argv=None) -> int:
     path = bu.save_json(bu.out_dir(args.out, args.quick) / "random_audits.json",
                         {"machine": bu.machine_info(1), "seconds": seconds, "leak_tol": LEAK_TOL, "rows": rows})
     print(summary(rows, seconds, path))
-    isolated = [r["leak"] for r in rows if r["leak"] <= LEAK_TOL and not r["forward_error"]]
-    leaking = [r["leak"] for r in rows if r["leak"] > LEAK_TOL]
-    print(f"the truth's margin: largest change of an isolated row {max(isolated, default=0):.1e}, smallest leak "
-          f"{min(leaking, default=float('nan')):.1e} (LEAK_TOL {LEAK_TOL:.0e})")
+    print(margin(rows, LEAK_TOL))
     for r in wrong:
         print(f"  seed {r['seed']}: {r['family']} / {r['path']} / {r['fault']}: audit {r['status']} "
               f"{r['failed']}, truth leak {r['leak']:.1e} labels_ok {r['labels_ok']} fields_ok {r['fields_ok']}")

@@ -28,7 +28,6 @@ family needs" is checked at random, not only on the trap table's one row.
 from __future__ import annotations
 
 import argparse
-import copy
 import random
 import sys
 import time
@@ -40,6 +39,8 @@ from random_audits import (
     check,
     examples,
     expected_labels,
+    float64_copy,
+    margin,
     run_arguments,
     seeded,
     summary,
@@ -98,11 +99,7 @@ def one_audit(seed: int, family: str, fields: str, fault: str, models: dict) -> 
     rng = random.Random(seed)
     if family not in models:
         model = build_frontier(family, "sdpa").eval()
-        model64 = copy.deepcopy(model).double()  # audited in fp32, the truth in float64
-        if hasattr(model64, "set_experts_implementation") and getattr(model64, "_can_set_experts_implementation",
-                                                                      lambda: False)():
-            model64.set_experts_implementation("eager")  # torch's grouped matmul takes no float64 (MoE families)
-        models[family] = model, model64
+        models[family] = model, float64_copy(model)  # audited in fp32, the truth in float64
     model, model64 = models[family]
     exs = examples(rng)[:5]  # 2-5 examples
     batch = hybrid_batch(exs, fields, fault)
@@ -141,10 +138,7 @@ def main(argv=None) -> int:
     path = bu.save_json(bu.out_dir(args.out, args.quick) / "random_hybrid_audits.json",
                         {"machine": bu.machine_info(1), "seconds": seconds, "leak_tol": LEAK_TOL, "rows": rows})
     print(summary(rows, seconds, path))
-    isolated = [r["leak"] for r in rows if r["leak"] <= LEAK_TOL and not r["forward_error"]]
-    leaking = [r["leak"] for r in rows if r["leak"] > LEAK_TOL]
-    print(f"the truth's margin: largest change of an isolated row {max(isolated, default=0):.1e}, smallest leak "
-          f"{min(leaking, default=float('nan')):.1e} (LEAK_TOL {LEAK_TOL:.0e}); positions that do not restart: "
+    print(f"{margin(rows, LEAK_TOL)}; positions that do not restart: "
           f"{sum(not r['positions_restart'] for r in rows)} rows, their largest packed-vs-alone gap where nothing "
           f"leaks {max([r['alone_gap'] for r in rows if not r['positions_restart'] and r['leak'] <= LEAK_TOL], default=0):.1e}"
           f" (ALONE_TOL {ALONE_TOL:.0e})")
